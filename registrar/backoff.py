@@ -1,0 +1,63 @@
+"""Backoff policies: pure functions of the attempt number and one random draw.
+
+No clock, no sleeping: the registrar asks for a delay and waits on its own injected clock, so the
+maths is tested exactly and a 30-second schedule runs in microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+__all__ = ["Backoff"]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with proportional jitter.
+
+    `delay(attempt, u) = min(initial * multiplier**attempt, maximum) * (1 - jitter + jitter * u)`.
+    With the defaults (the upstream SGLang schedule) the delays for `u = 0` are
+    0.75, 1.5, 3, 6, 12, 22.5, 22.5, ... and never exceed `maximum`.
+    """
+
+    initial: float = 1.0
+    multiplier: float = 2.0
+    maximum: float = 30.0
+    jitter: float = 0.25
+
+    def __post_init__(self) -> None:
+        for name in ("initial", "multiplier", "maximum", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"backoff {name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"backoff {name} must be finite, got {value!r}")
+        if self.initial <= 0:
+            raise ConfigError(f"backoff initial must be > 0 seconds, got {self.initial!r}")
+        if self.maximum <= 0:
+            raise ConfigError(f"backoff maximum must be > 0 seconds, got {self.maximum!r}")
+        if self.multiplier < 1:
+            raise ConfigError(f"backoff multiplier must be >= 1, got {self.multiplier!r}")
+        if not 0 <= self.jitter <= 1:
+            raise ConfigError(f"backoff jitter must be within [0, 1], got {self.jitter!r}")
+
+    def base(self, attempt: int) -> float:
+        """The un-jittered delay after failed attempt `attempt` (from 0), capped at `maximum`."""
+        if attempt < 0:
+            raise ConfigError(f"attempt must be >= 0, got {attempt!r}")
+        if self.multiplier == 1:
+            return min(self.initial, self.maximum)
+        # Compare exponents instead of computing a power that would overflow.
+        limit = math.log(self.maximum / self.initial) / math.log(self.multiplier)
+        if attempt >= limit:
+            return self.maximum
+        return min(self.initial * self.multiplier**attempt, self.maximum)
+
+    def delay(self, attempt: int, u: float) -> float:
+        """The delay in seconds after failed attempt `attempt`, for a random draw `u` in [0, 1)."""
+        if not 0 <= u < 1:
+            raise ConfigError(f"random draw u must be within [0, 1), got {u!r}")
+        return self.base(attempt) * (1 - self.jitter + self.jitter * u)

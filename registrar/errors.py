@@ -1,0 +1,68 @@
+"""The one exception family of registrar, and how to name the root cause of a failure.
+
+`requests` raises `ConnectionError` without `from`: the chain to the real error runs through
+`__context__`, through the exception it wraps in `args[0]`, and through urllib3's `reason`. The
+wrapper texts (`HTTPConnectionPool(...): Max retries exceeded ...`) tell an operator nothing, so
+every log line and status names the innermost error instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "RegistrarError",
+    "StateError",
+    "describe_exception",
+    "root_cause",
+]
+
+
+class RegistrarError(Exception):
+    """Base of every exception registrar raises on purpose."""
+
+
+class ConfigError(RegistrarError, ValueError):
+    """An option or the payload is invalid; the message names the option and what is allowed."""
+
+
+class StateError(RegistrarError, RuntimeError):
+    """A method was called when the registrar's lifecycle does not allow it."""
+
+
+def _next_in_chain(exc: BaseException) -> BaseException | None:
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, BaseException):
+        return reason
+    if exc.__cause__ is not None:
+        return exc.__cause__
+    wrapped = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+    if wrapped:
+        return wrapped[-1]
+    if exc.__context__ is not None and not exc.__suppress_context__:
+        return exc.__context__
+    return None
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception behind `exc`, following urllib3 reasons, causes, wrapped
+    exceptions and contexts; cycles are cut."""
+    seen = {id(exc)}
+    current = exc
+    while True:
+        nxt = _next_in_chain(current)
+        if nxt is None or id(nxt) in seen:
+            return current
+        seen.add(id(nxt))
+        current = nxt
+
+
+def describe_exception(exc: BaseException) -> str:
+    """A one-line, operator-readable text for `exc`: its root cause, e.g.
+    `[Errno 111] Connection refused`."""
+    cause = root_cause(exc)
+    text = str(cause).strip()
+    if not text:
+        return type(cause).__name__
+    if isinstance(cause, TimeoutError) and text == "timed out":
+        return "timed out"
+    return " ".join(text.split())

@@ -1,0 +1,63 @@
+"""The values a transport answers with. Transports never raise on an HTTP status: they classify
+it here, and the registrar decides what to do from the class alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["RegisterOutcome", "Route", "RouteCheck", "Verdict"]
+
+
+class Verdict(StrEnum):
+    """What a registration attempt means for the next step."""
+
+    ACCEPTED = "accepted"
+    RETRY = "retry"
+    """Transient: refused, reset, timed out, unresolvable, 5xx, 408, 429."""
+    FATAL = "fatal"
+    """The configuration is wrong (any other 4xx, TLS verification): retrying cannot help."""
+
+
+@dataclass(frozen=True)
+class RegisterOutcome:
+    """The result of one registration request."""
+
+    verdict: Verdict
+    status_code: int | None = None
+    error: str | None = None
+    """Operator-readable, secret-free text naming the root cause or what to fix."""
+    retry_after: float | None = None
+    """Seconds the server asked us to wait (429/503 `Retry-After`)."""
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the server answered at all."""
+        return self.status_code is not None
+
+
+class Route(StrEnum):
+    """What a route check found."""
+
+    PRESENT = "present"
+    CONFLICT = "conflict"
+    """Our rank is registered with another address: warn, do not fight over it."""
+    MISSING = "missing"
+    """The server has forgotten us: register again."""
+    UNDETERMINED = "undetermined"
+    """The answer cannot tell (e.g. other ranks still missing): keep watching."""
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class RouteCheck:
+    """The result of one route check, with the evidence that decided it."""
+
+    route: Route
+    status_code: int | None = None
+    evidence: str = ""
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the server answered at all."""
+        return self.route is not Route.UNREACHABLE

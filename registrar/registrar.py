@@ -1,0 +1,622 @@
+"""The registrar: one daemon thread that drives the registration to the desired state.
+
+Data flows one way: options -> `Registrar` -> its thread asks the transport to act -> the outcome
+fires a trigger on the state machine -> a new immutable `Status` -> listeners read it. The thread
+never holds a lock while it talks to the network, so `status()` never blocks, and `stop()` wakes
+it out of any wait.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from .backoff import Backoff
+from .clock import Clock, SystemClock
+from .errors import ConfigError, StateError
+from .machine import State, Trigger, build_machine, fire
+from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from .sglang import SGLangTransport, token_from_env, validate_payload
+from .status import Status
+from .transport import HttpTransport, Transport, validate_timeout, validate_url
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "EXIT_CODE",
+    "Listener",
+    "OnFailure",
+    "Registrar",
+    "RequestEvent",
+    "RequestListener",
+]
+
+logger = logging.getLogger("registrar")
+
+OnFailureName = Literal["retry", "stop", "exit"]
+OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
+"""What to do when the startup budget is spent. A callable is given the FAILED status and
+answers with one of the names (None means "stop")."""
+
+Listener = Callable[[State, State, Status], None]
+"""Called as fn(old_state, new_state, status) after every transition, outside any lock."""
+
+DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
+EXIT_CODE = 3
+"""Process exit status for on_failure="exit"."""
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+_POLICIES = ("retry", "stop", "exit")
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    """One request the registrar sent, for metrics: what, how it ended, how long it took."""
+
+    kind: Literal["register", "check"]
+    result: str
+    """The verdict of a registration or the route a check found."""
+    duration: float
+    status_code: int | None
+
+
+RequestListener = Callable[[RequestEvent], None]
+
+
+def _default_exit(code: int) -> None:
+    """End the process now: the registrar's thread cannot raise SystemExit into the main one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _check_positive(name: str, value: object, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value < float("inf")
+    ):
+        extra = " or None" if allow_none else ""
+        raise ConfigError(f"{name} must be a positive number of seconds{extra}, got {value!r}")
+    return float(value)
+
+
+def _encode_payload(payload: object, limit: int) -> dict[str, Any]:
+    if not isinstance(payload, Mapping):
+        kind = type(payload).__name__
+        raise ConfigError(f"payload must be a mapping (a JSON object), got {kind}")
+    try:
+        encoded = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
+    size = len(encoded.encode())
+    if size > limit:
+        raise ConfigError(
+            f"payload is {size} bytes, over max_payload_bytes={limit}; "
+            "shrink it or raise max_payload_bytes"
+        )
+    # A private copy: later changes to the caller's mapping cannot reach the thread.
+    decoded: dict[str, Any] = json.loads(encoded)
+    return decoded
+
+
+class Registrar:
+    """Registers `payload` with the bootstrap server at `url` and keeps it registered.
+
+    `start()` returns at once; the work happens in one daemon thread named "registrar".
+    The default protocol is SGLang's (`PUT {url}/route`, the rank's route watched afterwards);
+    `protocol="http"` sends the payload to `{url}/route` without watching, and `transport=`
+    plugs in any other `Transport`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        payload: Mapping[str, Any],
+        *,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        max_attempts: int | None = 5,
+        on_failure: OnFailure = "retry",
+        watch_interval: float | None = 5.0,
+        timeout: float | tuple[float, float] = 5.0,
+        token: str | None = None,
+        protocol: Literal["sglang", "http"] = "sglang",
+        transport: Transport | None = None,
+        verify: bool = True,
+        ca_bundle: str | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        clock: Clock | None = None,
+        rng: Callable[[], float] | None = None,
+        exit: Callable[[int], None] | None = None,
+    ) -> None:
+        url = validate_url(url)
+        if not isinstance(backoff, Backoff):
+            raise ConfigError(f"backoff must be a registrar.Backoff, got {backoff!r}")
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            raise ConfigError(f"max_attempts must be an integer >= 1 or None, got {max_attempts!r}")
+        if not callable(on_failure) and on_failure not in _POLICIES:
+            raise ConfigError(
+                f"on_failure must be 'retry', 'stop', 'exit' or a callable, got {on_failure!r}"
+            )
+        self._watch_interval = _check_positive("watch_interval", watch_interval, allow_none=True)
+        timeout = validate_timeout(timeout)
+        if protocol not in ("sglang", "http"):
+            raise ConfigError(f"protocol must be 'sglang' or 'http', got {protocol!r}")
+        if token is not None and (not isinstance(token, str) or "\n" in token or "\r" in token):
+            raise ConfigError("token must be a single-line string")
+        if ca_bundle is not None and not os.path.isfile(ca_bundle):
+            raise ConfigError(f"ca_bundle {ca_bundle!r} is not a readable file")
+        if (
+            isinstance(max_payload_bytes, bool)
+            or not isinstance(max_payload_bytes, int)
+            or (max_payload_bytes < 1)
+        ):
+            raise ConfigError(
+                f"max_payload_bytes must be a positive integer, got {max_payload_bytes!r}"
+            )
+        payload = _encode_payload(payload, max_payload_bytes)
+        if transport is None:
+            tls: bool | str = ca_bundle if ca_bundle is not None else bool(verify)
+            if protocol == "sglang":
+                payload = validate_payload(payload)
+                transport = SGLangTransport(
+                    url, token=token_from_env(token), timeout=timeout, verify=tls
+                )
+            else:
+                transport = HttpTransport(url, token=token, timeout=timeout, verify=tls)
+        elif not isinstance(transport, Transport):
+            raise ConfigError(f"transport must implement registrar.Transport, got {transport!r}")
+
+        self._payload = payload
+        self._transport = transport
+        self._backoff = backoff
+        self._max_attempts = max_attempts
+        self._on_failure = on_failure
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._rng = rng if rng is not None else random.random
+        self._exit = exit if exit is not None else _default_exit
+
+        machine, self._model = build_machine()
+        self._machine = machine
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._status = Status(
+            state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
+        )
+        self._listeners: list[Listener] = []
+        self._request_listeners: list[RequestListener] = []
+        self._pending: deque[tuple[State, State, Status]] = deque()
+        self._deliver_lock = threading.Lock()
+        self._delivering: int | None = None
+        self._wake = threading.Event()
+        self._gate = threading.Lock()
+        self._stopping = False
+        self._reported = False
+        self._crashed = False
+        self._thread: threading.Thread | None = None
+        self._ever_registered = False
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def state(self) -> State:
+        """The current state."""
+        return self._status.state
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """A copy of the payload being registered."""
+        return dict(self._payload)
+
+    @property
+    def thread_died(self) -> bool:
+        """True when the registrar's thread ended on an unexpected error."""
+        return self._crashed
+
+    def status(self) -> Status:
+        """The latest snapshot; never blocks on the loop or a request in flight."""
+        return self._status
+
+    def __repr__(self) -> str:
+        return f"<Registrar {self._status.url} {self._status.state.value}>"
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(old_state, new_state, status)` after every transition."""
+        if not callable(listener):
+            raise ConfigError(f"listener must be callable, got {listener!r}")
+        with self._lock:
+            self._listeners.append(listener)
+
+    def add_request_listener(self, listener: RequestListener) -> None:
+        """Call `listener(RequestEvent)` after every request (for metrics)."""
+        if not callable(listener):
+            raise ConfigError(f"listener must be callable, got {listener!r}")
+        with self._lock:
+            self._request_listeners.append(listener)
+
+    def start(self) -> Registrar:
+        """Start the thread and return at once; a second call does nothing."""
+        with self._lock:
+            if self._stopping:
+                raise StateError(
+                    "this Registrar was stopped and cannot start again; create a new one"
+                )
+            if self._thread is not None:
+                return self
+            self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
+        self._transition(Trigger.START)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop for good: wake the thread, wait up to `timeout` for a request in flight, and
+        return whether the thread has ended. No request is sent after this returns."""
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        self._transition(Trigger.STOP, next_attempt_at=None, retrying=False)
+        if thread is None or thread is threading.current_thread():
+            return True
+        deadline = time.monotonic() + max(0.0, timeout)
+        # Once the gate is ours, the thread is not inside a request and will see the flag.
+        if self._gate.acquire(timeout=max(0.0, timeout)):
+            self._gate.release()
+        thread.join(max(0.0, deadline - time.monotonic()))
+        return not thread.is_alive()
+
+    def wait_for(self, state: State, timeout: float | None = None) -> bool:
+        """Block until the registrar is in `state`; False if `timeout` seconds pass first."""
+        target = State(state)
+        with self._changed:
+            return self._changed.wait_for(lambda: self._status.state is target, timeout)
+
+    def report_route_missing(self) -> None:
+        """Say the route is gone (e.g. decode reported this rank unknown): the thread wakes,
+        verifies, and registers again without waiting for the next watch interval."""
+        with self._lock:
+            self._reported = True
+        self._wake.set()
+
+    def __enter__(self) -> Registrar:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- state and listeners
+
+    def _update(self, **changes: Any) -> Status:
+        with self._changed:
+            self._status = replace(self._status, **changes)
+            self._changed.notify_all()
+            return self._status
+
+    def _transition(self, trigger: Trigger, **changes: Any) -> bool:
+        with self._changed:
+            old = self._status.state
+            if not fire(self._model, trigger):
+                return False
+            new = State(self._model.state)
+            self._status = replace(self._status, state=new, since=self._clock.time(), **changes)
+            self._pending.append((old, new, self._status))
+            self._changed.notify_all()
+        self._deliver()
+        return True
+
+    def _deliver(self) -> None:
+        """Deliver pending transitions in order, one thread at a time, outside the state lock.
+        A listener that triggers a transition itself has it delivered after its own."""
+        me = threading.get_ident()
+        if self._delivering == me:
+            return
+        with self._deliver_lock:
+            self._delivering = me
+            try:
+                while True:
+                    with self._lock:
+                        if not self._pending:
+                            return
+                        old, new, status = self._pending.popleft()
+                        listeners = list(self._listeners)
+                    for listener in listeners:
+                        try:
+                            listener(old, new, status)
+                        except Exception:
+                            logger.exception(
+                                "listener %r failed on %s -> %s; ignored", listener, old, new
+                            )
+            finally:
+                self._delivering = None
+
+    def _emit(self, event: RequestEvent) -> None:
+        with self._lock:
+            listeners = list(self._request_listeners)
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("request listener %r failed; ignored", listener)
+
+    # ----------------------------------------------------------------- the loop
+
+    def _run(self) -> None:
+        try:
+            first_delay = 0.0
+            while True:
+                if not self._register(first_delay):
+                    return
+                delay = self._watch()
+                if delay is None:
+                    return
+                first_delay = delay
+        except BaseException as exc:  # the thread must never die silently
+            self._crashed = True
+            logger.exception("registrar thread ended on an unexpected error")
+            self._update(last_error=f"internal error: {exc!r}", retrying=False)
+        finally:
+            self._transport.close()
+
+    def _sleep(self, delay: float, interruptible: bool = False) -> bool:
+        """Wait `delay` seconds on the clock; True when stopping. With `interruptible`, a
+        route-missing report ends the wait early too."""
+        end = self._clock.monotonic() + delay
+        while True:
+            remaining = end - self._clock.monotonic()
+            if self._stopping:
+                return True
+            if remaining <= 0:
+                return False
+            if self._clock.wait(self._wake, remaining):
+                if self._stopping:
+                    return True
+                self._wake.clear()
+                if interruptible and self._reported:
+                    return False
+
+    def _register(self, first_delay: float) -> bool:
+        """Attempt until accepted (True) or until stopping or giving up for good (False)."""
+        startup = not self._ever_registered
+        streak = 0
+        delay = first_delay
+        while True:
+            if delay > 0:
+                self._update(next_attempt_at=self._clock.time() + delay, retrying=True)
+                if self._sleep(delay):
+                    return False
+            outcome = self._attempt(streak + 1)
+            if outcome is None:
+                return False
+            if outcome.verdict is Verdict.ACCEPTED:
+                self._on_accepted(streak + 1)
+                return True
+            streak += 1
+            if outcome.verdict is Verdict.FATAL:
+                logger.error(
+                    "registration with %s failed and will not be retried: %s",
+                    self._status.url,
+                    outcome.error,
+                )
+                self._give_up(outcome.error)
+                return False
+            delay = self._retry_delay(streak, outcome)
+            spent = (
+                startup
+                and self._max_attempts is not None
+                and streak == self._max_attempts
+                and self._status.state is State.REGISTERING
+            )
+            if spent:
+                if not self._spend_budget(streak, outcome, delay):
+                    return False
+                continue
+            logger.warning(
+                "registration attempt %s to %s failed: %s; next attempt in %.2f s",
+                self._attempt_label(streak),
+                self._status.url,
+                outcome.error,
+                delay,
+            )
+
+    def _attempt_label(self, number: int) -> str:
+        if self._max_attempts is None:
+            return str(number)
+        if number <= self._max_attempts and self._status.state is not State.FAILED:
+            return f"{number}/{self._max_attempts}"
+        return f"{number} (background)"
+
+    def _attempt(self, number: int) -> RegisterOutcome | None:
+        """Send one registration, or None when stopping."""
+        with self._gate:
+            if self._stopping:
+                return None
+            self._update(attempt=number, next_attempt_at=None, retrying=True)
+            started = time.monotonic()
+            outcome = self._transport.register(self._payload)
+            duration = time.monotonic() - started
+        changes: dict[str, Any] = {
+            "attempts_total": self._status.attempts_total + 1,
+            "server_reachable": outcome.reachable,
+        }
+        if outcome.verdict is not Verdict.ACCEPTED:
+            changes["last_error"] = outcome.error
+        self._update(**changes)
+        self._emit(RequestEvent("register", outcome.verdict.value, duration, outcome.status_code))
+        return outcome
+
+    def _retry_delay(self, streak: int, outcome: RegisterOutcome) -> float:
+        delay = self._backoff.delay(streak - 1, self._rng())
+        if outcome.retry_after is not None:
+            delay = min(max(delay, outcome.retry_after), self._backoff.maximum)
+        return delay
+
+    def _on_accepted(self, number: int) -> None:
+        status = self._status
+        again = self._ever_registered
+        self._ever_registered = True
+        self._transition(
+            Trigger.SUCCEED,
+            attempt=0,
+            last_error=None,
+            last_success_at=self._clock.time(),
+            next_attempt_at=None,
+            registrations=status.registrations + 1,
+            retrying=False,
+        )
+        logger.info(
+            "%s with %s after %d attempt%s",
+            "registered again" if again else "registered",
+            status.url,
+            number,
+            "" if number == 1 else "s",
+        )
+
+    def _give_up(self, error: str | None) -> None:
+        changes = {"next_attempt_at": None, "retrying": False, "last_error": error}
+        if not self._transition(Trigger.GIVE_UP, **changes):
+            self._update(**changes)
+
+    def _spend_budget(self, streak: int, outcome: RegisterOutcome, delay: float) -> bool:
+        """The startup budget is spent: apply `on_failure`. True when attempts go on."""
+        policy = self._on_failure
+        logger.error(
+            "registration with %s failed after %d attempts, last: %s; on_failure=%s",
+            self._status.url,
+            streak,
+            outcome.error,
+            policy if isinstance(policy, str) else getattr(policy, "__name__", "callable"),
+        )
+        self._transition(Trigger.GIVE_UP, next_attempt_at=None, retrying=False)
+        if callable(policy):
+            try:
+                decided = policy(self._status)
+            except Exception:
+                logger.exception("on_failure callable failed; staying failed")
+                decided = "stop"
+            if decided is None:
+                decided = "stop"
+            if decided not in _POLICIES:
+                logger.error("on_failure callable answered %r; staying failed", decided)
+                decided = "stop"
+            policy = decided
+        if policy == "retry" and not self._stopping:
+            logger.warning("still trying in the background; next attempt in %.2f s", delay)
+            return True
+        if policy == "exit":
+            logger.critical("ending the process with status %d (on_failure='exit')", EXIT_CODE)
+            self._exit(EXIT_CODE)
+        return False
+
+    # ----------------------------------------------------------------- the watch
+
+    def _watch_delay(self, unreachable: int) -> float | None:
+        interval = self._watch_interval
+        if interval is None:
+            return None
+        interval *= 0.8 + 0.4 * self._rng()
+        if unreachable:
+            # A server that went away comes back empty: look again sooner than the interval.
+            return min(self._backoff.delay(unreachable - 1, self._rng()), interval)
+        return interval
+
+    def _watch(self) -> float | None:
+        """Watch the route while registered; the delay before registering again when it goes
+        missing, or None when stopping."""
+        unreachable = 0
+        lost_after_put = 0
+        check_now = True
+        while True:
+            if not check_now:
+                delay = self._watch_delay(unreachable)
+                if delay is None:
+                    if self._sleep_until_report():
+                        return None
+                elif self._sleep(delay, interruptible=True):
+                    return None
+            with self._lock:
+                reported, self._reported = self._reported, False
+            just_put, check_now = check_now, False
+            check = self._check()
+            if self._stopping:
+                return None
+            if check is None:
+                if reported:
+                    return self._lose("the runtime reported the route missing", 0)
+                continue
+            if check.route is Route.UNREACHABLE:
+                unreachable += 1
+                logger.warning(
+                    "route check at %s failed: %s; checking again soon",
+                    self._status.url,
+                    check.evidence,
+                )
+                continue
+            unreachable = 0
+            if check.route is Route.MISSING:
+                lost_after_put = lost_after_put + 1 if just_put else 0
+                return self._lose(check.evidence, lost_after_put)
+            if check.route is Route.CONFLICT:
+                logger.warning("route conflict at %s: %s", self._status.url, check.evidence)
+            elif reported:
+                logger.warning(
+                    "route reported missing, but the server says %s (%s); not registering again",
+                    check.route.value,
+                    check.evidence,
+                )
+
+    def _sleep_until_report(self) -> bool:
+        while not self._stopping:
+            if self._reported:
+                return False
+            self._clock.wait(self._wake, None)
+            if not self._stopping:
+                self._wake.clear()
+        return True
+
+    def _check(self) -> RouteCheck | None:
+        with self._gate:
+            if self._stopping:
+                return None
+            started = time.monotonic()
+            check = self._transport.check(self._payload)
+            duration = time.monotonic() - started
+        if check is None:
+            return None
+        self._update(
+            last_check_at=self._clock.time(),
+            server_reachable=check.reachable,
+            route=check.route.value,
+        )
+        self._emit(RequestEvent("check", check.route.value, duration, check.status_code))
+        return check
+
+    def _lose(self, evidence: str, lost_after_put: int) -> float | None:
+        """Go back to registering; the delay before the first re-attempt, jittered so a fleet
+        does not stampede a server that just came back."""
+        if not self._transition(
+            Trigger.LOSE, reregistrations=self._status.reregistrations + 1, retrying=True
+        ):
+            return None
+        # Spread the first re-attempt over [0, initial); found missing right after our own PUT
+        # again and again, back off as for failures instead of PUTting in a tight loop.
+        base = self._backoff.base(lost_after_put) if lost_after_put else self._backoff.initial
+        delay = base * self._rng()
+        logger.warning(
+            "route at %s is missing (%s); registering again in %.2f s",
+            self._status.url,
+            evidence,
+            delay,
+        )
+        return delay

@@ -1,0 +1,257 @@
+"""SGLang's bootstrap protocol: payload validation, the rank a payload occupies, and a route
+check that tells a server that forgot us from one that is merely not ready.
+
+The real bootstrap server counts every accepted PUT, even for a rank already present, so
+re-sending a present route can make a half-registered topology look ready. Registration is
+therefore never repeated blindly: the route is checked, and only a route shown missing is sent
+again. A `503 ... (N workers registered)` alone is ambiguous (other ranks may be the missing
+ones), so the transport keeps evidence per server lifetime, reset at each accepted PUT, and
+reads a 503 as *missing* when any of these holds (see docs/sglang.md for why each is needed):
+
+- the count is 0;
+- the topology was seen ready (a 200) since our PUT;
+- the count is below the highest seen since our PUT;
+- a connection was refused since our PUT;
+- the kept-alive connection had to be re-opened since our PUT (a restarted process drops it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from .transport import HttpResult, HttpTransport, Timeout
+
+__all__ = [
+    "OPTIONAL_FIELDS",
+    "REQUIRED_FIELDS",
+    "TOKEN_ENV",
+    "Rank",
+    "SGLangTransport",
+    "rank_of",
+    "validate_payload",
+]
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
+
+REQUIRED_FIELDS: Mapping[str, type] = {
+    "attn_tp_size": int,
+    "attn_tp_rank": int,
+    "attn_cp_size": int,
+    "attn_cp_rank": int,
+    "attn_dp_size": int,
+    "attn_dp_rank": int,
+    "pp_size": int,
+    "pp_rank": int,
+    "system_dp_size": int,
+    "system_dp_rank": int,
+    "rank_ip": str,
+    "rank_port": int,
+    "page_size": int,
+    "kv_cache_dtype": str,
+}
+"""Fields the real server reads; a missing one makes it answer a bare 500."""
+
+OPTIONAL_FIELDS = (
+    "kv_layout",
+    "dsv41_spec_layout",
+    "load_balance_method",
+    "enable_dsa_cache_layer_split",
+    "enable_kv_cache_sharding",
+    "prefill_http_port",
+    "decode_allocation_policy",
+)
+
+_SIZE_RANK = (
+    ("attn_tp_size", "attn_tp_rank"),
+    ("attn_cp_size", "attn_cp_rank"),
+    ("attn_dp_size", "attn_dp_rank"),
+    ("pp_size", "pp_rank"),
+    ("system_dp_size", "system_dp_rank"),
+)
+_COUNT = re.compile(r"\((\d+) workers? registered\)")
+
+
+@dataclass(frozen=True)
+class Rank:
+    """The slot a payload occupies in the server's table."""
+
+    dp: int
+    cp: int
+    tp: int
+    pp: int
+
+    def query(self) -> dict[str, int]:
+        """The route query parameters for this rank."""
+        return {
+            "prefill_dp_rank": self.dp,
+            "prefill_cp_rank": self.cp,
+            "target_tp_rank": self.tp,
+            "target_pp_rank": self.pp,
+        }
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_payload(payload: object) -> dict[str, Any]:
+    """A copy of `payload`, or one `ConfigError` listing every missing or wrong field."""
+    if not isinstance(payload, Mapping):
+        raise ConfigError(
+            f"payload must be a mapping of SGLang registration fields, got {type(payload).__name__}"
+        )
+    problems: list[str] = []
+    missing = [name for name in REQUIRED_FIELDS if name not in payload]
+    if missing:
+        problems.append("missing " + ", ".join(missing))
+    for name, kind in REQUIRED_FIELDS.items():
+        if name not in payload:
+            continue
+        value = payload[name]
+        if kind is int and not _is_int(value):
+            problems.append(f"{name} must be an integer, got {value!r}")
+        elif kind is str and (not isinstance(value, str) or not value):
+            problems.append(f"{name} must be a non-empty string, got {value!r}")
+    for size, rank in _SIZE_RANK:
+        s, r = payload.get(size), payload.get(rank)
+        if _is_int(s) and s < 1:  # type: ignore[operator]
+            problems.append(f"{size} must be >= 1, got {s!r}")
+        elif _is_int(s) and _is_int(r) and not 0 <= r < s:  # type: ignore[operator]
+            problems.append(f"{rank} must be within [0, {size}={s}), got {r!r}")
+    port = payload.get("rank_port")
+    if _is_int(port) and not 1 <= port <= 65535:  # type: ignore[operator]
+        problems.append(f"rank_port must be within [1, 65535], got {port!r}")
+    if problems:
+        raise ConfigError("invalid SGLang payload: " + "; ".join(problems))
+    return dict(payload)
+
+
+def rank_of(payload: Mapping[str, Any]) -> Rank:
+    """The rank the server files this payload under: dp is `system_dp_rank` when
+    `system_dp_size > 1`, else `attn_dp_rank`."""
+    dp = payload["system_dp_rank"] if payload["system_dp_size"] > 1 else payload["attn_dp_rank"]
+    return Rank(
+        dp=int(dp),
+        cp=int(payload["attn_cp_rank"]),
+        tp=int(payload["attn_tp_rank"]),
+        pp=int(payload["pp_rank"]),
+    )
+
+
+def token_from_env(token: str | None) -> str | None:
+    """The explicit token, else the one SGLang reads from its environment."""
+    if token is not None:
+        return token or None
+    return os.environ.get(TOKEN_ENV) or None
+
+
+class _Evidence:
+    """What has been seen of the server since our last accepted PUT."""
+
+    def __init__(self) -> None:
+        self.seen_ready = False
+        self.highest_count = 0
+        self.refused = False
+        self.reconnected = False
+
+    def reasons_forgotten(self, count: int) -> list[str]:
+        reasons = []
+        if count == 0:
+            reasons.append("the server has 0 workers registered")
+        if self.seen_ready:
+            reasons.append("the topology was ready since our registration")
+        if count < self.highest_count:
+            reasons.append(f"the count fell from {self.highest_count} to {count}")
+        if self.refused:
+            reasons.append("a connection was refused since our registration")
+        if self.reconnected:
+            reasons.append("the kept-alive connection was re-opened since our registration")
+        return reasons
+
+
+class SGLangTransport(HttpTransport):
+    """`PUT {url}/route` and the rank query of SGLang's bootstrap server."""
+
+    token_hint = f"check the bootstrap auth token (token= or {TOKEN_ENV})"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: Timeout = 5.0,
+        verify: bool | str = True,
+    ) -> None:
+        super().__init__(url, path="/route", token=token, timeout=timeout, verify=verify)
+        self._evidence = _Evidence()
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        result = self.send("PUT", "/route", json=dict(payload))
+        self._note(result)
+        outcome = self.classify_registration(result)
+        if outcome.verdict is Verdict.ACCEPTED:
+            self._evidence = _Evidence()
+        return outcome
+
+    def _note(self, result: HttpResult) -> None:
+        if result.refused:
+            self._evidence.refused = True
+        if result.reconnected:
+            self._evidence.reconnected = True
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck:
+        result = self.send("GET", "/route", params=rank_of(payload).query())
+        self._note(result)
+        code = result.status_code
+        if result.error is not None:
+            return RouteCheck(Route.UNREACHABLE, evidence=self.describe_error(result.error))
+        assert code is not None
+        body = self.excerpt(result.text)
+        if code == 200:
+            return self._classify_found(payload, result.text, body)
+        if code == 404:
+            return RouteCheck(Route.MISSING, code, f"404 for our rank from a ready server: {body}")
+        if code == 503:
+            return self._classify_not_ready(body)
+        return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {body}")
+
+    def _classify_found(self, payload: Mapping[str, Any], text: str, body: str) -> RouteCheck:
+        try:
+            found = json.loads(text)
+            ip, port = found["rank_ip"], int(found["rank_port"])
+        except (ValueError, TypeError, KeyError):
+            return RouteCheck(Route.UNDETERMINED, 200, f"unparseable 200 answer: {body}")
+        self._evidence.seen_ready = True
+        if ip == payload["rank_ip"] and port == payload["rank_port"]:
+            return RouteCheck(Route.PRESENT, 200, f"registered as {ip}:{port}")
+        return RouteCheck(
+            Route.CONFLICT,
+            200,
+            f"our rank is registered as {ip}:{port}, "
+            f"not {payload['rank_ip']}:{payload['rank_port']}",
+        )
+
+    def _classify_not_ready(self, body: str) -> RouteCheck:
+        match = _COUNT.search(body)
+        if match is None:
+            return RouteCheck(Route.UNDETERMINED, 503, f"503 without a worker count: {body}")
+        count = int(match.group(1))
+        reasons = self._evidence.reasons_forgotten(count)
+        self._evidence.highest_count = max(self._evidence.highest_count, count)
+        if reasons:
+            return RouteCheck(
+                Route.MISSING, 503, f"503 with {count} workers registered: " + "; ".join(reasons)
+            )
+        return RouteCheck(
+            Route.UNDETERMINED, 503, f"503 with {count} workers registered (other ranks missing)"
+        )

@@ -1,0 +1,63 @@
+"""The immutable status snapshot that health endpoints, metrics and people read."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .machine import State
+
+__all__ = ["Status", "iso_utc"]
+
+
+def iso_utc(timestamp: float | None) -> str | None:
+    """An epoch timestamp as ISO 8601 UTC text (`2026-11-30T03:00:00.000Z`), or None."""
+    if timestamp is None:
+        return None
+    moment = datetime.fromtimestamp(timestamp, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+_TIMESTAMPS = ("since", "last_success_at", "next_attempt_at", "last_check_at")
+
+
+@dataclass(frozen=True)
+class Status:
+    """One consistent view of a registrar, replaced whole on every change.
+
+    Timestamps are wall-clock epoch seconds; `to_dict()` renders them as ISO 8601 UTC.
+    `next_attempt_at` is None when no attempt is scheduled: while registered, while an attempt
+    is in flight, or after giving up for good.
+    """
+
+    state: State
+    since: float
+    url: str
+    attempt: int = 0
+    """Attempts in the current run of failures (0 after a success)."""
+    attempts_total: int = 0
+    """Registration requests sent since start."""
+    last_error: str | None = None
+    last_success_at: float | None = None
+    next_attempt_at: float | None = None
+    registrations: int = 0
+    """Accepted registrations, the first one included."""
+    reregistrations: int = 0
+    """Times the route was found missing and registration started again."""
+    server_reachable: bool | None = None
+    """Whether the bootstrap server answered the last request (None before any)."""
+    last_check_at: float | None = None
+    """When the route was last checked."""
+    route: str | None = None
+    """What the last route check found: present, conflict, missing, undetermined, unreachable."""
+    retrying: bool = False
+    """True while attempts are scheduled or in flight (also in FAILED with on_failure="retry")."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping of every field."""
+        data = asdict(self)
+        data["state"] = self.state.value
+        for key in _TIMESTAMPS:
+            data[key] = iso_utc(data[key])
+        return data

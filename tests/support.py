@@ -1,0 +1,128 @@
+"""Fakes and helpers shared by the tests: a fake clock whose wait advances virtual time, a
+scripted transport, SGLang payloads, and free loopback ports."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from registrar import RegisterOutcome, Route, RouteCheck, Verdict
+
+LOOPBACK = "127.0.0.1"
+
+
+class FakeClock:
+    """Virtual time: `wait` returns at once and advances the clock by its timeout. A wait that
+    would pass `horizon` parks in real time until the event is set (as a long real wait would),
+    so a watching registrar does not spin forever."""
+
+    def __init__(self, start: float = 1000.0, wall: float = 1_800_000_000.0,
+                 horizon: float = 100_000.0) -> None:
+        self.start = start
+        self.now = start
+        self.wall = wall
+        self.horizon = start + horizon
+        self.waits: list[float] = []
+        self.lock = threading.Lock()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.wall + (self.now - self.start)
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        if event.is_set():
+            return True
+        if timeout is None or self.now + timeout > self.horizon:
+            return event.wait(0.5)
+        with self.lock:
+            self.waits.append(timeout)
+            self.now += timeout
+        return event.is_set()
+
+
+def accepted() -> RegisterOutcome:
+    return RegisterOutcome(Verdict.ACCEPTED, status_code=200)
+
+
+def retry(code: int | None = 503, error: str = "503 Service Unavailable",
+          retry_after: float | None = None) -> RegisterOutcome:
+    return RegisterOutcome(Verdict.RETRY, status_code=code, error=error, retry_after=retry_after)
+
+
+def fatal(code: int = 401, error: str = "401 Unauthorized: check the auth token") -> RegisterOutcome:
+    return RegisterOutcome(Verdict.FATAL, status_code=code, error=error)
+
+
+def route(kind: Route, evidence: str = "") -> RouteCheck:
+    return RouteCheck(kind, 200 if kind is Route.PRESENT else 503, evidence)
+
+
+class ScriptedTransport:
+    """Answers registrations and checks from scripts; the last entry repeats. `checks=None`
+    means the protocol cannot check."""
+
+    display_url = "http://127.0.0.1:8998"
+
+    def __init__(self, outcomes: list[RegisterOutcome],
+                 checks: list[RouteCheck] | None = None) -> None:
+        self.outcomes = list(outcomes)
+        self.checks = None if checks is None else list(checks)
+        self.registered: list[dict[str, Any]] = []
+        self.checked = 0
+        self.closed = False
+        self.lock = threading.Lock()
+        self.calls_after_close = 0
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        with self.lock:
+            if self.closed:
+                self.calls_after_close += 1
+            self.registered.append(dict(payload))
+            return self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
+        with self.lock:
+            if self.checks is None:
+                return None
+            self.checked += 1
+            if not self.checks:
+                return route(Route.PRESENT)
+            return self.checks.pop(0) if len(self.checks) > 1 else self.checks[0]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def sglang_payload(tp_rank: int = 0, tp_size: int = 1, port: int = 20000,
+                   ip: str = LOOPBACK, **extra: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "attn_tp_size": tp_size,
+        "attn_tp_rank": tp_rank,
+        "attn_cp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_dp_size": 1,
+        "attn_dp_rank": 0,
+        "pp_size": 1,
+        "pp_rank": 0,
+        "system_dp_size": 1,
+        "system_dp_rank": 0,
+        "rank_ip": ip,
+        "rank_port": port,
+        "page_size": 16,
+        "kv_cache_dtype": "auto",
+    }
+    payload.update(extra)
+    return payload
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port nothing listens on right now (for a server that starts later)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from registrar import Backoff, ConfigError
+
+UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
+
+
+def test_upstream_schedule_with_lowest_draw() -> None:
+    assert [UPSTREAM.delay(a, 0.0) for a in range(4)] == [0.75, 1.5, 3.0, 6.0]
+
+
+def test_cap_applies_before_jitter() -> None:
+    assert UPSTREAM.delay(5, 0.0) == pytest.approx(22.5)
+    assert UPSTREAM.delay(50, 0.999999) < 30.0
+
+
+def test_huge_attempt_does_not_overflow() -> None:
+    assert UPSTREAM.base(10**9) == 30.0
+    assert Backoff(initial=1e-9, multiplier=1e6, maximum=1e9).base(10**6) == 1e9
+
+
+def test_multiplier_one_is_constant() -> None:
+    assert [Backoff(initial=2.0, multiplier=1.0, maximum=5.0, jitter=0).delay(a, 0.5)
+            for a in range(3)] == [2.0, 2.0, 2.0]
+
+
+def test_initial_above_maximum_is_capped() -> None:
+    assert Backoff(initial=50.0, maximum=30.0, jitter=0).delay(0, 0.3) == 30.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"initial": 0}, "initial"),
+        ({"initial": -1}, "initial"),
+        ({"maximum": 0}, "maximum"),
+        ({"multiplier": 0.5}, "multiplier"),
+        ({"jitter": -0.1}, "jitter"),
+        ({"jitter": 1.5}, "jitter"),
+        ({"initial": math.inf}, "initial"),
+        ({"maximum": math.nan}, "maximum"),
+        ({"initial": "1"}, "initial"),
+        ({"jitter": True}, "jitter"),
+    ],
+)
+def test_invalid_parameters_name_the_field(kwargs: dict[str, object], word: str) -> None:
+    with pytest.raises(ValueError, match=word):
+        Backoff(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("u", [-0.1, 1.0, 2.0])
+def test_draw_outside_unit_interval_is_refused(u: float) -> None:
+    with pytest.raises(ConfigError, match="draw"):
+        UPSTREAM.delay(0, u)
+
+
+def test_negative_attempt_is_refused() -> None:
+    with pytest.raises(ConfigError, match="attempt"):
+        UPSTREAM.delay(-1, 0.0)
+
+
+@given(
+    initial=st.floats(min_value=1e-6, max_value=1e4),
+    multiplier=st.floats(min_value=1.0, max_value=100.0),
+    maximum=st.floats(min_value=1e-6, max_value=1e5),
+    jitter=st.floats(min_value=0.0, max_value=1.0),
+    attempt=st.integers(min_value=0, max_value=10**12),
+    u=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_delay_always_within_bounds(
+    initial: float, multiplier: float, maximum: float, jitter: float, attempt: int, u: float
+) -> None:
+    policy = Backoff(initial=initial, multiplier=multiplier, maximum=maximum, jitter=jitter)
+    delay = policy.delay(attempt, u)
+    base = policy.base(attempt)
+    assert base <= maximum
+    assert min(initial, maximum) <= base <= policy.base(attempt + 1)
+    if attempt <= 30:
+        assert base == pytest.approx(min(initial * multiplier**attempt, maximum))
+    assert base * (1 - jitter) - 1e-9 <= delay <= base + 1e-9
+    assert math.isfinite(delay) and delay >= 0

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import requests
+
+from registrar import root_cause
+from registrar.errors import describe_exception
+from registrar.redact import redact_text, redact_url
+
+from support import free_port
+
+
+def test_refused_connection_names_errno_not_urllib3_wrapper() -> None:
+    port = free_port()
+    try:
+        requests.put(f"http://127.0.0.1:{port}/route", json={}, timeout=2)
+    except requests.ConnectionError as exc:
+        text = describe_exception(exc)
+        assert isinstance(root_cause(exc), ConnectionRefusedError)
+    assert text == "[Errno 111] Connection refused"
+    assert "Max retries" not in text
+
+
+def test_context_only_chain_is_followed() -> None:
+    # `raise X` inside `except` without `from`: only __context__ links them.
+    try:
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except OSError:
+            raise RuntimeError("wrapper text nobody needs") from None
+    except RuntimeError as exc:
+        assert root_cause(exc) is exc  # suppressed context is respected
+    try:
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except OSError:
+            raise RuntimeError("wrapper text nobody needs")  # noqa: B904
+    except RuntimeError as exc:
+        assert describe_exception(exc) == "[Errno 104] Connection reset by peer"
+
+
+def test_wrapped_argument_and_reason_are_followed() -> None:
+    inner = ConnectionRefusedError(111, "Connection refused")
+
+    class Pooled(Exception):
+        def __init__(self, reason: BaseException) -> None:
+            super().__init__("Max retries exceeded")
+            self.reason = reason
+
+    outer = requests.ConnectionError(Pooled(inner))
+    assert root_cause(outer) is inner
+
+
+def test_cycles_terminate() -> None:
+    a, b = ValueError("a"), ValueError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert root_cause(a) in (a, b)
+
+
+def test_empty_message_falls_back_to_type_name() -> None:
+    assert describe_exception(TimeoutError()) == "TimeoutError"
+
+
+def test_url_credentials_redacted() -> None:
+    assert redact_url("http://user:pw@127.0.0.1:8998/x") == "http://***@127.0.0.1:8998/x"
+    assert redact_url("http://[::1]:80") == "http://[::1]:80"
+    assert redact_url("http://u:p@[::1]:80/") == "http://***@[::1]:80/"
+    assert redact_text("Bearer abc and abc", ("abc", "")) == "Bearer *** and ***"

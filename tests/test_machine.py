@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from registrar import TRANSITIONS, State, Trigger, mermaid_diagram
+from registrar.machine import build_machine, fire
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"
+
+EXPECTED = {
+    (State.UNREGISTERED, Trigger.START): State.REGISTERING,
+    (State.REGISTERING, Trigger.SUCCEED): State.REGISTERED,
+    (State.REGISTERING, Trigger.GIVE_UP): State.FAILED,
+    (State.FAILED, Trigger.SUCCEED): State.REGISTERED,
+    (State.REGISTERED, Trigger.LOSE): State.REGISTERING,
+    (State.UNREGISTERED, Trigger.STOP): State.STOPPED,
+    (State.REGISTERING, Trigger.STOP): State.STOPPED,
+    (State.REGISTERED, Trigger.STOP): State.STOPPED,
+    (State.FAILED, Trigger.STOP): State.STOPPED,
+}
+
+
+def test_table_is_exactly_the_expected_one() -> None:
+    assert {(s, t): d for s, t, d in TRANSITIONS} == EXPECTED
+    assert len(TRANSITIONS) == len(EXPECTED)
+
+
+@pytest.mark.parametrize(("source", "trigger"), list(itertools.product(State, Trigger)))
+def test_every_pair_on_the_real_machine(source: State, trigger: Trigger) -> None:
+    _, model = build_machine(initial=source)
+    allowed = fire(model, trigger)
+    expected = EXPECTED.get((source, trigger))
+    assert allowed is (expected is not None)
+    assert model.state == (expected or source).value
+
+
+def test_stopped_is_terminal() -> None:
+    assert not [t for s, t, _ in TRANSITIONS if s is State.STOPPED]
+
+
+def test_doc_diagram_matches_the_table() -> None:
+    text = DOC.read_text()
+    assert f"```mermaid\n{mermaid_diagram()}```" in text, (
+        "docs/state-machine.md is stale: paste the output of `registrar diagram`"
+    )
