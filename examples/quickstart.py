@@ -12,10 +12,20 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(mess
 logging.getLogger("transitions").setLevel(logging.WARNING)
 
 payload = {
-    "attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0,
-    "attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0,
-    "system_dp_size": 1, "system_dp_rank": 0, "rank_ip": "127.0.0.1", "rank_port": 20000,
-    "page_size": 16, "kv_cache_dtype": "auto",
+    "attn_tp_size": 1,
+    "attn_tp_rank": 0,
+    "attn_cp_size": 1,
+    "attn_cp_rank": 0,
+    "attn_dp_size": 1,
+    "attn_dp_rank": 0,
+    "pp_size": 1,
+    "pp_rank": 0,
+    "system_dp_size": 1,
+    "system_dp_rank": 0,
+    "rank_ip": "127.0.0.1",
+    "rank_port": 20000,
+    "page_size": 16,
+    "kv_cache_dtype": "auto",
 }
 
 server = BootstrapServer("127.0.0.1", 0).start()

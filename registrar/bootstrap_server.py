@@ -77,6 +77,8 @@ class Fault:
     seconds: float = 0.0
     method: str | None = None
     """Only requests with this method match (None: any)."""
+    close: bool = False
+    """With "status": say `Connection: close` and close the connection after answering."""
 
 
 @dataclass
@@ -208,7 +210,7 @@ class BootstrapServer:
         self._release.set()
         server.shutdown()
         server.server_close()
-        self._drop_connections()
+        self.drop_connections()
         if thread is not None:
             thread.join(5)
 
@@ -232,7 +234,7 @@ class BootstrapServer:
                 self._table = _Table()
                 self._release.set()
                 self._release = threading.Event()
-            self._drop_connections()
+            self.drop_connections()
             return
         self.stop()
         self.forget()
@@ -310,7 +312,8 @@ class BootstrapServer:
             else:
                 self._connections.discard(conn)
 
-    def _drop_connections(self) -> None:
+    def drop_connections(self) -> None:
+        """Close every open connection (keep-alive ones too) without forgetting anything."""
         with self._lock:
             connections = list(self._connections)
         for conn in connections:
@@ -356,7 +359,14 @@ class BootstrapServer:
             elif fault.kind == "status":
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                 self._record(method, h.path, fault.status)
-                self._send(h, fault.status, fault.body, fault.content_type, headers=headers)
+                self._send(
+                    h,
+                    fault.status,
+                    fault.body,
+                    fault.content_type,
+                    headers=headers,
+                    close=fault.close,
+                )
                 return
         status, text, ctype, port = self._answer(h, method, body)
         self._record(method, h.path, status, port)

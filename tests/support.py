@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +19,9 @@ class FakeClock:
     would pass `horizon` parks in real time until the event is set (as a long real wait would),
     so a watching registrar does not spin forever."""
 
-    def __init__(self, start: float = 1000.0, wall: float = 1_800_000_000.0,
-                 horizon: float = 100_000.0) -> None:
+    def __init__(
+        self, start: float = 1000.0, wall: float = 1_800_000_000.0, horizon: float = 100_000.0
+    ) -> None:
         self.start = start
         self.now = start
         self.wall = wall
@@ -48,12 +50,15 @@ def accepted() -> RegisterOutcome:
     return RegisterOutcome(Verdict.ACCEPTED, status_code=200)
 
 
-def retry(code: int | None = 503, error: str = "503 Service Unavailable",
-          retry_after: float | None = None) -> RegisterOutcome:
+def retry(
+    code: int | None = 503, error: str = "503 Service Unavailable", retry_after: float | None = None
+) -> RegisterOutcome:
     return RegisterOutcome(Verdict.RETRY, status_code=code, error=error, retry_after=retry_after)
 
 
-def fatal(code: int = 401, error: str = "401 Unauthorized: check the auth token") -> RegisterOutcome:
+def fatal(
+    code: int = 401, error: str = "401 Unauthorized: check the auth token"
+) -> RegisterOutcome:
     return RegisterOutcome(Verdict.FATAL, status_code=code, error=error)
 
 
@@ -67,8 +72,9 @@ class ScriptedTransport:
 
     display_url = "http://127.0.0.1:8998"
 
-    def __init__(self, outcomes: list[RegisterOutcome],
-                 checks: list[RouteCheck] | None = None) -> None:
+    def __init__(
+        self, outcomes: list[RegisterOutcome], checks: list[RouteCheck] | None = None
+    ) -> None:
         self.outcomes = list(outcomes)
         self.checks = None if checks is None else list(checks)
         self.registered: list[dict[str, Any]] = []
@@ -97,8 +103,9 @@ class ScriptedTransport:
         self.closed = True
 
 
-def sglang_payload(tp_rank: int = 0, tp_size: int = 1, port: int = 20000,
-                   ip: str = LOOPBACK, **extra: Any) -> dict[str, Any]:
+def sglang_payload(
+    tp_rank: int = 0, tp_size: int = 1, port: int = 20000, ip: str = LOOPBACK, **extra: Any
+) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "attn_tp_size": tp_size,
         "attn_tp_rank": tp_rank,
@@ -126,3 +133,21 @@ def free_port(host: str = LOOPBACK) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.01) -> bool:
+    """Poll `predicate` until true or `timeout` seconds pass; the final answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+SENTINEL = {
+    "prefill_dp_rank": -1,
+    "prefill_cp_rank": -1,
+    "target_tp_rank": -1,
+    "target_pp_rank": -1,
+}

@@ -26,8 +26,9 @@ def test_huge_attempt_does_not_overflow() -> None:
 
 
 def test_multiplier_one_is_constant() -> None:
-    assert [Backoff(initial=2.0, multiplier=1.0, maximum=5.0, jitter=0).delay(a, 0.5)
-            for a in range(3)] == [2.0, 2.0, 2.0]
+    assert [
+        Backoff(initial=2.0, multiplier=1.0, maximum=5.0, jitter=0).delay(a, 0.5) for a in range(3)
+    ] == [2.0, 2.0, 2.0]
 
 
 def test_initial_above_maximum_is_capped() -> None:
@@ -84,4 +85,5 @@ def test_delay_always_within_bounds(
     if attempt <= 30:
         assert base == pytest.approx(min(initial * multiplier**attempt, maximum))
     assert base * (1 - jitter) - 1e-9 <= delay <= base + 1e-9
-    assert math.isfinite(delay) and delay >= 0
+    assert math.isfinite(delay)
+    assert delay >= 0

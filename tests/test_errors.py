@@ -1,41 +1,42 @@
 from __future__ import annotations
 
+import pytest
 import requests
+from support import free_port
 
 from registrar import root_cause
 from registrar.errors import describe_exception
 from registrar.redact import redact_text, redact_url
 
-from support import free_port
-
 
 def test_refused_connection_names_errno_not_urllib3_wrapper() -> None:
     port = free_port()
-    try:
+    with pytest.raises(requests.ConnectionError) as info:
         requests.put(f"http://127.0.0.1:{port}/route", json={}, timeout=2)
-    except requests.ConnectionError as exc:
-        text = describe_exception(exc)
-        assert isinstance(root_cause(exc), ConnectionRefusedError)
+    text = describe_exception(info.value)
+    assert isinstance(root_cause(info.value), ConnectionRefusedError)
     assert text == "[Errno 111] Connection refused"
     assert "Max retries" not in text
 
 
-def test_context_only_chain_is_followed() -> None:
-    # `raise X` inside `except` without `from`: only __context__ links them.
+def _wrapped(suppress: bool) -> RuntimeError:
     try:
         try:
             raise ConnectionResetError(104, "Connection reset by peer")
         except OSError:
-            raise RuntimeError("wrapper text nobody needs") from None
-    except RuntimeError as exc:
-        assert root_cause(exc) is exc  # suppressed context is respected
-    try:
-        try:
-            raise ConnectionResetError(104, "Connection reset by peer")
-        except OSError:
+            if suppress:
+                raise RuntimeError("wrapper text nobody needs") from None
             raise RuntimeError("wrapper text nobody needs")  # noqa: B904
     except RuntimeError as exc:
-        assert describe_exception(exc) == "[Errno 104] Connection reset by peer"
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_context_only_chain_is_followed() -> None:
+    # `raise X` inside `except` without `from`: only __context__ links them.
+    assert describe_exception(_wrapped(False)) == "[Errno 104] Connection reset by peer"
+    suppressed = _wrapped(True)
+    assert root_cause(suppressed) is suppressed
 
 
 def test_wrapped_argument_and_reason_are_followed() -> None:

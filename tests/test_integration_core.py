@@ -16,8 +16,9 @@ FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 def test_server_starts_two_seconds_late(registrars: list[Registrar]) -> None:
     port = free_port()
     server = BootstrapServer("127.0.0.1", port)
-    reg = Registrar(server.url, sglang_payload(), backoff=FAST, max_attempts=None,
-                    watch_interval=None)
+    reg = Registrar(
+        server.url, sglang_payload(), backoff=FAST, max_attempts=None, watch_interval=None
+    )
     registrars.append(reg)
     reg.start()
     starter = threading.Timer(2.0, server.start)
@@ -36,8 +37,14 @@ def test_server_starts_two_seconds_late(registrars: list[Registrar]) -> None:
 
 def test_refused_attempts_log_the_root_cause(registrars: list[Registrar], caplog) -> None:
     port = free_port()
-    reg = Registrar(f"http://127.0.0.1:{port}", sglang_payload(), backoff=FAST,
-                    max_attempts=2, on_failure="stop", watch_interval=None)
+    reg = Registrar(
+        f"http://127.0.0.1:{port}",
+        sglang_payload(),
+        backoff=FAST,
+        max_attempts=2,
+        on_failure="stop",
+        watch_interval=None,
+    )
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.FAILED, timeout=10)
@@ -60,8 +67,9 @@ def test_server_that_never_answers_times_out_then_succeeds(
     server: BootstrapServer, registrars: list[Registrar], caplog
 ) -> None:
     server.inject(Fault("hang", method="PUT"))
-    reg = Registrar(server.url, sglang_payload(), backoff=FAST, timeout=(1.0, 0.5),
-                    watch_interval=None)
+    reg = Registrar(
+        server.url, sglang_payload(), backoff=FAST, timeout=(1.0, 0.5), watch_interval=None
+    )
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=10)

@@ -79,7 +79,8 @@ def test_always_503_gives_up_once(
     ]
     assert "next attempt in 0.75 s" in warnings[0]
     status = reg.status()
-    assert status.next_attempt_at is None and not status.retrying
+    assert status.next_attempt_at is None
+    assert not status.retrying
     assert status.last_error == "503 Service Unavailable"
 
 
@@ -120,8 +121,7 @@ def test_failed_with_retry_has_next_attempt_scheduled(
 def test_exit_policy_ends_the_process(registrars: list[Registrar], clock: FakeClock) -> None:
     codes: list[int] = []
     transport = ScriptedTransport([retry()])
-    reg = make(registrars, transport, clock, max_attempts=2, exit=codes.append,
-               on_failure="exit")
+    reg = make(registrars, transport, clock, max_attempts=2, exit=codes.append, on_failure="exit")
     reg.start()
     assert reg.wait_for(State.FAILED, timeout=5)
     reg._thread.join(5)  # type: ignore[union-attr]
@@ -129,8 +129,10 @@ def test_exit_policy_ends_the_process(registrars: list[Registrar], clock: FakeCl
     assert len(transport.registered) == 2
 
 
-@pytest.mark.parametrize(("answer", "attempts_after"), [("retry", True), (None, False),
-                                                        ("stop", False), ("bogus", False)])
+@pytest.mark.parametrize(
+    ("answer", "attempts_after"),
+    [("retry", True), (None, False), ("stop", False), ("bogus", False)],
+)
 def test_callable_policy_decides(
     registrars: list[Registrar], clock: FakeClock, answer: Any, attempts_after: bool
 ) -> None:
@@ -190,8 +192,13 @@ def test_jitter_bounds_over_many_draws(registrars: list[Registrar], clock: FakeC
 
 def test_stop_during_long_wait(registrars: list[Registrar]) -> None:
     transport = ScriptedTransport([retry()])
-    reg = Registrar("http://127.0.0.1:8998", PAYLOAD, transport=transport,
-                    backoff=Backoff(initial=600, maximum=600), watch_interval=None)
+    reg = Registrar(
+        "http://127.0.0.1:8998",
+        PAYLOAD,
+        transport=transport,
+        backoff=Backoff(initial=600, maximum=600),
+        watch_interval=None,
+    )
     registrars.append(reg)
     reg.start()
     deadline = time.monotonic() + 5
@@ -231,8 +238,9 @@ def test_stop_before_start(registrars: list[Registrar], clock: FakeClock) -> Non
 
 def test_context_manager_stops(clock: FakeClock) -> None:
     transport = ScriptedTransport([accepted()])
-    with Registrar("http://127.0.0.1:8998", PAYLOAD, transport=transport, clock=clock,
-                   watch_interval=None) as reg:
+    with Registrar(
+        "http://127.0.0.1:8998", PAYLOAD, transport=transport, clock=clock, watch_interval=None
+    ) as reg:
         assert reg.wait_for(State.REGISTERED, timeout=5)
     assert reg.state is State.STOPPED
 
@@ -275,12 +283,10 @@ def test_listener_runs_outside_the_lock_and_may_stop(
     assert order == [State.REGISTERING, State.REGISTERED, State.STOPPED]
 
 
-def test_route_missing_registers_again(
-    registrars: list[Registrar], clock: FakeClock
-) -> None:
+def test_route_missing_registers_again(registrars: list[Registrar], clock: FakeClock) -> None:
     transport = ScriptedTransport(
-        [accepted()], checks=[route(Route.PRESENT), route(Route.MISSING, "404"),
-                              route(Route.PRESENT)]
+        [accepted()],
+        checks=[route(Route.PRESENT), route(Route.MISSING, "404"), route(Route.PRESENT)],
     )
     reg = make(registrars, transport, clock, watch_interval=5.0)
     reg.start()
@@ -307,7 +313,8 @@ def test_watch_interval_is_jittered_within_20_percent(
     while len(clock.waits) < 10 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert all(8.0 <= w <= 12.0 for w in clock.waits)
-    assert min(clock.waits) == 8.0 and max(clock.waits) > 11.9
+    assert min(clock.waits) == 8.0
+    assert max(clock.waits) > 11.9
     assert len(transport.registered) == 1  # a present route is never PUT again
 
 
@@ -317,9 +324,18 @@ def test_wall_clock_fields_use_real_time_by_default() -> None:
     data = reg.status().to_dict()
     assert data["since"] == "2026-01-02T03:04:05.000Z"
     assert data["state"] == "unregistered"
-    assert set(data) >= {"state", "since", "attempt", "attempts_total", "last_error",
-                         "last_success_at", "next_attempt_at", "registrations",
-                         "reregistrations", "url"}
+    assert set(data) >= {
+        "state",
+        "since",
+        "attempt",
+        "attempts_total",
+        "last_error",
+        "last_success_at",
+        "next_attempt_at",
+        "registrations",
+        "reregistrations",
+        "url",
+    }
     reg.stop()
 
 

@@ -1,0 +1,137 @@
+"""Each piece of evidence that a 503 comes from a server that forgot us, on its own, against the
+reference server over real HTTP (the transport driven directly, one request at a time)."""
+
+from __future__ import annotations
+
+import requests
+from support import sglang_payload
+
+from registrar import Route, SGLangTransport, Verdict
+from registrar.bootstrap_server import BootstrapServer, Fault
+
+
+def put(server: BootstrapServer, payload: dict) -> None:
+    assert requests.put(f"{server.url}/route", json=payload, timeout=5).status_code == 200
+
+
+def ours(server: BootstrapServer) -> tuple[SGLangTransport, dict]:
+    transport = SGLangTransport(server.url, timeout=5.0)
+    payload = sglang_payload(tp_rank=0, tp_size=3, port=20000)
+    assert transport.register(payload).verdict is Verdict.ACCEPTED
+    return transport, payload
+
+
+def reasons(evidence: str) -> list[str]:
+    return evidence.split(": ", 1)[1].split("; ")
+
+
+def test_other_ranks_missing_is_undetermined(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    first = transport.check(payload)
+    second = transport.check(payload)
+    transport.close()
+    assert first.route is Route.UNDETERMINED
+    assert second.route is Route.UNDETERMINED
+    assert "1 workers registered" in second.evidence
+
+
+def test_zero_workers(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    server.forget()  # a wipe with no restart: only the count can tell
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.MISSING
+    assert reasons(check.evidence) == ["the server has 0 workers registered"]
+
+
+def test_seen_ready_then_503(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
+    put(server, sglang_payload(tp_rank=2, tp_size=3, port=20002))
+    assert transport.check(payload).route is Route.PRESENT
+    server.forget()
+    put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.MISSING
+    assert reasons(check.evidence) == ["the topology was ready since our registration"]
+
+
+def test_count_fell_below_highest(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
+    assert transport.check(payload).route is Route.UNDETERMINED  # highest seen: 2
+    server.forget()
+    put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.MISSING
+    assert reasons(check.evidence) == ["the count fell from 2 to 1"]
+
+
+def test_refused_since_our_put(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    assert transport.check(payload).route is Route.UNDETERMINED
+    server.stop()  # refuses connections, keeps its memory
+    assert transport.check(payload).route is Route.UNREACHABLE
+    server.start()
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.MISSING
+    assert reasons(check.evidence) == ["a connection was refused since our registration"]
+
+
+def test_reopened_keepalive_connection(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    assert transport.check(payload).route is Route.UNDETERMINED
+    server.drop_connections()  # what a restarted process does to open connections
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.MISSING
+    assert reasons(check.evidence) == [
+        "the kept-alive connection was re-opened since our registration"
+    ]
+
+
+def test_evidence_resets_at_each_accepted_put(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    server.drop_connections()
+    assert transport.check(payload).route is Route.MISSING
+    assert transport.register(payload).verdict is Verdict.ACCEPTED
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.UNDETERMINED
+
+
+def test_connection_close_answers_are_not_reconnect_evidence(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    server.inject(Fault("status", status=503, body="(1 workers registered)", close=True))
+    # An answer that closes its connection makes the next connect expected, not evidence.
+    assert transport.check(payload).route is Route.UNDETERMINED
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.UNDETERMINED
+
+
+def test_404_for_our_rank(server: BootstrapServer) -> None:
+    transport = SGLangTransport(server.url)
+    payload = sglang_payload(tp_rank=1, tp_size=2, port=20001)
+    put(server, sglang_payload(tp_rank=0, tp_size=2, port=20000))
+    put(server, sglang_payload(tp_rank=0, tp_size=2, port=20000))  # counted twice: "ready"
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.MISSING
+    assert check.status_code == 404
+
+
+def test_conflict_and_unparseable(server: BootstrapServer) -> None:
+    transport, payload = ours(server)
+    put(server, sglang_payload(tp_rank=0, tp_size=3, port=29999))
+    put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
+    conflict = transport.check(payload)
+    server.fail_next(1, 200, body="<html>not json</html>", content_type="text/html")
+    odd = transport.check(payload)
+    transport.close()
+    assert conflict.route is Route.CONFLICT
+    assert "29999" in conflict.evidence
+    assert odd.route is Route.UNDETERMINED

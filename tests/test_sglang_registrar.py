@@ -1,0 +1,219 @@
+"""Registrars of the SGLang protocol against the reference bootstrap server over real HTTP:
+restarts that forget, multi-rank topologies, conflicts, reports, tokens, validation."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import requests
+from support import SENTINEL, sglang_payload, wait_until
+
+from registrar import Backoff, ConfigError, Registrar, State
+from registrar.bootstrap_server import BootstrapServer
+
+FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
+
+
+def start(
+    registrars: list[Registrar], server: BootstrapServer, payload: dict, **kwargs: object
+) -> Registrar:
+    kwargs.setdefault("backoff", FAST)
+    kwargs.setdefault("watch_interval", 0.3)
+    reg = Registrar(server.url, payload, **kwargs)  # type: ignore[arg-type]
+    registrars.append(reg)
+    return reg.start()
+
+
+def topology(
+    registrars: list[Registrar], server: BootstrapServer, tp: int, pp: int = 1, **kwargs: object
+) -> list[Registrar]:
+    regs = []
+    for pp_rank in range(pp):
+        for tp_rank in range(tp):
+            payload = sglang_payload(
+                tp_rank=tp_rank,
+                tp_size=tp,
+                port=21000 + pp_rank * tp + tp_rank,
+                pp_size=pp,
+                pp_rank=pp_rank,
+            )
+            regs.append(start(registrars, server, payload, **kwargs))
+    return regs
+
+
+def all_back(server: BootstrapServer, regs: list[Registrar], registrations: int) -> bool:
+    return server.ready and all(
+        r.state is State.REGISTERED and r.status().registrations >= registrations for r in regs
+    )
+
+
+def assert_every_rank_at_its_address(server: BootstrapServer, regs: list[Registrar]) -> None:
+    routes = server.routes()
+    for reg in regs:
+        p = reg.payload
+        key = (p["attn_dp_rank"], p["attn_cp_rank"], p["attn_tp_rank"], p["pp_rank"])
+        assert routes[key] == {"rank_ip": p["rank_ip"], "rank_port": p["rank_port"]}
+    assert len(routes) == len(regs)
+    answer = requests.get(f"{server.url}/route", params=SENTINEL, timeout=5)
+    assert answer.status_code == 200
+    assert answer.json()["attn_tp_size"] == regs[0].payload["attn_tp_size"]
+    # Every PUT is counted by the server: exactly one per rank means no double registration.
+    assert server.registered_count == len(regs)
+
+
+def test_restart_that_forgets_is_repaired(server: BootstrapServer, registrars: list) -> None:
+    reg = start(registrars, server, sglang_payload())
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    server.restart()
+    assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
+    status = reg.status()
+    assert status.reregistrations == 1
+    assert status.server_reachable is True
+    assert status.last_check_at is not None
+    assert_every_rank_at_its_address(server, [reg])
+
+
+def test_server_down_for_a_while_then_back_empty(
+    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="registrar")
+    reg = start(registrars, server, sglang_payload())
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    server.stop()
+    assert wait_until(lambda: reg.status().server_reachable is False, timeout=10)
+    assert reg.state is State.REGISTERED  # unreachable is not missing
+    server.forget()
+    server.start()
+    assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
+    assert "a connection was refused since our registration" in caplog.text
+    assert_every_rank_at_its_address(server, [reg])
+
+
+@pytest.mark.parametrize("down_for", [0.0, 1.5], ids=["fast", "slow"])
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (2, 2)], ids=["2-ranks", "4-ranks"])
+def test_topology_through_a_restart(
+    server: BootstrapServer, registrars: list, tp: int, pp: int, down_for: float
+) -> None:
+    regs = topology(registrars, server, tp, pp)
+    assert wait_until(lambda: all_back(server, regs, 1), timeout=15)
+    assert_every_rank_at_its_address(server, regs)
+    server.restart(down_for=down_for)
+    assert wait_until(lambda: all_back(server, regs, 2), timeout=20)
+    assert_every_rank_at_its_address(server, regs)
+    assert all(r.status().reregistrations == 1 for r in regs)
+
+
+def test_system_dp_ranks(server: BootstrapServer, registrars: list) -> None:
+    regs = [
+        start(
+            registrars, server, sglang_payload(system_dp_size=2, system_dp_rank=d, port=22000 + d)
+        )
+        for d in range(2)
+    ]
+    assert wait_until(lambda: all_back(server, regs, 1), timeout=10)
+    assert set(server.routes()) == {(0, 0, 0, 0), (1, 0, 0, 0)}
+
+
+def test_present_route_is_never_sent_again(server: BootstrapServer, registrars: list) -> None:
+    reg = start(registrars, server, sglang_payload(), watch_interval=0.05)
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    assert wait_until(lambda: sum(r.method == "GET" for r in server.records()) >= 21, timeout=20)
+    assert [r.method for r in server.records()].count("PUT") == 1
+    assert server.registered_count == 1
+    assert reg.status().route == "present"
+
+
+def test_conflict_is_reported_not_fought(
+    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    reg = start(registrars, server, sglang_payload(port=20000), watch_interval=0.1)
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    other = sglang_payload(port=29999)
+    assert requests.put(f"{server.url}/route", json=other, timeout=5).status_code == 200
+    assert wait_until(lambda: reg.status().route == "conflict", timeout=10)
+    assert wait_until(lambda: "29999" in caplog.text, timeout=5)
+    assert [r.rank_port for r in server.records() if r.method == "PUT"] == [20000, 29999]
+    assert reg.state is State.REGISTERED
+
+
+def test_report_route_missing_acts_at_once(server: BootstrapServer, registrars: list) -> None:
+    reg = start(registrars, server, sglang_payload(), watch_interval=3600)
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    server.restart()
+    reg.report_route_missing()
+    assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
+    assert reg.status().reregistrations == 1
+    assert_every_rank_at_its_address(server, [reg])
+
+
+def test_report_of_a_present_route_is_verified_and_ignored(
+    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    reg = start(registrars, server, sglang_payload(), watch_interval=3600)
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    reg.report_route_missing()
+    assert wait_until(lambda: "not registering again" in caplog.text, timeout=10)
+    assert server.registered_count == 1
+    assert reg.status().registrations == 1
+
+
+def test_token_is_sent_and_never_shown(
+    registrars: list, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with BootstrapServer(token="s3cret-token") as server:
+        good = start(registrars, server, sglang_payload(), token="s3cret-token")
+        assert good.wait_for(State.REGISTERED, timeout=10)
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "s3cret-token")
+        from_env = start(registrars, server, sglang_payload(port=20001))
+        assert from_env.wait_for(State.REGISTERED, timeout=10)
+        monkeypatch.delenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")
+        wrong = start(registrars, server, sglang_payload(port=20002), token="wrong-token")
+        missing = start(registrars, server, sglang_payload(port=20003))
+        assert wrong.wait_for(State.FAILED, timeout=10)
+        assert missing.wait_for(State.FAILED, timeout=10)
+        for reg in (good, from_env, wrong, missing):
+            reg.stop()
+    error = wrong.status().last_error or ""
+    assert error.startswith("401 Unauthorized from http://127.0.0.1:")
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN" in error
+    assert wrong.status().attempts_total == 1  # not retried
+    shown = caplog.text + repr(wrong) + str(wrong.status().to_dict())
+    assert "s3cret-token" not in shown
+    assert "wrong-token" not in shown
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rank_ip": None}, "rank_ip must be a non-empty string"),
+        ({"rank_port": "8000"}, "rank_port must be an integer"),
+        ({"rank_port": 70000}, "rank_port must be within [1, 65535]"),
+        ({"attn_tp_rank": 2}, "attn_tp_rank must be within [0, attn_tp_size=1)"),
+        ({"page_size": None}, "page_size must be an integer"),
+        ({"pp_size": 0}, "pp_size must be >= 1"),
+        ({"attn_dp_rank": True}, "attn_dp_rank must be an integer"),
+    ],
+)
+def test_payload_validation_messages(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Registrar("http://127.0.0.1:8998", sglang_payload(**change))
+    assert message in str(info.value)
+
+
+def test_missing_fields_are_listed_together() -> None:
+    payload = sglang_payload()
+    del payload["page_size"], payload["kv_cache_dtype"]
+    with pytest.raises(ValueError, match="missing page_size, kv_cache_dtype"):
+        Registrar("http://127.0.0.1:8998", payload)
+
+
+def test_fatal_payload_answer_says_what_to_fix(server: BootstrapServer, registrars: list) -> None:
+    server.fail_next(1, 400, body="Inconsistent decode_allocation_policy", method="PUT")
+    reg = start(registrars, server, sglang_payload())
+    assert reg.wait_for(State.FAILED, timeout=10)
+    assert reg.status().last_error == (
+        f"400 Bad Request from {server.url}/route: check the payload "
+        "(Inconsistent decode_allocation_policy)"
+    )
