@@ -492,9 +492,10 @@ class Registrar:
         """The startup budget is spent: apply `on_failure`. True when attempts go on."""
         policy = self._on_failure
         logger.error(
-            "registration with %s failed after %d attempts, last: %s; on_failure=%s",
+            "registration with %s failed after %d attempt%s, last: %s; on_failure=%s",
             self._status.url,
             streak,
+            "" if streak == 1 else "s",
             outcome.error,
             policy if isinstance(policy, str) else getattr(policy, "__name__", "callable"),
         )
@@ -605,10 +606,6 @@ class Registrar:
     def _lose(self, evidence: str, lost_after_put: int) -> float | None:
         """Go back to registering; the delay before the first re-attempt, jittered so a fleet
         does not stampede a server that just came back."""
-        if not self._transition(
-            Trigger.LOSE, reregistrations=self._status.reregistrations + 1, retrying=True
-        ):
-            return None
         # Spread the first re-attempt over [0, initial); found missing right after our own PUT
         # again and again, back off as for failures instead of PUTting in a tight loop.
         base = self._backoff.base(lost_after_put) if lost_after_put else self._backoff.initial
@@ -619,4 +616,8 @@ class Registrar:
             evidence,
             delay,
         )
+        if not self._transition(
+            Trigger.LOSE, reregistrations=self._status.reregistrations + 1, retrying=True
+        ):
+            return None
         return delay

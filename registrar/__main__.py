@@ -1,0 +1,9 @@
+"""`python -m registrar`: the same as the `registrar` command."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,181 @@
+"""`registrar demo`: the whole story on embedded defaults, narrated as it happens.
+
+A bootstrap server that starts late, a registrar with a health server, `/readyz` turning 200,
+the bootstrap server restarting and forgetting, the route found missing and registered again.
+Everything runs on 127.0.0.1 on ephemeral ports.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import TextIO
+
+import requests
+
+from .backoff import Backoff
+from .bootstrap_server import BootstrapServer
+from .health import start_health_server
+from .machine import State
+from .registrar import Registrar
+from .status import Status
+
+__all__ = ["DEMO_PAYLOAD", "run_demo"]
+
+DEMO_PAYLOAD = {
+    "attn_tp_size": 1,
+    "attn_tp_rank": 0,
+    "attn_cp_size": 1,
+    "attn_cp_rank": 0,
+    "attn_dp_size": 1,
+    "attn_dp_rank": 0,
+    "pp_size": 1,
+    "pp_rank": 0,
+    "system_dp_size": 1,
+    "system_dp_rank": 0,
+    "rank_ip": "127.0.0.1",
+    "rank_port": 20000,
+    "page_size": 16,
+    "kv_cache_dtype": "auto",
+}
+
+
+class _Narrator(logging.Handler):
+    def __init__(self, say: _Say) -> None:
+        super().__init__(logging.INFO)
+        self._say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._say(record.getMessage())
+
+
+class _Say:
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._start = time.monotonic()
+        self._lock = threading.Lock()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
+
+    def __call__(self, message: str) -> None:
+        with self._lock:
+            print(f"[{self.elapsed():5.2f}s] {message}", file=self._out, flush=True)
+
+
+def _readyz(url: str) -> int | None:
+    try:
+        return requests.get(f"{url}/readyz", timeout=2).status_code
+    except requests.RequestException:
+        return None
+
+
+def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: float = 1.0) -> int:
+    """Run the demo; 0 when every step happened, 1 otherwise."""
+    say = _Say(out)
+    problems: list[str] = []
+    narrator = _Narrator(say)
+    log = logging.getLogger("registrar")
+    quiet = [
+        logging.getLogger(name)
+        for name in ("transitions", "registrar.bootstrap_server", "registrar.health")
+    ]
+    saved = [(lg, lg.level) for lg in [log, *quiet]]
+    log.addHandler(narrator)
+    log.setLevel(logging.INFO)
+    for lg in quiet:
+        lg.setLevel(logging.WARNING)
+
+    server = BootstrapServer("127.0.0.1", 0).start()
+    server.stop()  # keep the port, refuse connections: the startup race
+    reg = Registrar(
+        server.url,
+        DEMO_PAYLOAD,
+        backoff=Backoff(initial=0.5, multiplier=2.0, maximum=2.0, jitter=0.25),
+        max_attempts=None,
+        watch_interval=1.0,
+        timeout=(1.0, 2.0),
+    )
+
+    def on_change(old: State, new: State, status: Status) -> None:
+        say(f"state {old.value} -> {new.value}")
+
+    reg.add_listener(on_change)
+    health = start_health_server(reg, "127.0.0.1", 0)
+    try:
+        say(f"bootstrap server {server.url} is not up yet; health on {health.url}")
+        before = _readyz(health.url)
+        say(f"GET /readyz -> {before}")
+        if before != 503:
+            problems.append(f"/readyz answered {before} before registration, not 503")
+        reg.start()
+        time.sleep(server_delay)
+        server.start()
+        up_at = say.elapsed()
+        say("bootstrap server is up (empty)")
+        if not reg.wait_for(State.REGISTERED, timeout=15):
+            problems.append("never registered after the server came up")
+            return _finish(say, problems)
+        registered_in = say.elapsed() - up_at
+        after = _readyz(health.url)
+        say(f"GET /readyz -> {after}")
+        if after != 200:
+            problems.append(f"/readyz answered {after} once registered, not 200")
+        time.sleep(1.5)
+        say(
+            f"route checks so far: {reg.status().route}; restarting the bootstrap server, "
+            f"down for {down_for:.1f} s, it forgets every route"
+        )
+        server.restart(down_for=down_for)
+        back_at = say.elapsed()
+        say("bootstrap server is back (empty)")
+        recovered = _wait(
+            lambda: reg.status().registrations >= 2 and reg.state is State.REGISTERED, 15
+        )
+        if not recovered:
+            problems.append("the route was not registered again after the restart")
+            return _finish(say, problems)
+        recovered_in = say.elapsed() - back_at
+        again = _readyz(health.url)
+        say(f"GET /readyz -> {again}")
+        if again != 200:
+            problems.append(f"/readyz answered {again} after recovery, not 200")
+        status = reg.status()
+        puts = sum(1 for r in server.records() if r.method == "PUT" and r.status == 200)
+        say(
+            f"summary: {status.attempts_total} registration attempts, "
+            f"registered {registered_in:.2f} s after the server came up, "
+            f"recovered {recovered_in:.2f} s after it came back, "
+            f"{status.reregistrations} re-registration, {puts} accepted PUTs "
+            f"(one per server lifetime)"
+        )
+        if puts != 2:
+            problems.append(f"{puts} accepted PUTs, expected exactly 2")
+        return _finish(say, problems)
+    finally:
+        reg.stop()
+        health.stop()
+        server.close()
+        log.removeHandler(narrator)
+        for lg, level in saved:
+            lg.setLevel(level)
+
+
+def _wait(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _finish(say: _Say, problems: list[str]) -> int:
+    if problems:
+        for problem in problems:
+            say(f"demo FAILED: {problem}")
+        return 1
+    say("demo passed: registered late, kept registered through a restart")
+    return 0

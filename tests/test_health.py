@@ -1,0 +1,228 @@
+"""Health responses for every state through a real HTTP client, the WSGI app under a real WSGI
+server, and metrics read from the registry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer, make_server
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry
+from support import FakeClock, ScriptedTransport, accepted, fatal, retry, sglang_payload, wait_until
+
+from registrar import Backoff, Registrar, State
+from registrar.bootstrap_server import BootstrapServer
+from registrar.health import health_app, render_health, start_health_server
+from registrar.metrics import RegistrarMetrics
+from registrar.status import Status
+
+PAYLOAD = {"service": "demo", "secret_field": "do-not-show"}
+
+
+def scripted(
+    registrars: list, outcomes: list, clock: FakeClock | None = None, **kwargs: object
+) -> Registrar:
+    reg = Registrar(
+        "http://127.0.0.1:8998",
+        PAYLOAD,
+        transport=ScriptedTransport(outcomes),
+        clock=clock or FakeClock(),
+        watch_interval=None,
+        **kwargs,
+    )  # type: ignore[arg-type]
+    registrars.append(reg)
+    return reg
+
+
+def get(url: str) -> requests.Response:
+    return requests.get(url, timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("state", "verdict", "code"),
+    [
+        (State.REGISTERED, "pass", 200),
+        (State.UNREGISTERED, "warn", 200),
+        (State.REGISTERING, "warn", 200),
+        (State.FAILED, "fail", 503),
+        (State.STOPPED, "fail", 503),
+    ],
+)
+def test_render_every_state(state: State, verdict: str, code: int) -> None:
+    status = Status(
+        state=state, since=0.0, url="http://127.0.0.1:1", last_error="boom", attempts_total=3
+    )
+    got_code, document = render_health(status)
+    assert (got_code, document["status"]) == (code, verdict)
+    check = document["checks"]["registration:state"][0]
+    assert check["observedValue"] == state.value
+    assert check["attemptsTotal"] == 3
+    assert check["output"] == "boom"
+    assert ("output" in document) is (verdict != "pass")
+
+
+def endpoints(url: str) -> dict[str, int]:
+    return {path: get(f"{url}{path}").status_code for path in ("/health", "/readyz", "/livez")}
+
+
+def test_each_state_over_http(registrars: list) -> None:
+    # unregistered
+    reg = scripted(registrars, [accepted()])
+    with start_health_server(reg, metrics=False) as health:
+        assert endpoints(health.url) == {"/health": 200, "/readyz": 503, "/livez": 200}
+        answer = get(f"{health.url}/health")
+        assert answer.headers["Content-Type"] == "application/health+json"
+        assert answer.headers["Cache-Control"] == "no-store"
+        assert answer.json()["status"] == "warn"
+        # registered
+        reg.start()
+        assert reg.wait_for(State.REGISTERED, timeout=5)
+        assert endpoints(health.url) == {"/health": 200, "/readyz": 200, "/livez": 200}
+        assert get(f"{health.url}/health").json()["status"] == "pass"
+        # stopped
+        reg.stop()
+        assert endpoints(health.url) == {"/health": 503, "/readyz": 503, "/livez": 200}
+
+
+def test_registering_and_failed_states_over_http(registrars: list) -> None:
+    clock = FakeClock(horizon=0.1)  # parks in the first backoff wait: REGISTERING
+    registering = scripted(registrars, [retry()], clock=clock).start()
+    given_up = scripted(registrars, [fatal()]).start()
+    retrying = scripted(registrars, [retry()], clock=FakeClock(horizon=20), max_attempts=1)
+    retrying.start()
+    assert wait_until(lambda: registering.status().next_attempt_at is not None)
+    assert clock.waits == []
+    assert given_up.wait_for(State.FAILED, timeout=5)
+    assert retrying.wait_for(State.FAILED, timeout=5)
+    assert wait_until(lambda: retrying.status().next_attempt_at is not None)
+    with (
+        start_health_server(registering, metrics=False) as a,
+        start_health_server(given_up, metrics=False) as b,
+        start_health_server(retrying, metrics=False) as c,
+    ):
+        assert endpoints(a.url) == {"/health": 200, "/readyz": 503, "/livez": 200}
+        assert get(f"{a.url}/health").json()["checks"]["registration:state"][0]["nextAttempt"]
+        # Given up for good: liveness fails, and says why.
+        assert endpoints(b.url) == {"/health": 503, "/readyz": 503, "/livez": 503}
+        assert "auth token" in get(f"{b.url}/livez").json()["output"]
+        # Failed but still trying in the background: alive.
+        assert endpoints(c.url) == {"/health": 503, "/readyz": 503, "/livez": 200}
+
+
+def test_dead_thread_fails_liveness(registrars: list) -> None:
+    class Broken(ScriptedTransport):
+        def register(self, payload: object) -> object:  # type: ignore[override]
+            raise RuntimeError("transport bug")
+
+    reg = Registrar(
+        "http://127.0.0.1:8998", PAYLOAD, transport=Broken([accepted()]), watch_interval=None
+    )
+    registrars.append(reg)
+    reg.start()
+    assert wait_until(lambda: reg.thread_died)
+    with start_health_server(reg, metrics=False) as health:
+        assert get(f"{health.url}/livez").status_code == 503
+        assert "transport bug" in get(f"{health.url}/livez").json()["output"]
+
+
+def test_bootstrap_outage_never_fails_liveness(server: BootstrapServer, registrars: list) -> None:
+    reg = Registrar(
+        server.url, sglang_payload(), watch_interval=0.1, backoff=Backoff(initial=0.1, maximum=0.5)
+    )
+    registrars.append(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    with start_health_server(reg, metrics=False) as health:
+        server.stop()
+        assert wait_until(lambda: reg.status().server_reachable is False)
+        assert get(f"{health.url}/livez").status_code == 200
+        server.forget()
+        server.start()
+        assert wait_until(lambda: reg.status().registrations == 2)
+        assert get(f"{health.url}/readyz").status_code == 200
+
+
+def test_payload_hidden_by_default_and_other_requests(registrars: list) -> None:
+    reg = scripted(registrars, [accepted()])
+    with (
+        start_health_server(reg, metrics=False) as hidden,
+        start_health_server(reg, metrics=False, expose_payload=True) as shown,
+    ):
+        assert "do-not-show" not in get(f"{hidden.url}/health").text
+        assert get(f"{shown.url}/health").json()["payload"] == PAYLOAD
+        assert get(f"{hidden.url}/nope").status_code == 404
+        assert requests.post(f"{hidden.url}/health", timeout=5).status_code == 405
+        head = requests.head(f"{hidden.url}/readyz", timeout=5)
+        assert head.status_code == 503
+        assert head.content == b""
+        assert get(f"{hidden.url}/metrics").status_code == 404
+
+
+@pytest.fixture
+def wsgi_server(registrars: list) -> Iterator[tuple[Registrar, str]]:
+    reg = scripted(registrars, [accepted()])
+    server: WSGIServer = make_server("127.0.0.1", 0, health_app(reg))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield reg, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_wsgi_app_under_a_real_wsgi_server(wsgi_server: tuple[Registrar, str]) -> None:
+    reg, url = wsgi_server
+    assert get(f"{url}/readyz").status_code == 503
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    answer = get(f"{url}/readyz")
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "pass"
+
+
+def test_metrics_values(server: BootstrapServer, registrars: list) -> None:
+    registry = CollectorRegistry()
+    server.fail_next(2, 503, method="PUT")
+    reg = Registrar(
+        server.url, sglang_payload(), watch_interval=0.1, backoff=Backoff(initial=0.05, maximum=0.2)
+    )
+    registrars.append(reg)
+    RegistrarMetrics(registry).attach(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    server.restart()
+    assert wait_until(lambda: reg.status().registrations == 2)
+    value = registry.get_sample_value
+    assert value("registrar_attempts_total", {"outcome": "retry"}) == 2
+    assert value("registrar_attempts_total", {"outcome": "accepted"}) == 2
+    assert value("registrar_reregistrations_total") == 1
+    assert value("registrar_state", {"registrar_state": "registered"}) == 1
+    assert value("registrar_state", {"registrar_state": "failed"}) == 0
+    assert value("registrar_last_success_timestamp_seconds") == pytest.approx(
+        reg.status().last_success_at
+    )
+    assert value("registrar_request_duration_seconds_count", {"kind": "register"}) == 4
+    assert value("registrar_checks_total", {"route": "missing"}) == 1
+
+
+def test_health_server_serves_metrics_when_installed(registrars: list) -> None:
+    reg = scripted(registrars, [accepted()])
+    with start_health_server(reg) as health:
+        reg.start()
+        assert reg.wait_for(State.REGISTERED, timeout=5)
+        text = get(f"{health.url}/metrics").text
+    assert 'registrar_attempts_total{outcome="accepted"} 1.0' in text
+
+
+def test_core_never_imports_prometheus() -> None:
+    code = (
+        "import sys, registrar, registrar.health; "
+        "assert 'prometheus_client' not in sys.modules, 'imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
