@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -57,6 +58,9 @@ class RequestRecord:
     """The status answered, or None when the connection was dropped or hung."""
     rank_port: int | None = None
     """For a PUT, the payload's `rank_port` (it tells which client sent it)."""
+    body: bytes = b""
+    authorization: str | None = None
+    """The Authorization header as received (tests check what a client sent)."""
 
 
 @dataclass
@@ -155,8 +159,14 @@ class BootstrapServer:
         *,
         token: str | None = None,
         max_body_bytes: int = 1024 * 1024,
+        certfile: str | None = None,
+        keyfile: str | None = None,
     ) -> None:
         self.host = host
+        self._tls: ssl.SSLContext | None = None
+        if certfile is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(certfile, keyfile)
         self.port = port
         self.token = token
         self.max_body_bytes = max_body_bytes
@@ -175,7 +185,8 @@ class BootstrapServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -187,6 +198,8 @@ class BootstrapServer:
             return self
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         server = _HTTPServer(self, (self.host, self.port), family)
+        if self._tls is not None:
+            server.socket = self._tls.wrap_socket(server.socket, server_side=True)
         self.port = server.server_address[1]
         self._release = threading.Event()
         self._server = server
@@ -331,13 +344,20 @@ class BootstrapServer:
                     return fault, release
         return None, release
 
-    def _record(self, method: str, url: str, status: int | None, port: int | None = None) -> None:
-        parts = urlsplit(url)
+    def _record(
+        self,
+        h: _Handler,
+        method: str,
+        status: int | None,
+        body: bytes = b"",
+        port: int | None = None,
+    ) -> None:
+        parts = urlsplit(h.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        auth = h.headers.get("Authorization")
+        record = RequestRecord(time.time(), method, parts.path, query, status, port, body, auth)
         with self._lock:
-            self._records.append(
-                RequestRecord(time.time(), method, parts.path, query, status, port)
-            )
+            self._records.append(record)
 
     def _handle(self, h: _Handler, method: str) -> None:
         fault, release = self._next_fault(method)
@@ -349,16 +369,16 @@ class BootstrapServer:
                 release.wait(fault.seconds)
             elif fault.kind == "hang":
                 release.wait()
-                self._record(method, h.path, None)
+                self._record(h, method, None, body)
                 h.close_connection = True
                 return
             elif fault.kind in ("drop", "reset"):
-                self._record(method, h.path, None)
+                self._record(h, method, None, body)
                 self._cut(h, reset=fault.kind == "reset")
                 return
             elif fault.kind == "status":
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-                self._record(method, h.path, fault.status)
+                self._record(h, method, fault.status, body)
                 self._send(
                     h,
                     fault.status,
@@ -369,7 +389,7 @@ class BootstrapServer:
                 )
                 return
         status, text, ctype, port = self._answer(h, method, body)
-        self._record(method, h.path, status, port)
+        self._record(h, method, status, body, port)
         self._send(h, status, text, ctype)
 
     def _read_body(self, h: _Handler, method: str) -> bytes | None:
@@ -379,11 +399,11 @@ class BootstrapServer:
         except ValueError:
             length = -1
         if length < 0:
-            self._record(method, h.path, 400)
+            self._record(h, method, 400)
             self._send(h, 400, "Bad Content-Length", close=True)
             return None
         if length > self.max_body_bytes:
-            self._record(method, h.path, 413)
+            self._record(h, method, 413)
             self._send(h, 413, f"Request body over {self.max_body_bytes} bytes", close=True)
             return None
         return h.rfile.read(length) if length else b""

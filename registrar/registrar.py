@@ -221,6 +221,11 @@ class Registrar:
         return dict(self._payload)
 
     @property
+    def running(self) -> bool:
+        """True while the registrar's thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def thread_died(self) -> bool:
         """True when the registrar's thread ended on an unexpected error."""
         return self._crashed
