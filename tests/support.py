@@ -28,6 +28,8 @@ class FakeClock:
         self.horizon = start + horizon
         self.waits: list[float] = []
         self.lock = threading.Lock()
+        self.parked = False
+        """True once a wait went past the horizon: the loop has nothing left to do soon."""
 
     def monotonic(self) -> float:
         return self.now
@@ -39,6 +41,7 @@ class FakeClock:
         if event.is_set():
             return True
         if timeout is None or self.now + timeout > self.horizon:
+            self.parked = True
             return event.wait(0.5)
         with self.lock:
             self.waits.append(timeout)
