@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from _pytest.terminal import TerminalReporter
 from support import FakeClock
 
 from registrar.bootstrap_server import BootstrapServer
@@ -30,3 +31,11 @@ def registrars() -> Iterator[list]:
     yield made
     for reg in made:
         reg.stop(timeout=5)
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    """Print the figures tests recorded (e.g. the chaos soak's), also from xdist workers."""
+    for report in terminalreporter.stats.get("passed", []):
+        for name, value in getattr(report, "user_properties", []):
+            if name == "figures":
+                terminalreporter.write_line(str(value))

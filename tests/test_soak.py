@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from support import sglang_payload
@@ -56,7 +57,7 @@ def test_chaos_soak(
     server: BootstrapServer,
     registrars: list,
     unhandled: list[BaseException],
-    capsys: pytest.CaptureFixture[str],
+    record_property: Any,
 ) -> None:
     rng = random.Random(20261130)
     regs = []
@@ -120,11 +121,11 @@ def test_chaos_soak(
 
     measured = [r for r in recoveries if not math.isnan(r)]
     worst = max([*measured, final])
-    with capsys.disabled():
-        print(
-            f"\nchaos soak: {len(regs)} registrars, {server.restarts} restarts survived in "
-            f"{time.monotonic() - started:.1f} s; {len(measured)} recoveries completed before "
-            f"the next restart, worst time to recover {worst:.2f} s; "
-            f"{requests_total / len(regs):.1f} requests per "
-            f"registrar; server count exact ({server.registered_count})"
-        )
+    figures = (
+        f"chaos soak: {len(regs)} registrars, {server.restarts} restarts survived in "
+        f"{time.monotonic() - started:.1f} s; {len(measured)} recoveries completed before "
+        f"the next restart, worst time to recover {worst:.2f} s; "
+        f"{requests_total / len(regs):.1f} requests per registrar; "
+        f"server count exact ({server.registered_count})"
+    )
+    record_property("figures", figures)  # printed in the run's summary (conftest.py)
