@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["Backoff"]
+__all__ = ["WATCH_JITTER", "Backoff", "rejoin_delay", "retry_delay", "watch_delay"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,36 @@ class Backoff:
         if not 0 <= u < 1:
             raise ConfigError(f"random draw u must be within [0, 1), got {u!r}")
         return self.base(attempt) * (1 - self.jitter + self.jitter * u)
+
+
+WATCH_JITTER = 0.2
+"""Watch intervals are spread by ±20 % so a fleet's checks do not line up."""
+
+
+def retry_delay(backoff: Backoff, failures: int, u: float, retry_after: float | None) -> float:
+    """The wait after `failures` failed attempts in a row (from 1); a server's `Retry-After`
+    is honoured, but never beyond `backoff.maximum`."""
+    delay = backoff.delay(failures - 1, u)
+    if retry_after is not None:
+        delay = min(max(delay, retry_after), backoff.maximum)
+    return delay
+
+
+def watch_delay(
+    interval: float, unreachable: int, backoff: Backoff, u_interval: float, u_backoff: float
+) -> float:
+    """The wait before the next route check: the interval jittered by ±20 %, or, after
+    `unreachable` failed checks in a row, the backoff capped at that interval (a server that
+    went away comes back empty, so look again sooner)."""
+    jittered = interval * (1 - WATCH_JITTER + 2 * WATCH_JITTER * u_interval)
+    if unreachable:
+        return min(backoff.delay(unreachable - 1, u_backoff), jittered)
+    return jittered
+
+
+def rejoin_delay(backoff: Backoff, lost_after_put: int, u: float) -> float:
+    """The wait before registering again once the route is found missing: uniform over
+    [0, initial) so a fleet does not stampede a server that just came back; when the route is
+    found missing right after our own PUT again and again, the window grows as the backoff."""
+    base = backoff.base(lost_after_put) if lost_after_put else backoff.initial
+    return base * u

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .backoff import Backoff
+from .backoff import Backoff, rejoin_delay, retry_delay, watch_delay
 from .clock import Clock, SystemClock
 from .errors import ConfigError, StateError
 from .machine import State, Trigger, build_machine, fire
@@ -416,7 +416,7 @@ class Registrar:
                 )
                 self._give_up(outcome.error)
                 return False
-            delay = self._retry_delay(streak, outcome)
+            delay = retry_delay(self._backoff, streak, self._rng(), outcome.retry_after)
             spent = (
                 startup
                 and self._max_attempts is not None
@@ -460,12 +460,6 @@ class Registrar:
         self._update(**changes)
         self._emit(RequestEvent("register", outcome.verdict.value, duration, outcome.status_code))
         return outcome
-
-    def _retry_delay(self, streak: int, outcome: RegisterOutcome) -> float:
-        delay = self._backoff.delay(streak - 1, self._rng())
-        if outcome.retry_after is not None:
-            delay = min(max(delay, outcome.retry_after), self._backoff.maximum)
-        return delay
 
     def _on_accepted(self, number: int) -> None:
         status = self._status
@@ -528,14 +522,11 @@ class Registrar:
     # ----------------------------------------------------------------- the watch
 
     def _watch_delay(self, unreachable: int) -> float | None:
-        interval = self._watch_interval
-        if interval is None:
+        if self._watch_interval is None:
             return None
-        interval *= 0.8 + 0.4 * self._rng()
-        if unreachable:
-            # A server that went away comes back empty: look again sooner than the interval.
-            return min(self._backoff.delay(unreachable - 1, self._rng()), interval)
-        return interval
+        u_interval = self._rng()
+        u_backoff = self._rng() if unreachable else 0.0
+        return watch_delay(self._watch_interval, unreachable, self._backoff, u_interval, u_backoff)
 
     def _watch(self) -> float | None:
         """Watch the route while registered; the delay before registering again when it goes
@@ -611,10 +602,7 @@ class Registrar:
     def _lose(self, evidence: str, lost_after_put: int) -> float | None:
         """Go back to registering; the delay before the first re-attempt, jittered so a fleet
         does not stampede a server that just came back."""
-        # Spread the first re-attempt over [0, initial); found missing right after our own PUT
-        # again and again, back off as for failures instead of PUTting in a tight loop.
-        base = self._backoff.base(lost_after_put) if lost_after_put else self._backoff.initial
-        delay = base * self._rng()
+        delay = rejoin_delay(self._backoff, lost_after_put, self._rng())
         logger.warning(
             "route at %s is missing (%s); registering again in %.2f s",
             self._status.url,

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registrar import Backoff, ConfigError
+from registrar.backoff import rejoin_delay, retry_delay, watch_delay
 
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
 
@@ -87,3 +88,24 @@ def test_delay_always_within_bounds(
     assert base * (1 - jitter) - 1e-9 <= delay <= base + 1e-9
     assert math.isfinite(delay)
     assert delay >= 0
+
+
+def test_retry_delay_honours_retry_after_within_the_cap() -> None:
+    assert retry_delay(UPSTREAM, 1, 0.0, None) == 0.75
+    assert retry_delay(UPSTREAM, 1, 0.0, 10.0) == 10.0
+    assert retry_delay(UPSTREAM, 1, 0.0, 600.0) == 30.0
+    assert retry_delay(UPSTREAM, 3, 0.0, 0.1) == 3.0
+
+
+def test_watch_delay_jitter_and_unreachable_recheck() -> None:
+    assert watch_delay(5.0, 0, UPSTREAM, 0.0, 0.9) == 4.0
+    assert watch_delay(5.0, 0, UPSTREAM, 1.0, 0.9) == pytest.approx(6.0)
+    assert watch_delay(5.0, 1, UPSTREAM, 0.5, 0.0) == 0.75
+    assert watch_delay(5.0, 10, UPSTREAM, 0.5, 0.0) == 5.0  # never beyond the interval
+
+
+def test_rejoin_delay_spreads_then_backs_off() -> None:
+    assert rejoin_delay(UPSTREAM, 0, 0.5) == 0.5
+    assert rejoin_delay(UPSTREAM, 0, 0.0) == 0.0
+    assert rejoin_delay(UPSTREAM, 3, 0.5) == 4.0
+    assert rejoin_delay(UPSTREAM, 100, 0.5) == 15.0
