@@ -141,7 +141,8 @@ class HttpResult:
     text: str
     error: BaseException | None
     reconnected: bool
-    """The kept-alive connection to the server had to be opened again for this request."""
+    """The kept-alive connection to the server had to be opened again for this request, or
+    broke under it."""
 
     @property
     def refused(self) -> bool:
@@ -272,7 +273,15 @@ class HttpTransport:
         except requests.RequestException as exc:
             self._kept_alive = False
             self._last_end = time.monotonic()
-            return HttpResult(None, {}, "", exc, reconnected=False)
+            # A kept-alive connection that breaks under a request was closed by the server: the
+            # same evidence of a restart as having to open it again.
+            broken = isinstance(
+                exc, requests.ConnectionError | requests.exceptions.ChunkedEncodingError
+            ) and not isinstance(exc, requests.exceptions.ConnectTimeout)
+            # A refusal is evidence of its own; this is about the connection we had.
+            refused = isinstance(root_cause(exc), ConnectionRefusedError)
+            lost = was_alive and broken and not refused
+            return HttpResult(None, {}, "", exc, reconnected=lost)
         self._last_end = time.monotonic()
         connection = response.headers.get("Connection", "").lower()
         self._kept_alive = response.raw.version == 11 and connection != "close"

@@ -3,6 +3,7 @@ reference server over real HTTP (the transport driven directly, one request at a
 
 from __future__ import annotations
 
+import pytest
 import requests
 from support import sglang_payload
 
@@ -85,6 +86,23 @@ def test_reopened_keepalive_connection(server: BootstrapServer) -> None:
     transport, payload = ours(server)
     assert transport.check(payload).route is Route.UNDETERMINED
     server.drop_connections()  # what a restarted process does to open connections
+    check = transport.check(payload)
+    transport.close()
+    assert check.route is Route.MISSING
+    assert reasons(check.evidence) == [
+        "the kept-alive connection was re-opened since our registration"
+    ]
+
+
+@pytest.mark.parametrize("kind", ["drop", "reset"])
+def test_keepalive_connection_broken_under_a_check(server: BootstrapServer, kind: str) -> None:
+    # The server drops our connection while a check is in flight: that check fails, and the
+    # next one must still know the connection was lost (else a rank that saw neither the
+    # server ready nor its count fall waits for ever).
+    transport, payload = ours(server)
+    assert transport.check(payload).route is Route.UNDETERMINED
+    server.inject(Fault(kind, method="GET"))
+    assert transport.check(payload).route is Route.UNREACHABLE
     check = transport.check(payload)
     transport.close()
     assert check.route is Route.MISSING

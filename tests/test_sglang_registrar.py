@@ -4,13 +4,14 @@ restarts that forget, multi-rank topologies, conflicts, reports, tokens, validat
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import requests
 from support import SENTINEL, sglang_payload, wait_until
 
 from registrar import Backoff, ConfigError, Registrar, State
-from registrar.bootstrap_server import BootstrapServer
+from registrar.bootstrap_server import BootstrapServer, Fault
 
 FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 
@@ -219,3 +220,15 @@ def test_fatal_payload_answer_says_what_to_fix(server: BootstrapServer, registra
         f"400 Bad Request from {server.url}/route: check the payload "
         "(Inconsistent decode_allocation_policy)"
     )
+
+
+def test_restart_while_checks_are_in_flight(server: BootstrapServer, registrars: list) -> None:
+    # The server restarts while every rank's check is waiting for an answer: those checks fail
+    # on a dropped connection, and every rank must still come back exactly once.
+    regs = topology(registrars, server, tp=4, watch_interval=0.5)
+    assert wait_until(lambda: all_back(server, regs, 1), timeout=15)
+    server.inject(Fault("hang", count=len(regs), method="GET"))
+    time.sleep(1.5)  # three intervals: every rank's next check is now hanging in the server
+    server.restart()
+    assert wait_until(lambda: all_back(server, regs, 2), timeout=20)
+    assert_every_rank_at_its_address(server, regs)
