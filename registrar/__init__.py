@@ -24,7 +24,7 @@ from .registrar import (
     RequestEvent,
     RequestListener,
 )
-from .sglang import SGLangTransport, rank_of, validate_payload
+from .sglang import SGLangTransport, make_payload, rank_of, validate_payload
 from .status import Status
 from .transport import HttpTransport, Transport
 
@@ -54,6 +54,7 @@ __all__ = [
     "Trigger",
     "Verdict",
     "__version__",
+    "make_payload",
     "mermaid_diagram",
     "rank_of",
     "root_cause",

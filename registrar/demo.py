@@ -20,26 +20,12 @@ from .bootstrap_server import BootstrapServer
 from .health import start_health_server
 from .machine import State
 from .registrar import Registrar
+from .sglang import make_payload
 from .status import Status
 
 __all__ = ["DEMO_PAYLOAD", "run_demo"]
 
-DEMO_PAYLOAD = {
-    "attn_tp_size": 1,
-    "attn_tp_rank": 0,
-    "attn_cp_size": 1,
-    "attn_cp_rank": 0,
-    "attn_dp_size": 1,
-    "attn_dp_rank": 0,
-    "pp_size": 1,
-    "pp_rank": 0,
-    "system_dp_size": 1,
-    "system_dp_rank": 0,
-    "rank_ip": "127.0.0.1",
-    "rank_port": 20000,
-    "page_size": 16,
-    "kv_cache_dtype": "auto",
-}
+DEMO_PAYLOAD = make_payload("127.0.0.1", 20000)
 
 
 class _Narrator(logging.Handler):

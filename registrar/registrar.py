@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .backoff import Backoff, rejoin_delay, retry_delay, watch_delay
+from .backoff import Backoff, first_watch_delay, rejoin_delay, retry_delay, watch_delay
 from .clock import Clock, SystemClock
 from .errors import ConfigError, StateError
 from .machine import State, Trigger, build_machine, fire
@@ -31,6 +31,7 @@ from .transport import HttpTransport, Transport, validate_timeout, validate_url
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "DEFAULT_WATCH_INTERVAL",
     "EXIT_CODE",
     "Listener",
     "OnFailure",
@@ -49,7 +50,9 @@ answers with one of the names (None means "stop")."""
 Listener = Callable[[State, State, Status], None]
 """Called as fn(old_state, new_state, status) after every transition, outside any lock."""
 
-DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
+DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
+"""The upstream schedule capped at 5 s (see docs/benchmarks.md for the figures behind it)."""
+DEFAULT_WATCH_INTERVAL = 5.0
 EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
@@ -127,7 +130,7 @@ class Registrar:
         backoff: Backoff = DEFAULT_BACKOFF,
         max_attempts: int | None = 5,
         on_failure: OnFailure = "retry",
-        watch_interval: float | None = 5.0,
+        watch_interval: float | None = DEFAULT_WATCH_INTERVAL,
         timeout: float | tuple[float, float] = 5.0,
         token: str | None = None,
         protocol: Literal["sglang", "http"] = "sglang",
@@ -521,30 +524,25 @@ class Registrar:
 
     # ----------------------------------------------------------------- the watch
 
-    def _watch_delay(self, unreachable: int) -> float | None:
-        if self._watch_interval is None:
-            return None
-        u_interval = self._rng()
-        u_backoff = self._rng() if unreachable else 0.0
-        return watch_delay(self._watch_interval, unreachable, self._backoff, u_interval, u_backoff)
-
     def _watch(self) -> float | None:
         """Watch the route while registered; the delay before registering again when it goes
         missing, or None when stopping."""
-        unreachable = 0
         lost_after_put = 0
         check_now = True
+        checks = 0
         while True:
             if not check_now:
-                delay = self._watch_delay(unreachable)
-                if delay is None:
+                if self._watch_interval is None:
                     if self._sleep_until_report():
                         return None
-                elif self._sleep(delay, interruptible=True):
-                    return None
+                else:
+                    spread = first_watch_delay if checks == 1 else watch_delay
+                    if self._sleep(spread(self._watch_interval, self._rng()), interruptible=True):
+                        return None
             with self._lock:
                 reported, self._reported = self._reported, False
             just_put, check_now = check_now, False
+            checks += 1
             check = self._check()
             if self._stopping:
                 return None
@@ -553,14 +551,12 @@ class Registrar:
                     return self._lose("the runtime reported the route missing", 0)
                 continue
             if check.route is Route.UNREACHABLE:
-                unreachable += 1
                 logger.warning(
-                    "route check at %s failed: %s; checking again soon",
+                    "route check at %s failed: %s; checking again at the next interval",
                     self._status.url,
                     check.evidence,
                 )
                 continue
-            unreachable = 0
             if check.route is Route.MISSING:
                 lost_after_put = lost_after_put + 1 if just_put else 0
                 return self._lose(check.evidence, lost_after_put)

@@ -35,6 +35,7 @@ __all__ = [
     "TOKEN_ENV",
     "Rank",
     "SGLangTransport",
+    "make_payload",
     "rank_of",
     "validate_payload",
 ]
@@ -98,6 +99,40 @@ class Rank:
             "target_tp_rank": self.tp,
             "target_pp_rank": self.pp,
         }
+
+
+def make_payload(
+    rank_ip: str,
+    rank_port: int,
+    *,
+    attn_tp_size: int = 1,
+    attn_tp_rank: int = 0,
+    pp_size: int = 1,
+    pp_rank: int = 0,
+    page_size: int = 16,
+    kv_cache_dtype: str = "auto",
+    **fields: Any,
+) -> dict[str, Any]:
+    """A complete payload for one rank, every required field filled with a single-rank default
+    unless given (any field, optional ones included, may be passed as a keyword)."""
+    payload: dict[str, Any] = {
+        "attn_tp_size": attn_tp_size,
+        "attn_tp_rank": attn_tp_rank,
+        "attn_cp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_dp_size": 1,
+        "attn_dp_rank": 0,
+        "pp_size": pp_size,
+        "pp_rank": pp_rank,
+        "system_dp_size": 1,
+        "system_dp_rank": 0,
+        "rank_ip": rank_ip,
+        "rank_port": rank_port,
+        "page_size": page_size,
+        "kv_cache_dtype": kv_cache_dtype,
+    }
+    payload.update(fields)
+    return payload
 
 
 def _is_int(value: object) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from registrar import RegisterOutcome, Route, RouteCheck, Verdict
+from registrar.sglang import make_payload
 
 LOOPBACK = "127.0.0.1"
 
@@ -109,24 +110,14 @@ class ScriptedTransport:
 def sglang_payload(
     tp_rank: int = 0, tp_size: int = 1, port: int = 20000, ip: str = LOOPBACK, **extra: Any
 ) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "attn_tp_size": tp_size,
-        "attn_tp_rank": tp_rank,
-        "attn_cp_size": 1,
-        "attn_cp_rank": 0,
-        "attn_dp_size": 1,
-        "attn_dp_rank": 0,
-        "pp_size": 1,
-        "pp_rank": 0,
-        "system_dp_size": 1,
-        "system_dp_rank": 0,
+    fields: dict[str, Any] = {
         "rank_ip": ip,
         "rank_port": port,
-        "page_size": 16,
-        "kv_cache_dtype": "auto",
+        "attn_tp_rank": tp_rank,
+        "attn_tp_size": tp_size,
     }
-    payload.update(extra)
-    return payload
+    fields.update(extra)  # a test may override (or break) any field
+    return make_payload(**fields)
 
 
 def free_port(host: str = LOOPBACK) -> int:

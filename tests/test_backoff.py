@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registrar import Backoff, ConfigError
-from registrar.backoff import rejoin_delay, retry_delay, watch_delay
+from registrar.backoff import first_watch_delay, rejoin_delay, retry_delay, watch_delay
 
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
 
@@ -97,11 +97,16 @@ def test_retry_delay_honours_retry_after_within_the_cap() -> None:
     assert retry_delay(UPSTREAM, 3, 0.0, 0.1) == 3.0
 
 
-def test_watch_delay_jitter_and_unreachable_recheck() -> None:
-    assert watch_delay(5.0, 0, UPSTREAM, 0.0, 0.9) == 4.0
-    assert watch_delay(5.0, 0, UPSTREAM, 1.0, 0.9) == pytest.approx(6.0)
-    assert watch_delay(5.0, 1, UPSTREAM, 0.5, 0.0) == 0.75
-    assert watch_delay(5.0, 10, UPSTREAM, 0.5, 0.0) == 5.0  # never beyond the interval
+def test_watch_delay_jitter() -> None:
+    assert watch_delay(5.0, 0.0) == 4.0
+    assert watch_delay(5.0, 0.5) == 5.0
+    assert watch_delay(5.0, 0.999999) == pytest.approx(6.0)
+
+
+def test_first_watch_delay_spreads_over_a_whole_interval() -> None:
+    assert first_watch_delay(5.0, 0.0) == 2.5
+    assert first_watch_delay(5.0, 0.5) == 5.0
+    assert first_watch_delay(5.0, 0.999999) == pytest.approx(7.5)
 
 
 def test_rejoin_delay_spreads_then_backs_off() -> None:

@@ -13,6 +13,7 @@ from freezegun import freeze_time
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route
 
 from registrar import (
+    DEFAULT_BACKOFF,
     EXIT_CODE,
     Backoff,
     Registrar,
@@ -23,6 +24,12 @@ from registrar import (
 )
 
 PAYLOAD = {"service": "demo", "port": 20000}
+UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
+
+
+def test_default_schedule_is_upstream_capped_at_five_seconds() -> None:
+    assert DEFAULT_BACKOFF == Backoff() == Backoff(1.0, 2.0, 5.0, 0.25)
+    assert [DEFAULT_BACKOFF.delay(a, 0.0) for a in range(5)] == [0.75, 1.5, 3.0, 3.75, 3.75]
 
 
 def make(
@@ -65,7 +72,7 @@ def test_always_503_gives_up_once(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="registrar")
     transport = ScriptedTransport([retry()])
-    reg = make(registrars, transport, clock, on_failure="stop").start()
+    reg = make(registrars, transport, clock, on_failure="stop", backoff=UPSTREAM).start()
     assert reg.wait_for(State.FAILED, timeout=5)
     reg._thread.join(5)  # type: ignore[union-attr]
     assert len(transport.registered) == 5
@@ -89,7 +96,7 @@ def test_retry_policy_keeps_trying_in_background(
 ) -> None:
     transport = ScriptedTransport([retry()] * 6 + [accepted()])
     seen: list[tuple[State, State]] = []
-    reg = make(registrars, transport, clock)
+    reg = make(registrars, transport, clock, backoff=UPSTREAM)
     reg.add_listener(lambda old, new, status: seen.append((old, new)))
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
@@ -108,7 +115,7 @@ def test_failed_with_retry_has_next_attempt_scheduled(
 ) -> None:
     clock.horizon = clock.now + 20  # park in the wait after the budget is spent
     transport = ScriptedTransport([retry()])
-    reg = make(registrars, transport, clock).start()
+    reg = make(registrars, transport, clock, backoff=UPSTREAM).start()
     assert reg.wait_for(State.FAILED, timeout=5)
     deadline = time.monotonic() + 5
     while reg.status().next_attempt_at is None and time.monotonic() < deadline:
@@ -172,7 +179,7 @@ def test_retry_after_is_honoured_and_capped(
     registrars: list[Registrar], clock: FakeClock, retry_after: float, expected: float
 ) -> None:
     transport = ScriptedTransport([retry(429, "429", retry_after=retry_after), accepted()])
-    reg = make(registrars, transport, clock).start()
+    reg = make(registrars, transport, clock, backoff=UPSTREAM).start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
     assert clock.waits == [expected]
 
@@ -183,7 +190,7 @@ def test_jitter_bounds_over_many_draws(registrars: list[Registrar], clock: FakeC
     reg = make(registrars, transport, clock, max_attempts=None, rng=lambda: next(draws))
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
-    policy = Backoff()
+    policy = DEFAULT_BACKOFF
     assert len(clock.waits) == 30
     for attempt, wait in enumerate(clock.waits):
         base = policy.base(attempt)
@@ -296,9 +303,10 @@ def test_route_missing_registers_again(registrars: list[Registrar], clock: FakeC
     status = reg.status()
     assert (status.registrations, status.reregistrations) == (2, 1)
     assert len(transport.registered) == 2
-    # check right after PUT (no wait), one jittered watch interval, then the jittered
-    # first re-attempt (u=0 -> 0 s, skipped), then the watch again.
-    assert clock.waits[0] == pytest.approx(4.0)
+    # check right after PUT (no wait), the first watch wait spread over [0.5, 1.5) intervals
+    # (u=0 -> 2.5 s), the missing check, the jittered first re-attempt (u=0 -> 0 s, skipped),
+    # then the check right after the new PUT and the spread first wait again.
+    assert clock.waits[:2] == [pytest.approx(2.5), pytest.approx(2.5)]
 
 
 def test_watch_interval_is_jittered_within_20_percent(
@@ -312,9 +320,11 @@ def test_watch_interval_is_jittered_within_20_percent(
     deadline = time.monotonic() + 5
     while len(clock.waits) < 10 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert all(8.0 <= w <= 12.0 for w in clock.waits)
-    assert min(clock.waits) == 8.0
-    assert max(clock.waits) > 11.9
+    first, *steady = clock.waits
+    assert first == 5.0  # the first wait after registering spreads over [0.5, 1.5) intervals
+    assert all(8.0 <= w <= 12.0 for w in steady)
+    assert min(steady) == 8.0
+    assert max(steady) > 11.9
     assert len(transport.registered) == 1  # a present route is never PUT again
 
 
