@@ -14,10 +14,14 @@ from typing import Any
 from registrar.bootstrap_server import BootstrapServer
 
 CHILD = """
-import json, sys, time
+import json, os, sys, time
 from registrar import Registrar, State
 from benchmarks.real import payload
 url, n, watch, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+rss_before = rss()
 regs = [Registrar(url, payload(r, n), watch_interval=watch) for r in range(n)]
 for reg in regs:
     reg.start()
@@ -26,12 +30,14 @@ time.sleep(1.0)
 cpu, wall = time.process_time(), time.monotonic()
 time.sleep(seconds)
 cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+rss_after = rss()
 stops = []
 for reg in regs:
     t = time.perf_counter()
     reg.stop()
     stops.append(time.perf_counter() - t)
-print(json.dumps({"cpu": cpu, "wall": wall, "stops": stops}))
+print(json.dumps({"cpu": cpu, "wall": wall, "stops": stops, "rss_before": rss_before,
+                  "rss_after": rss_after}))
 """
 
 
@@ -71,6 +77,8 @@ def overhead(sizes: tuple[int, ...], seconds: float, idle_seconds: float) -> dic
                 "core_percent_per_registrar": 100 * core_fraction / n,
                 "stop_p50_ms": 1000 * statistics.median(run["stops"]),
                 "stop_max_ms": 1000 * max(run["stops"]),
+                "memory_kib_per_registrar": (run["rss_after"] - run["rss_before"]) / 1024 / n,
+                "process_rss_mib": run["rss_after"] / 2**20,
             }
         idle = _child(server.url, 1, 3600.0, idle_seconds)
         results["idle"] = {"seconds": idle["wall"], "cpu_seconds": idle["cpu"]}

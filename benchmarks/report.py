@@ -82,14 +82,15 @@ def _overhead_table(o: dict[str, Any]) -> list[str]:
         "### Overhead (real, in a child process)",
         "",
         "| registrars | CPU s / minute | % of one core per registrar | stop() p50 (ms) "
-        "| stop() max (ms) |",
-        "|---|---|---|---|---|",
+        "| stop() max (ms) | memory per registrar (KiB) | process RSS (MiB) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n, r in o["watching"].items():
         lines.append(
             f"| {n} | {_f(r['cpu_seconds_per_minute'], 3)} "
             f"| {_f(r['core_percent_per_registrar'], 4)} | {_f(r['stop_p50_ms'], 3)} "
-            f"| {_f(r['stop_max_ms'], 3)} |"
+            f"| {_f(r['stop_max_ms'], 3)} | {_f(r['memory_kib_per_registrar'], 0)} "
+            f"| {_f(r['process_rss_mib'], 1)} |"
         )
     idle = o["idle"]
     lines += [
