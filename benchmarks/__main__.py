@@ -159,10 +159,10 @@ def main() -> int:
     for n in sizes["sim_restart_n"]:
         for d in sizes["restart_d"]:
             results["restart_sim"][f"{n}/{d:g}"] = _sim_restart(n, d, backoff, interval, args.seed)
-    print("trade-off (simulated, N=1000)", flush=True)
-    results["tradeoff"] = _tradeoff(
-        sizes["tradeoff_caps"], 1000 if not args.quick else 100, args.seed
-    )
+    tradeoff_n = 100 if args.quick else 1000
+    print(f"trade-off (simulated, N={tradeoff_n})", flush=True)
+    results["tradeoff_n"] = tradeoff_n
+    results["tradeoff"] = _tradeoff(sizes["tradeoff_caps"], tradeoff_n, args.seed)
     print("overhead", flush=True)
     results["overhead"] = overhead(sizes["overhead_n"], sizes["overhead_s"], sizes["idle_s"])
     results["elapsed_s"] = time.monotonic() - started

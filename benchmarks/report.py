@@ -60,9 +60,9 @@ def _restart_table(rows: dict[str, Any], title: str, with_baseline: bool) -> lis
     return [*lines, ""]
 
 
-def _tradeoff_table(rows: list[dict[str, Any]]) -> list[str]:
+def _tradeoff_table(rows: list[dict[str, Any]], n: int) -> list[str]:
     lines = [
-        "### Trade-off: backoff cap and jitter strategy (simulated, N = 1000)",
+        f"### Trade-off: backoff cap and jitter strategy (simulated, N = {n})",
         "",
         "| cap (s) | jitter | p99 after up, T=10 / 60 / 600 (s) "
         "| rate while down / client, T=10 / 60 / 600 (1/s) | peak at server, T=10 / 600 |",
@@ -199,7 +199,7 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
     lines += _startup_table(results["startup_sim"], "Startup race (simulated)")
     lines += _restart_table(results["restart_real"], "Restart (real threads and HTTP)", True)
     lines += _restart_table(results["restart_sim"], "Restart (simulated)", False)
-    lines += _tradeoff_table(results["tradeoff"])
+    lines += _tradeoff_table(results["tradeoff"], results.get("tradeoff_n", 1000))
     lines += _overhead_table(results["overhead"])
     lines += _plots(results, out)
     path = out / "results.md"
