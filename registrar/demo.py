@@ -11,6 +11,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 import requests
@@ -58,6 +59,18 @@ def _readyz(url: str) -> int | None:
         return None
 
 
+def _readyz_checker(url: str, say: _Say, problems: list[str]) -> Callable[[int, str], None]:
+    """Narrate GET /readyz and note a problem when it does not answer `expected`."""
+
+    def expect(expected: int, when: str) -> None:
+        code = _readyz(url)
+        say(f"GET /readyz -> {code}")
+        if code != expected:
+            problems.append(f"/readyz answered {code} {when}, not {expected}")
+
+    return expect
+
+
 def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: float = 1.0) -> int:
     """Run the demo; 0 when every step happened, 1 otherwise."""
     say = _Say(out)
@@ -92,10 +105,8 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
     health = start_health_server(reg, "127.0.0.1", 0)
     try:
         say(f"bootstrap server {server.url} is not up yet; health on {health.url}")
-        before = _readyz(health.url)
-        say(f"GET /readyz -> {before}")
-        if before != 503:
-            problems.append(f"/readyz answered {before} before registration, not 503")
+        expect_readyz = _readyz_checker(health.url, say, problems)
+        expect_readyz(503, "before registration")
         reg.start()
         time.sleep(server_delay)
         server.start()
@@ -105,14 +116,11 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
             problems.append("never registered after the server came up")
             return _finish(say, problems)
         registered_in = say.elapsed() - up_at
-        after = _readyz(health.url)
-        say(f"GET /readyz -> {after}")
-        if after != 200:
-            problems.append(f"/readyz answered {after} once registered, not 200")
+        expect_readyz(200, "once registered")
         time.sleep(1.5)
         say(
-            f"route checks so far: {reg.status().route}; restarting the bootstrap server, "
-            f"down for {down_for:.1f} s, it forgets every route"
+            f"the route is {reg.status().route or 'not checked yet'}; restarting the bootstrap "
+            f"server, down for {down_for:.1f} s: it forgets every route"
         )
         server.restart(down_for=down_for)
         back_at = say.elapsed()
@@ -124,10 +132,7 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
             problems.append("the route was not registered again after the restart")
             return _finish(say, problems)
         recovered_in = say.elapsed() - back_at
-        again = _readyz(health.url)
-        say(f"GET /readyz -> {again}")
-        if again != 200:
-            problems.append(f"/readyz answered {again} after recovery, not 200")
+        expect_readyz(200, "after recovery")
         status = reg.status()
         puts = sum(1 for r in server.records() if r.method == "PUT" and r.status == 200)
         say(
