@@ -210,6 +210,7 @@ class Registrar:
         self._crashed = False
         self._thread: threading.Thread | None = None
         self._ever_registered = False
+        self._lost_after_put = 0  # the loop thread's alone
 
     # ----------------------------------------------------------------- public API
 
@@ -527,7 +528,6 @@ class Registrar:
     def _watch(self) -> float | None:
         """Watch the route while registered; the delay before registering again when it goes
         missing, or None when stopping."""
-        lost_after_put = 0
         check_now = True
         checks = 0
         while True:
@@ -558,8 +558,12 @@ class Registrar:
                 )
                 continue
             if check.route is Route.MISSING:
-                lost_after_put = lost_after_put + 1 if just_put else 0
-                return self._lose(check.evidence, lost_after_put)
+                # Lost again right after our own PUT: the streak survives re-registration, so
+                # the window before the next PUT keeps growing instead of PUTting in a loop.
+                self._lost_after_put = self._lost_after_put + 1 if just_put else 0
+                return self._lose(check.evidence, self._lost_after_put)
+            if check.route is Route.PRESENT:
+                self._lost_after_put = 0
             if check.route is Route.CONFLICT:
                 logger.warning("route conflict at %s: %s", self._status.url, check.evidence)
             elif reported:

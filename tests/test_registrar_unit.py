@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
-from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route
+from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route, wait_until
 
 from registrar import (
     DEFAULT_BACKOFF,
@@ -357,3 +357,18 @@ def test_status_is_a_frozen_snapshot(registrars: list[Registrar], clock: FakeClo
     assert before.state is State.UNREGISTERED
     with pytest.raises(AttributeError):
         before.state = State.REGISTERED  # type: ignore[misc]
+
+
+def test_route_lost_right_after_each_put_backs_off(
+    registrars: list[Registrar], clock: FakeClock
+) -> None:
+    # A server that accepts the PUT but never shows the route: every re-registration waits a
+    # growing window, never a tight PUT loop.
+    transport = ScriptedTransport([accepted()], checks=[route(Route.MISSING, "404")])
+    clock.horizon = clock.now + 30
+    reg = make(registrars, transport, clock, watch_interval=5.0, rng=lambda: 0.5)
+    reg.start()
+    assert wait_until(lambda: clock.parked, timeout=5)
+    # windows base(1..)=2, 4, 5, 5 s (capped) times the draw 0.5
+    assert clock.waits[:4] == [1.0, 2.0, 2.5, 2.5]
+    assert len(transport.registered) == len(clock.waits) + 1
