@@ -248,15 +248,15 @@ def start_health_server(
     """Serve `health_app(registrar)` on `host:port` (0: an ephemeral port) from daemon threads.
 
     `metrics=None` serves `/metrics` when prometheus-client is installed (a new registry fed by
-    this registrar); False never does; a `RegistrarMetrics` is served as given. Raises OSError
-    when the port cannot be bound."""
+    this registrar); True insists (ImportError naming the extra when it is missing); False
+    never does; a `RegistrarMetrics` is served as given. Raises OSError when the port cannot be
+    bound."""
     chosen: RegistrarMetrics | None = None
-    if metrics is None:
-        if metrics_available() and hasattr(registrar, "add_listener"):
-            chosen = RegistrarMetrics()
-            chosen.attach(registrar)  # type: ignore[arg-type]
-    elif metrics is not False and metrics is not True:
+    wanted = metrics is True or (metrics is None and metrics_available())
+    if isinstance(metrics, RegistrarMetrics):
         chosen = metrics
+    elif wanted and hasattr(registrar, "add_listener"):
+        chosen = RegistrarMetrics().attach(registrar)  # type: ignore[arg-type]
     app = health_app(registrar, metrics=chosen, expose_payload=expose_payload)
     server_class = _ThreadingWSGIServer6 if ":" in host else _ThreadingWSGIServer
     server = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)

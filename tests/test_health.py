@@ -226,3 +226,13 @@ def test_core_never_imports_prometheus() -> None:
         "assert 'prometheus_client' not in sys.modules, 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_metrics_true_serves_metrics_and_false_does_not(registrars: list) -> None:
+    reg = scripted(registrars, [accepted()])
+    with (
+        start_health_server(reg, metrics=True) as on,
+        start_health_server(reg, metrics=False) as off,
+    ):
+        assert "registrar_state" in get(f"{on.url}/metrics").text
+        assert get(f"{off.url}/metrics").status_code == 404
