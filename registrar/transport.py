@@ -224,8 +224,6 @@ class HttpTransport:
             self._session.headers["Authorization"] = f"Bearer {token}"
         self._last_end: float | None = None
         self._kept_alive = False
-        self.requests_sent = 0
-        """Requests started on this transport, for tests and benchmarks."""
 
     @property
     def display_url(self) -> str:
@@ -259,7 +257,6 @@ class HttpTransport:
             and self._last_end is not None
             and started - self._last_end < KEEPALIVE_WINDOW
         )
-        self.requests_sent += 1
         try:
             response = self._session.request(
                 method,
