@@ -143,12 +143,8 @@ class HttpResult:
     reconnected: bool
     """The kept-alive connection to the server had to be opened again for this request, or
     broke under it."""
-
-    @property
-    def refused(self) -> bool:
-        return isinstance(self.error, requests.ConnectionError) and isinstance(
-            root_cause(self.error), ConnectionRefusedError
-        )
+    refused: bool = False
+    """The connection was refused: nothing listens there."""
 
 
 class _ConnectionCounter:
@@ -276,9 +272,9 @@ class HttpTransport:
                 exc, requests.ConnectionError | requests.exceptions.ChunkedEncodingError
             ) and not isinstance(exc, requests.exceptions.ConnectTimeout)
             # A refusal is evidence of its own; this is about the connection we had.
-            refused = isinstance(root_cause(exc), ConnectionRefusedError)
+            refused = broken and isinstance(root_cause(exc), ConnectionRefusedError)
             lost = was_alive and broken and not refused
-            return HttpResult(None, {}, "", exc, reconnected=lost)
+            return HttpResult(None, {}, "", exc, reconnected=lost, refused=refused)
         self._last_end = time.monotonic()
         connection = response.headers.get("Connection", "").lower()
         self._kept_alive = response.raw.version == 11 and connection != "close"
