@@ -378,22 +378,22 @@ class Registrar:
         finally:
             self._transport.close()
 
-    def _sleep(self, delay: float, interruptible: bool = False) -> bool:
-        """Wait `delay` seconds on the clock; True when stopping. With `interruptible`, a
-        route-missing report ends the wait early too."""
-        end = self._clock.monotonic() + delay
+    def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
+        """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
+        `interruptible`, a route-missing report ends the wait early too."""
+        end = None if delay is None else self._clock.monotonic() + delay
         while True:
-            remaining = end - self._clock.monotonic()
             if self._stopping:
                 return True
-            if remaining <= 0:
+            if interruptible and self._reported:
+                return False
+            remaining = None if end is None else end - self._clock.monotonic()
+            if remaining is not None and remaining <= 0:
                 return False
             if self._clock.wait(self._wake, remaining):
                 if self._stopping:
                     return True
                 self._wake.clear()
-                if interruptible and self._reported:
-                    return False
 
     def _register(self, first_delay: float) -> bool:
         """Attempt until accepted (True) or until stopping or giving up for good (False)."""
@@ -532,13 +532,12 @@ class Registrar:
         checks = 0
         while True:
             if not check_now:
-                if self._watch_interval is None:
-                    if self._sleep_until_report():
-                        return None
-                else:
+                delay = None
+                if self._watch_interval is not None:
                     spread = first_watch_delay if checks == 1 else watch_delay
-                    if self._sleep(spread(self._watch_interval, self._rng()), interruptible=True):
-                        return None
+                    delay = spread(self._watch_interval, self._rng())
+                if self._sleep(delay, interruptible=True):
+                    return None
             with self._lock:
                 reported, self._reported = self._reported, False
             just_put, check_now = check_now, False
@@ -572,15 +571,6 @@ class Registrar:
                     check.route.value,
                     check.evidence,
                 )
-
-    def _sleep_until_report(self) -> bool:
-        while not self._stopping:
-            if self._reported:
-                return False
-            self._clock.wait(self._wake, None)
-            if not self._stopping:
-                self._wake.clear()
-        return True
 
     def _check(self) -> RouteCheck | None:
         with self._gate:
