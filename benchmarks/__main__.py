@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from registrar import DEFAULT_BACKOFF, Backoff
-from registrar.registrar import DEFAULT_WATCH_INTERVAL
+from registrar.core.registrar import DEFAULT_WATCH_INTERVAL
 
 from . import real, sim
 from .overhead import overhead

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from registrar.bootstrap_server import BootstrapServer
+from registrar.devtools.bootstrap_server import BootstrapServer
 
 CHILD = """
 import json, os, sys, time

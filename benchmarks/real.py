@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from registrar import Registrar, RequestEvent, State, Status, make_payload
-from registrar.bootstrap_server import BootstrapServer
+from registrar.devtools.bootstrap_server import BootstrapServer
 
 from .baseline import BaselineClient
 

@@ -1,5 +1,5 @@
 """A discrete-event simulation of a fleet on a virtual clock, driven by registrar's own timing
-functions (`registrar.backoff`), for fleets and waits too large to run for real.
+functions (`registrar.core.backoff`), for fleets and waits too large to run for real.
 
 Requests take no time and the server answers at once; each client is independent (the server's
 answers depend only on whether it is up and whether it has forgotten the client), so each
@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from registrar.backoff import (
+from registrar.core.backoff import (
     Backoff,
     first_watch_delay,
     rejoin_delay,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .backoff import Backoff
-from .clock import Clock, SystemClock
-from .errors import ConfigError, RegistrarError, StateError, root_cause
-from .machine import TRANSITIONS, State, Trigger, mermaid_diagram
-from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from .registrar import (
+from .core.backoff import Backoff
+from .core.clock import Clock, SystemClock
+from .core.errors import ConfigError, RegistrarError, StateError, root_cause
+from .core.machine import TRANSITIONS, State, Trigger, mermaid_diagram
+from .core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from .core.registrar import (
     DEFAULT_BACKOFF,
     EXIT_CODE,
     Listener,
@@ -24,9 +24,12 @@ from .registrar import (
     RequestEvent,
     RequestListener,
 )
-from .sglang import SGLangTransport, make_payload, rank_of, validate_payload
-from .status import Status
-from .transport import HttpTransport, Transport
+from .core.registry import TransportOptions, protocol_names, register_protocol
+from .core.status import Status
+from .core.transport import IdleWatcher, Transport
+from .core.waker import Waker
+from .protocols.http import HttpTransport
+from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -36,6 +39,7 @@ __all__ = [
     "Clock",
     "ConfigError",
     "HttpTransport",
+    "IdleWatcher",
     "Listener",
     "OnFailure",
     "RegisterOutcome",
@@ -51,12 +55,16 @@ __all__ = [
     "Status",
     "SystemClock",
     "Transport",
+    "TransportOptions",
     "Trigger",
     "Verdict",
+    "Waker",
     "__version__",
     "make_payload",
     "mermaid_diagram",
+    "protocol_names",
     "rank_of",
+    "register_protocol",
     "root_cause",
     "validate_payload",
 ]

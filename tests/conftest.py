@@ -6,7 +6,7 @@ import pytest
 from _pytest.terminal import TerminalReporter
 from support import FakeClock
 
-from registrar.bootstrap_server import BootstrapServer
+from registrar.devtools.bootstrap_server import BootstrapServer
 
 
 @pytest.fixture

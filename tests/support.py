@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from registrar import RegisterOutcome, Route, RouteCheck, Verdict
-from registrar.sglang import make_payload
+from registrar.protocols.sglang import make_payload
 
 LOOPBACK = "127.0.0.1"
 

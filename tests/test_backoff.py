@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registrar import Backoff, ConfigError
-from registrar.backoff import first_watch_delay, rejoin_delay, retry_delay, watch_delay
+from registrar.core.backoff import first_watch_delay, rejoin_delay, retry_delay, watch_delay
 
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
 

@@ -16,7 +16,7 @@ import requests
 from support import free_port, sglang_payload, wait_until
 
 from registrar import mermaid_diagram
-from registrar.bootstrap_server import BootstrapServer
+from registrar.devtools.bootstrap_server import BootstrapServer
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 ENV.pop("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", None)

@@ -5,8 +5,8 @@ import requests
 from support import free_port
 
 from registrar import root_cause
-from registrar.errors import describe_exception
-from registrar.redact import redact_text, redact_url
+from registrar.core.errors import describe_exception
+from registrar.core.redact import redact_text, redact_url
 
 
 def test_refused_connection_names_errno_not_urllib3_wrapper() -> None:

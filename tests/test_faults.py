@@ -13,7 +13,7 @@ import pytest
 from support import free_port, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.bootstrap_server import BootstrapServer, Fault
+from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 FAST = Backoff(initial=0.05, multiplier=2.0, maximum=0.4, jitter=0.25)
 

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.bootstrap_server import BootstrapServer
-from registrar.health import health_app, render_health, start_health_server
-from registrar.metrics import RegistrarMetrics
-from registrar.status import Status
+from registrar.core.status import Status
+from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.surfaces.health import health_app, render_health, start_health_server
+from registrar.surfaces.metrics import RegistrarMetrics
 
 PAYLOAD = {"service": "demo", "secret_field": "do-not-show"}
 
@@ -222,7 +222,7 @@ def test_health_server_serves_metrics_when_installed(registrars: list) -> None:
 
 def test_core_never_imports_prometheus() -> None:
     code = (
-        "import sys, registrar, registrar.health; "
+        "import sys, registrar, registrar.surfaces.health; "
         "assert 'prometheus_client' not in sys.modules, 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -14,8 +14,8 @@ import requests
 from support import sglang_payload, wait_until
 
 from registrar import Backoff, ConfigError, Registrar, State
-from registrar.bootstrap_server import BootstrapServer
-from registrar.health import start_health_server
+from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.surfaces.health import start_health_server
 
 URL = "http://127.0.0.1:8998"
 
@@ -41,7 +41,7 @@ URL = "http://127.0.0.1:8998"
         ({"timeout": 0}, "timeout must be positive seconds or a (connect, read) pair"),
         ({"timeout": (1, 0)}, "timeout must be positive seconds or a (connect, read) pair"),
         ({"timeout": "5"}, "timeout must be positive seconds"),
-        ({"protocol": "grpc"}, "protocol must be 'sglang' or 'http'"),
+        ({"protocol": "grpc"}, "protocol must be one of 'http', 'sglang'"),
         ({"token": "a\nb"}, "token must be a single-line string"),
         ({"ca_bundle": "/nonexistent/ca.pem"}, "ca_bundle '/nonexistent/ca.pem' is not"),
         ({"max_payload_bytes": 0}, "max_payload_bytes must be a positive integer"),

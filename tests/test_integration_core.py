@@ -8,7 +8,7 @@ import time
 from support import free_port, sglang_payload
 
 from registrar import Backoff, Registrar, State
-from registrar.bootstrap_server import BootstrapServer, Fault
+from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 

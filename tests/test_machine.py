@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from registrar import TRANSITIONS, State, Trigger, mermaid_diagram
-from registrar.machine import build_machine, fire
+from registrar.core.machine import build_machine, fire
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"
 

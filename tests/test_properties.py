@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route, wait_until
 
 from registrar import TRANSITIONS, Backoff, Registrar, Route, State
-from registrar.bootstrap_server import BootstrapServer
+from registrar.devtools.bootstrap_server import BootstrapServer
 
 ALLOWED = {(s, d) for s, _, d in TRANSITIONS}
 OUTCOMES = st.sampled_from([accepted(), retry(), retry(429, "429", retry_after=2.0), fatal()])

@@ -16,8 +16,8 @@ import requests
 from support import free_port, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.bootstrap_server import BootstrapServer
-from registrar.health import start_health_server
+from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.surfaces.health import start_health_server
 
 TOKEN = "tok-9f3b2c7e-secret"
 FAST = Backoff(initial=0.05, maximum=0.2)

@@ -8,7 +8,7 @@ import requests
 from support import sglang_payload
 
 from registrar import Route, SGLangTransport, Verdict
-from registrar.bootstrap_server import BootstrapServer, Fault
+from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 
 def put(server: BootstrapServer, payload: dict) -> None:

@@ -11,7 +11,7 @@ import requests
 from support import SENTINEL, sglang_payload, wait_until
 
 from registrar import Backoff, ConfigError, Registrar, State
-from registrar.bootstrap_server import BootstrapServer, Fault
+from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 

@@ -14,7 +14,7 @@ import pytest
 from support import sglang_payload
 
 from registrar import Backoff, Registrar, State
-from registrar.bootstrap_server import BootstrapServer
+from registrar.devtools.bootstrap_server import BootstrapServer
 
 TP, PP = 10, 5  # 50 ranks
 RESTARTS = 10

@@ -17,14 +17,14 @@ from urllib.parse import urlsplit
 
 import requests
 
-from . import __version__
-from .bootstrap_server import BootstrapServer
-from .errors import ConfigError, describe_exception
+from .. import __version__
+from ..core.errors import ConfigError, describe_exception
+from ..core.machine import State, mermaid_diagram
+from ..core.redact import redact_url
+from ..core.registrar import Registrar
+from ..core.status import Status
+from ..devtools.bootstrap_server import BootstrapServer
 from .health import start_health_server
-from .machine import State, mermaid_diagram
-from .redact import redact_url
-from .registrar import Registrar
-from .status import Status
 
 __all__ = ["main"]
 
@@ -348,7 +348,7 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo  # noqa: PLC0415 - only the demo needs it
+    from ..devtools.demo import run_demo  # noqa: PLC0415 - only the demo needs it
 
     return run_demo(sys.stdout)
 

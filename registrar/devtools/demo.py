@@ -16,13 +16,13 @@ from typing import TextIO
 
 import requests
 
-from .backoff import Backoff
+from ..core.backoff import Backoff
+from ..core.machine import State
+from ..core.registrar import Registrar
+from ..core.status import Status
+from ..protocols.sglang import make_payload
+from ..surfaces.health import start_health_server
 from .bootstrap_server import BootstrapServer
-from .health import start_health_server
-from .machine import State
-from .registrar import Registrar
-from .sglang import make_payload
-from .status import Status
 
 __all__ = ["DEMO_PAYLOAD", "run_demo"]
 
@@ -79,7 +79,11 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
     log = logging.getLogger("registrar")
     quiet = [
         logging.getLogger(name)
-        for name in ("transitions", "registrar.bootstrap_server", "registrar.health")
+        for name in (
+            "transitions",
+            "registrar.devtools.bootstrap_server",
+            "registrar.surfaces.health",
+        )
     ]
     saved = [(lg, lg.level) for lg in [log, *quiet]]
     log.addHandler(narrator)

@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
-from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from .transport import HttpResult, HttpTransport, Timeout
+from ..core.errors import ConfigError
+from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ..core.transport import Timeout
+from .http import HttpResult, HttpTransport
 
 __all__ = [
     "OPTIONAL_FIELDS",

@@ -17,10 +17,10 @@ from socketserver import ThreadingMixIn
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from . import __version__
-from .machine import State
+from .. import __version__
+from ..core.machine import State
+from ..core.status import Status, iso_utc
 from .metrics import RegistrarMetrics, metrics_available
-from .status import Status, iso_utc
 
 __all__ = [
     "HEALTH_CONTENT_TYPE",

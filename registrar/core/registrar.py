@@ -25,9 +25,10 @@ from .clock import Clock, SystemClock
 from .errors import ConfigError, StateError
 from .machine import State, Trigger, build_machine, fire
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from .sglang import SGLangTransport, token_from_env, validate_payload
+from .registry import TransportOptions, make_transport
 from .status import Status
-from .transport import HttpTransport, Transport, validate_timeout, validate_url
+from .transport import IdleWatcher, Transport, validate_timeout, validate_url
+from .waker import Waker
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -57,6 +58,8 @@ EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 _POLICIES = ("retry", "stop", "exit")
+_IDLE_SLICE = 3600.0
+"""With no watch interval, an idle watcher is asked to wait this long at a time."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,8 @@ class Registrar:
 
     `start()` returns at once; the work happens in one daemon thread named "registrar".
     The default protocol is SGLang's (`PUT {url}/route`, the rank's route watched afterwards);
-    `protocol="http"` sends the payload to `{url}/route` without watching, and `transport=`
-    plugs in any other `Transport`.
+    `protocol="http"` sends the payload to `{url}/route` without watching; other names come from
+    `registrar.core.registry`, and `transport=` plugs in any `Transport` directly.
     """
 
     def __init__(
@@ -133,7 +136,7 @@ class Registrar:
         watch_interval: float | None = DEFAULT_WATCH_INTERVAL,
         timeout: float | tuple[float, float] = 5.0,
         token: str | None = None,
-        protocol: Literal["sglang", "http"] = "sglang",
+        protocol: str = "sglang",
         transport: Transport | None = None,
         verify: bool = True,
         ca_bundle: str | None = None,
@@ -155,8 +158,6 @@ class Registrar:
             )
         self._watch_interval = _check_positive("watch_interval", watch_interval, allow_none=True)
         timeout = validate_timeout(timeout)
-        if protocol not in ("sglang", "http"):
-            raise ConfigError(f"protocol must be 'sglang' or 'http', got {protocol!r}")
         if token is not None and (not isinstance(token, str) or "\n" in token or "\r" in token):
             raise ConfigError("token must be a single-line string")
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
@@ -172,13 +173,8 @@ class Registrar:
         payload = _encode_payload(payload, max_payload_bytes)
         if transport is None:
             tls: bool | str = ca_bundle if ca_bundle is not None else bool(verify)
-            if protocol == "sglang":
-                payload = validate_payload(payload)
-                transport = SGLangTransport(
-                    url, token=token_from_env(token), timeout=timeout, verify=tls
-                )
-            else:
-                transport = HttpTransport(url, token=token, timeout=timeout, verify=tls)
+            options = TransportOptions(url, token=token, timeout=timeout, verify=tls)
+            transport, payload = make_transport(protocol, payload, options)
         elif not isinstance(transport, Transport):
             raise ConfigError(f"transport must implement registrar.Transport, got {transport!r}")
 
@@ -203,7 +199,7 @@ class Registrar:
         self._pending: deque[tuple[State, State, Status]] = deque()
         self._deliver_lock = threading.Lock()
         self._delivering: int | None = None
-        self._wake = threading.Event()
+        self._wake = Waker()
         self._gate = threading.Lock()
         self._stopping = False
         self._reported = False
@@ -377,6 +373,7 @@ class Registrar:
             self._update(last_error=f"internal error: {exc!r}", retrying=False)
         finally:
             self._transport.close()
+            self._wake.close()
 
     def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
@@ -394,6 +391,30 @@ class Registrar:
                 if self._stopping:
                     return True
                 self._wake.clear()
+
+    def _idle(self, delay: float | None) -> bool | None:
+        """Wait between route checks: None when stopping, True when the transport saw a sign
+        that the route may be gone, False when the wait ended (timeout or a report).
+
+        A transport that implements `IdleWatcher` waits inside itself (on its connection or a
+        watch stream); any other wait is on the clock."""
+        watcher = self._transport if isinstance(self._transport, IdleWatcher) else None
+        if watcher is None:
+            return None if self._sleep(delay, interruptible=True) else False
+        end = None if delay is None else self._clock.monotonic() + delay
+        while True:
+            if self._stopping:
+                return None
+            if self._reported:
+                return False
+            if self._wake.is_set():
+                self._wake.clear()
+                continue
+            remaining = _IDLE_SLICE if end is None else end - self._clock.monotonic()
+            if remaining <= 0:
+                return False
+            if watcher.wait_idle(remaining, self._wake):
+                return None if self._stopping else True
 
     def _register(self, first_delay: float) -> bool:
         """Attempt until accepted (True) or until stopping or giving up for good (False)."""
@@ -536,8 +557,15 @@ class Registrar:
                 if self._watch_interval is not None:
                     spread = first_watch_delay if checks == 1 else watch_delay
                     delay = spread(self._watch_interval, self._rng())
-                if self._sleep(delay, interruptible=True):
+                changed = self._idle(delay)
+                if changed is None:
                     return None
+                if changed:
+                    logger.info(
+                        "%s: a sign the route may be gone (connection closed or watch event); "
+                        "checking now",
+                        self._status.url,
+                    )
             with self._lock:
                 reported, self._reported = self._reported, False
             just_put, check_now = check_now, False

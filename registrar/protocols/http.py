@@ -1,13 +1,10 @@
-"""The transport contract and the generic HTTP transport.
+"""The generic HTTP transport: the payload sent as JSON, classified by status.
 
-A transport registers a payload and, where its protocol allows, checks that the route is still
-there. It answers with outcome values and never raises on an HTTP status, so the registrar's
-loop is tested with a scripted fake and other protocols plug in by implementing `Transport`.
-
-The HTTP transport uses one `requests.Session`, used by the registrar's thread only, with
-`max_retries=0` (registrar owns retrying) and a hook on urllib3's connection class that counts
-new connections: urllib3 silently re-opens a pooled keep-alive connection the server dropped,
-and a dropped connection is evidence that the server process restarted.
+It implements `registrar.core.transport.Transport`; the SGLang protocol builds on it. It uses
+one `requests.Session`, used by the registrar's thread only, with `max_retries=0` (registrar owns
+retrying) and a hook on urllib3's connection class that counts new connections: urllib3
+silently re-opens a pooled keep-alive connection the server dropped, and a dropped connection is
+evidence that the server process restarted.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -26,94 +23,25 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from . import __version__
-from .errors import ConfigError, describe_exception, root_cause
-from .outcome import RegisterOutcome, RouteCheck, Verdict
-from .redact import redact_text, redact_url
+from .. import __version__
+from ..core.errors import describe_exception, root_cause
+from ..core.outcome import RegisterOutcome, RouteCheck, Verdict
+from ..core.redact import redact_text, redact_url
+from ..core.transport import Timeout, validate_timeout, validate_url
 
 __all__ = [
     "HttpResult",
     "HttpTransport",
-    "Timeout",
-    "Transport",
     "parse_retry_after",
-    "validate_url",
 ]
 
 logger = logging.getLogger(__name__)
-
-Timeout = float | tuple[float, float]
-"""Seconds for the whole request, or a (connect, read) pair."""
 
 _RETRIED_4XX = frozenset({408, 429})
 _RETRY_AFTER_CODES = frozenset({429, 503})
 # A pooled connection idle for longer than this may have been closed by the server's own idle
 # timeout (aiohttp: 75 s), so re-opening it then proves nothing about a restart.
 KEEPALIVE_WINDOW = 60.0
-
-
-@runtime_checkable
-class Transport(Protocol):
-    """How a registrar talks to its bootstrap server. Called from the registrar's thread only."""
-
-    @property
-    def display_url(self) -> str:
-        """The server's URL with credentials redacted, for status and logs."""
-        ...
-
-    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
-        """Send the registration once; classify, never raise on an HTTP status."""
-        ...
-
-    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
-        """Check once that the route is still there; None when the protocol cannot tell."""
-        ...
-
-    def close(self) -> None:
-        """Release connections; called once when the registrar's thread ends."""
-        ...
-
-
-def validate_url(url: object, option: str = "url") -> str:
-    """`url` without a trailing slash, or `ConfigError` saying what an allowed URL looks like."""
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"{option} must be an http(s) URL such as http://127.0.0.1:8998")
-    shown = redact_url(url)
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{option} {shown!r} is not a valid URL: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(
-            f"{option} {shown!r} must start with http:// or https://, e.g. http://127.0.0.1:8998"
-        )
-    if not parts.hostname:
-        raise ConfigError(f"{option} {shown!r} has no host, e.g. http://127.0.0.1:8998")
-    if port == 0:
-        raise ConfigError(f"{option} {shown!r} has port 0; give the server's real port")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{option} {shown!r} must not carry a query or fragment")
-    return url.rstrip("/")
-
-
-def validate_timeout(timeout: object) -> Timeout:
-    """A positive float or a (connect, read) pair of positive floats, or `ConfigError`."""
-
-    def positive(value: object) -> bool:
-        return (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and 0 < value < float("inf")
-        )
-
-    if positive(timeout):
-        return float(timeout)  # type: ignore[arg-type]
-    if isinstance(timeout, tuple) and len(timeout) == 2 and all(positive(t) for t in timeout):
-        return (float(timeout[0]), float(timeout[1]))
-    raise ConfigError(
-        f"timeout must be positive seconds or a (connect, read) pair, got {timeout!r}"
-    )
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:

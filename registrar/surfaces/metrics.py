@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from .machine import State
-from .status import Status
+from ..core.machine import State
+from ..core.status import Status
 
 if TYPE_CHECKING:
-    from .registrar import Registrar, RequestEvent
+    from ..core.registrar import Registrar, RequestEvent
 
 __all__ = ["RegistrarMetrics", "metrics_available"]
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock"]
+__all__ = ["Clock", "SystemClock", "Waitable"]
+
+
+class Waitable(Protocol):
+    """What a clock waits on: a `threading.Event` or a `registrar.core.waker.Waker`."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class Clock(Protocol):
@@ -20,7 +27,7 @@ class Clock(Protocol):
         """Wall-clock epoch seconds, for the timestamps people read."""
         ...
 
-    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+    def wait(self, event: Waitable, timeout: float | None) -> bool:
         """Block until `event` is set or `timeout` seconds pass; True when the event is set."""
         ...
 
@@ -34,5 +41,5 @@ class SystemClock:
     def time(self) -> float:
         return time.time()
 
-    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+    def wait(self, event: Waitable, timeout: float | None) -> bool:
         return event.wait(timeout)

@@ -1,0 +1,114 @@
+"""The transport contract: what the registrar's loop asks of a protocol, and nothing more.
+
+A transport registers a payload and, where its protocol allows, checks that the route is still
+there. It answers with outcome values and never raises on what a server says, so the loop is
+tested with a scripted fake and every protocol (generic HTTP, SGLang, etcd) plugs in by
+implementing `Transport`. The loop imports no protocol: one is chosen where the registrar is
+configured (`registrar.core.registry`).
+
+A transport may also implement `IdleWatcher`: between route checks the loop then waits inside
+the transport (on an idle kept-alive connection, a watch stream, ...), which can end the wait
+early when it sees a sign that the route may be gone. `Waker` is what lets such a wait end
+promptly on `stop()` or `report_route_missing()`: an event with a file descriptor to select on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+from .outcome import RegisterOutcome, RouteCheck
+from .redact import redact_url
+from .waker import Waker
+
+__all__ = [
+    "IdleWatcher",
+    "Timeout",
+    "Transport",
+    "Waker",
+    "validate_timeout",
+    "validate_url",
+]
+
+Timeout = float | tuple[float, float]
+"""Seconds for the whole request, or a (connect, read) pair."""
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How a registrar talks to its server. Called from the registrar's thread only."""
+
+    @property
+    def display_url(self) -> str:
+        """The server's URL with credentials redacted, for status and logs."""
+        ...
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        """Send the registration once; classify, never raise on what the server says."""
+        ...
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
+        """Check once that the route is still there; None when the protocol cannot tell."""
+        ...
+
+    def close(self) -> None:
+        """Release connections (and anything held on the server's side, such as a lease);
+        called once when the registrar's thread ends."""
+        ...
+
+
+@runtime_checkable
+class IdleWatcher(Protocol):
+    """Optional: a transport that can tell, while idle between checks, that its route may be
+    gone (the server closed the kept-alive connection, a watch reported the key deleted)."""
+
+    def wait_idle(self, timeout: float, waker: Waker) -> bool:
+        """Wait up to `timeout` seconds. True as soon as a sign of a lost route is seen (the
+        loop checks the route at once); False on timeout or when `waker` is set (return at once
+        then: the registrar is stopping or was asked to check). Never raises; a transport that
+        cannot watch right now simply waits (on `waker.wait(timeout)`)."""
+        ...
+
+
+def validate_url(url: object, option: str = "url") -> str:
+    """`url` without a trailing slash, or `ConfigError` saying what an allowed URL looks like."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{option} must be an http(s) URL such as http://127.0.0.1:8998")
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{option} {shown!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(
+            f"{option} {shown!r} must start with http:// or https://, e.g. http://127.0.0.1:8998"
+        )
+    if not parts.hostname:
+        raise ConfigError(f"{option} {shown!r} has no host, e.g. http://127.0.0.1:8998")
+    if port == 0:
+        raise ConfigError(f"{option} {shown!r} has port 0; give the server's real port")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{option} {shown!r} must not carry a query or fragment")
+    return url.rstrip("/")
+
+
+def validate_timeout(timeout: object) -> Timeout:
+    """A positive float or a (connect, read) pair of positive floats, or `ConfigError`."""
+
+    def positive(value: object) -> bool:
+        return (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and 0 < value < float("inf")
+        )
+
+    if positive(timeout):
+        return float(timeout)  # type: ignore[arg-type]
+    if isinstance(timeout, tuple) and len(timeout) == 2 and all(positive(t) for t in timeout):
+        return (float(timeout[0]), float(timeout[1]))
+    raise ConfigError(
+        f"timeout must be positive seconds or a (connect, read) pair, got {timeout!r}"
+    )

@@ -1,0 +1,179 @@
+"""Configuration from `REGISTRAR_*` environment variables: one table, one translation.
+
+Every surface that reads the environment (the SGLang plugin, the `registrar` command) turns the
+variables into `Registrar` keyword arguments here, so a variable means the same everywhere and
+each is validated once, with an error that names the variable and shows a good value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..core.errors import ConfigError
+from ..core.registrar import DEFAULT_BACKOFF
+
+__all__ = ["ENV_PREFIX", "ENV_VARS", "EnvVar", "describe_env", "options_from_env"]
+
+ENV_PREFIX = "REGISTRAR_"
+
+_OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _policy(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("retry", "stop", "exit"):
+        raise ValueError("must be retry, stop or exit")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("must be a positive number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _seconds_or_off(text: str) -> float | None:
+    if text.strip().lower() in _OFF:
+        return None
+    try:
+        return _seconds(text)
+    except ValueError:
+        raise ValueError("must be a positive number of seconds, or off") from None
+
+
+def _attempts(text: str) -> int | None:
+    if text.strip().lower() in _OFF:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("must be an integer >= 1, or unlimited") from None
+    if value < 1:
+        raise ValueError("must be an integer >= 1, or unlimited")
+    return value
+
+
+def _timeout(text: str) -> float | tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) == 1:
+        return _seconds(parts[0])
+    if len(parts) == 2:
+        return (_seconds(parts[0]), _seconds(parts[1]))
+    raise ValueError("must be seconds, or connect,read seconds")
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("must be true or false")
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("must be a number within [0, 1]") from None
+    if not 0 <= value <= 1:
+        raise ValueError("must be a number within [0, 1]")
+    return value
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One variable: its name after the prefix, the option it sets, how it is read."""
+
+    name: str
+    option: str
+    """A `Registrar` keyword argument, or `backoff.<field>` for a field of the `Backoff`."""
+    parse: Callable[[str], Any]
+    """Raises ValueError with the rule the text broke."""
+    example: str
+    help: str
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        "ON_FAILURE",
+        "on_failure",
+        _policy,
+        "exit",
+        "when the startup budget is spent: retry (in the background), stop, or exit",
+    ),
+    EnvVar(
+        "MAX_ATTEMPTS",
+        "max_attempts",
+        _attempts,
+        "5",
+        "startup attempts before on_failure applies (unlimited: never)",
+    ),
+    EnvVar(
+        "WATCH_INTERVAL",
+        "watch_interval",
+        _seconds_or_off,
+        "5",
+        "seconds between route checks once registered (off: no periodic check)",
+    ),
+    EnvVar("TIMEOUT", "timeout", _timeout, "5", "request timeout: seconds, or connect,read"),
+    EnvVar("VERIFY", "verify", _flag, "true", "verify the server's TLS certificate"),
+    EnvVar("CA_BUNDLE", "ca_bundle", str, "/etc/ssl/bootstrap-ca.pem", "CA bundle for TLS"),
+    EnvVar("BACKOFF_INITIAL", "backoff.initial", _seconds, "1", "first retry delay, seconds"),
+    EnvVar("BACKOFF_MAX", "backoff.maximum", _seconds, "5", "retry delay cap, seconds"),
+    EnvVar("BACKOFF_MULTIPLIER", "backoff.multiplier", float, "2", "retry delay growth factor"),
+    EnvVar("BACKOFF_JITTER", "backoff.jitter", _fraction, "0.25", "random part of each delay"),
+)
+
+
+def options_from_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    prefix: str = ENV_PREFIX,
+    names: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """`Registrar` keyword arguments from the variables that are set (unset or empty ones are
+    left out, so the library's defaults stand), or `ConfigError` naming the variable.
+
+    `names` restricts the table to some variables (their names after the prefix)."""
+    env = os.environ if environ is None else environ
+    wanted = None if names is None else frozenset(names)
+    options: dict[str, Any] = {}
+    backoff: dict[str, Any] = {}
+    for var in ENV_VARS:
+        if wanted is not None and var.name not in wanted:
+            continue
+        key = prefix + var.name
+        text = env.get(key, "").strip()
+        if not text:
+            continue
+        try:
+            value = var.parse(text)
+        except ValueError as exc:
+            raise ConfigError(f"{key}={text!r} {exc}; e.g. {key}={var.example}") from None
+        if var.option.startswith("backoff."):
+            backoff[var.option.removeprefix("backoff.")] = value
+        else:
+            options[var.option] = value
+    if backoff:
+        try:
+            options["backoff"] = replace(DEFAULT_BACKOFF, **backoff)
+        except ConfigError as exc:
+            set_by = ", ".join(prefix + v.name for v in ENV_VARS if v.option.startswith("backoff."))
+            raise ConfigError(f"{exc} (check {set_by})") from None
+    return options
+
+
+def describe_env(prefix: str = ENV_PREFIX) -> str:
+    """One line per variable, for --help texts and docs."""
+    return "\n".join(f"{prefix}{var.name}: {var.help} (e.g. {var.example})" for var in ENV_VARS)

@@ -1,0 +1,198 @@
+"""The architecture the package layout promises: the core knows no protocol or surface,
+protocols are resolved by name, transports may wait idle on a selectable waker, and the
+environment is read through one table."""
+
+from __future__ import annotations
+
+import ast
+import select
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import FakeClock, ScriptedTransport, accepted, route, sglang_payload, wait_until
+
+import registrar
+from registrar import (
+    ConfigError,
+    Registrar,
+    Route,
+    State,
+    Transport,
+    TransportOptions,
+    Waker,
+    protocol_names,
+    register_protocol,
+)
+from registrar.core.registrar import DEFAULT_BACKOFF
+from registrar.surfaces.env import ENV_VARS, describe_env, options_from_env
+
+CORE = Path(registrar.__file__).parent / "core"
+
+
+def _imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            found.append("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(CORE.glob("*.py")), ids=lambda p: p.name)
+def test_core_imports_no_protocol_surface_or_optional_dependency(module: Path) -> None:
+    for name in _imports(module):
+        assert not name.startswith(("..", "registrar.")), f"{module.name} imports {name}"
+        assert name.split(".")[0] not in ("prometheus_client", "requests", "urllib3"), name
+
+
+def test_builtin_protocols_are_registered() -> None:
+    assert {"http", "sglang"} <= set(protocol_names())
+
+
+def test_a_registered_protocol_is_used_by_name(registrars: list[Registrar]) -> None:
+    made: list[TransportOptions] = []
+
+    def factory(
+        payload: Mapping[str, Any], options: TransportOptions
+    ) -> tuple[Transport, dict[str, Any]]:
+        made.append(options)
+        return ScriptedTransport([accepted()]), {"normalised": True, **payload}
+
+    register_protocol("test-scripted", factory)
+    reg = Registrar("http://127.0.0.1:1", {"a": 1}, protocol="test-scripted", token="t")
+    registrars.append(reg)
+    assert made == [TransportOptions("http://127.0.0.1:1", token="t")]
+    assert reg.payload == {"normalised": True, "a": 1}
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+
+
+def test_unknown_protocol_names_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"protocol must be one of .*'http'.*'sglang'.*'nope'"):
+        Registrar("http://127.0.0.1:1", sglang_payload(), protocol="nope")
+    with pytest.raises(ConfigError, match="non-empty string"):
+        register_protocol("", lambda p, o: (ScriptedTransport([accepted()]), dict(p)))
+
+
+def test_waker_is_selectable_and_clears() -> None:
+    waker = Waker()
+    try:
+        fd = waker.fileno()
+        assert select.select([fd], [], [], 0)[0] == []
+        waker.set()
+        assert waker.is_set()
+        assert select.select([fd], [], [], 1)[0] == [fd]
+        waker.clear()
+        assert not waker.is_set()
+        assert select.select([fd], [], [], 0)[0] == []
+    finally:
+        waker.close()
+    waker.set()  # still a flag after close
+    assert waker.wait(0)
+
+
+def test_waker_set_before_fileno_is_readable_at_once() -> None:
+    waker = Waker()
+    waker.set()
+    try:
+        assert select.select([waker.fileno()], [], [], 1)[0]
+    finally:
+        waker.close()
+
+
+class IdleScripted(ScriptedTransport):
+    """A scripted transport that waits idle: each call answers from `signals` (True: a sign
+    the route is gone), then parks on the waker like a real idle wait."""
+
+    def __init__(self, signals: list[bool], **kwargs: Any) -> None:
+        super().__init__([accepted()], checks=[route(Route.PRESENT)], **kwargs)
+        self.signals = list(signals)
+        self.idle_calls: list[float] = []
+        self.woken = threading.Event()
+
+    def wait_idle(self, timeout: float, waker: Waker) -> bool:
+        self.idle_calls.append(timeout)
+        if self.signals:
+            return self.signals.pop(0)
+        if select.select([waker.fileno()], [], [], timeout)[0]:
+            self.woken.set()
+        return False
+
+
+def test_an_idle_watcher_sign_makes_the_loop_check_at_once(
+    clock: FakeClock, registrars: list[Registrar]
+) -> None:
+    transport = IdleScripted([True, True])
+    reg = Registrar("http://127.0.0.1:1", {}, transport=transport, clock=clock, watch_interval=60)
+    registrars.append(reg)
+    reg.start()
+    # One check right after the PUT, then one per sign, before any interval passed.
+    assert wait_until(lambda: transport.checked == 3 and len(transport.idle_calls) >= 3)
+    assert clock.now == clock.start  # no virtual time went by: the signs, not the timer
+    assert all(t > 0 for t in transport.idle_calls)
+    assert len(transport.registered) == 1
+
+
+def test_stop_wakes_an_idle_watcher_promptly(registrars: list[Registrar]) -> None:
+    transport = IdleScripted([])
+    reg = Registrar("http://127.0.0.1:1", {}, transport=transport, watch_interval=3600)
+    registrars.append(reg)
+    reg.start()
+    assert wait_until(lambda: len(transport.idle_calls) == 1)
+    assert reg.stop(timeout=5)
+    assert transport.woken.is_set()
+
+
+def test_env_table_reads_every_variable() -> None:
+    env = {
+        "REGISTRAR_ON_FAILURE": "exit",
+        "REGISTRAR_MAX_ATTEMPTS": "unlimited",
+        "REGISTRAR_WATCH_INTERVAL": "off",
+        "REGISTRAR_TIMEOUT": "1,4",
+        "REGISTRAR_VERIFY": "false",
+        "REGISTRAR_CA_BUNDLE": "/tmp/ca.pem",
+        "REGISTRAR_BACKOFF_INITIAL": "0.5",
+        "REGISTRAR_BACKOFF_MAX": "10",
+        "REGISTRAR_BACKOFF_MULTIPLIER": "3",
+        "REGISTRAR_BACKOFF_JITTER": "0",
+        "UNRELATED": "x",
+    }
+    assert {f"REGISTRAR_{v.name}" for v in ENV_VARS} == set(env) - {"UNRELATED"}
+    options = options_from_env(env)
+    assert options == {
+        "on_failure": "exit",
+        "max_attempts": None,
+        "watch_interval": None,
+        "timeout": (1.0, 4.0),
+        "verify": False,
+        "ca_bundle": "/tmp/ca.pem",
+        "backoff": DEFAULT_BACKOFF.__class__(initial=0.5, maximum=10, multiplier=3, jitter=0),
+    }
+    assert options_from_env({"REGISTRAR_MAX_ATTEMPTS": " "}) == {}
+    assert options_from_env(env, names=["ON_FAILURE"]) == {"on_failure": "exit"}
+    assert "REGISTRAR_ON_FAILURE" in describe_env()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("ON_FAILURE", "crash", "REGISTRAR_ON_FAILURE='crash' must be retry, stop or exit"),
+        ("MAX_ATTEMPTS", "0", "REGISTRAR_MAX_ATTEMPTS='0' must be an integer >= 1"),
+        ("MAX_ATTEMPTS", "five", "e.g. REGISTRAR_MAX_ATTEMPTS=5"),
+        ("WATCH_INTERVAL", "-1", "REGISTRAR_WATCH_INTERVAL='-1' must be a positive number"),
+        ("TIMEOUT", "1,2,3", "REGISTRAR_TIMEOUT='1,2,3' must be seconds, or connect,read"),
+        ("TIMEOUT", "nan", "REGISTRAR_TIMEOUT='nan' must be a positive number"),
+        ("VERIFY", "maybe", "REGISTRAR_VERIFY='maybe' must be true or false"),
+        ("BACKOFF_JITTER", "2", "REGISTRAR_BACKOFF_JITTER='2' must be a number within [0, 1]"),
+        ("BACKOFF_MULTIPLIER", "0.5", "check REGISTRAR_BACKOFF_INITIAL"),
+    ],
+)
+def test_env_errors_name_the_variable_and_a_good_value(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        options_from_env({f"REGISTRAR_{name}": value})
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
