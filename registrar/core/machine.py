@@ -3,6 +3,12 @@
 The table below is the single source of truth. The `transitions` machine is built from it, the
 mermaid diagram in `docs/state-machine.md` is drawn from it (`registrar diagram`), and a test
 checks every (state, trigger) pair against it.
+
+`fire` takes a transition through the machine's table (`get_transitions`, `set_state`) rather
+than its event dispatch: registrar hangs no callbacks on the machine, and the dispatch narrates
+every change on the `transitions.core` logger (two INFO lines per state change, more at DEBUG),
+which a library must not add to its host's logs. Silencing that logger instead would reconfigure
+a logger the host owns, and hide the host's own machines too.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from transitions import MachineError
+from transitions import Machine
 from transitions.extensions import LockedMachine
 
 __all__ = [
@@ -68,6 +74,7 @@ class _Model:
 
     state: str
     trigger: Any
+    machine: Machine
 
 
 def build_machine(initial: State = State.UNREGISTERED) -> tuple[LockedMachine, _Model]:
@@ -84,15 +91,20 @@ def build_machine(initial: State = State.UNREGISTERED) -> tuple[LockedMachine, _
         ignore_invalid_triggers=False,
         send_event=False,
     )
+    model.machine = machine
     return machine, model
 
 
 def fire(model: _Model, trigger: Trigger) -> bool:
-    """Fire `trigger`; False (and no change) when the table does not allow it from here."""
-    try:
-        return bool(model.trigger(trigger.value))
-    except MachineError:
+    """Fire `trigger`; False (and no change) when the table does not allow it from here.
+
+    Logs nothing: see the module's docstring."""
+    allowed = model.machine.get_transitions(trigger=trigger.value, source=model.state)
+    dest = allowed[0].dest if allowed else None
+    if dest is None:  # not allowed from here (the table has no internal transitions)
         return False
+    model.machine.set_state(dest, model)
+    return True
 
 
 def mermaid_diagram() -> str:

@@ -221,8 +221,6 @@ def _log_setup(verbose: bool) -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    # transitions narrates every callback at INFO; our own lines say what matters.
-    logging.getLogger("transitions").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
