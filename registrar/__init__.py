@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .core.aio import in_loop
 from .core.backoff import Backoff
 from .core.clock import Clock, SystemClock
 from .core.errors import ConfigError, RegistrarError, StateError, root_cause
@@ -60,6 +61,7 @@ __all__ = [
     "Verdict",
     "Waker",
     "__version__",
+    "in_loop",
     "make_payload",
     "mermaid_diagram",
     "protocol_names",

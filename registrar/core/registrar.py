@@ -8,6 +8,7 @@ it out of any wait.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from .aio import wait_for_state
 from .backoff import Backoff, first_watch_delay, rejoin_delay, retry_delay, watch_delay
 from .clock import Clock, SystemClock
 from .errors import ConfigError, StateError
@@ -300,6 +302,17 @@ class Registrar:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+    async def wait_for_async(self, state: State, timeout: float | None = None) -> bool:
+        """`wait_for` for a coroutine: waits without blocking the event loop."""
+        return await wait_for_state(self, state, timeout)
+
+    async def __aenter__(self) -> Registrar:
+        return self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # stop() may wait for a request in flight: in a worker thread, not on the loop.
+        await asyncio.to_thread(self.stop)
 
     # ----------------------------------------------------------------- state and listeners
 
