@@ -1,14 +1,40 @@
-"""Keep secrets out of every text registrar produces.
+"""Keep secrets out of every text registrar produces, and make untrusted text safe to show.
 
-URLs may carry `user:password@`; those are used for the request and never shown. Tokens are
-scrubbed from any free text (an exception message may echo a header).
+Two rules for every text that reaches a log line, a status field, a health document, a metric
+or the command line:
+
+- A secret never appears, in any encoding an error text may give it: as is, percent-escaped (a
+  URL in requests' messages), repr- or JSON-escaped (an exception's args), or base64 inside a
+  Basic header. `Secrets` knows every such form of every credential a transport holds.
+- Text a server (or any other peer) chose goes through `clean()`: control characters escaped,
+  so it cannot forge a log line or move a terminal's cursor, and its length capped.
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+import base64
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
-__all__ = ["redact_text", "redact_url"]
+__all__ = ["MAX_SHOWN", "Secrets", "clean", "redact_text", "redact_url"]
+
+MAX_SHOWN = 300
+"""Characters of untrusted text shown in one log line or status field, at most."""
+
+MASK = "***"
+_MIN_TAIL = 4
+
+# C0 and C1 controls, DEL, the Unicode line and paragraph separators, zero-width characters and
+# bidirectional overrides: anything that can end a log line or disguise what follows.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def redact_url(url: str) -> str:
@@ -26,13 +52,99 @@ def redact_url(url: str) -> str:
         port = parts.port
     except ValueError:
         port = None
-    netloc = f"***@{host}" + (f":{port}" if port is not None else "")
+    netloc = f"{MASK}@{host}" + (f":{port}" if port is not None else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def _forms(secret: str) -> set[str]:
+    """Every way an error text may spell `secret`."""
+    forms = {secret, unquote(secret)}
+    for value in (secret, unquote(secret)):
+        for quoted in (quote(value, safe=""), quote(value), quote_plus(value)):
+            forms.add(quoted)
+            forms.add(re.sub("%[0-9A-F]{2}", lambda m: m.group().lower(), quoted))
+        forms.add(repr(value)[1:-1])
+        forms.add(json.dumps(value)[1:-1])
+        forms.add(repr(value.encode("utf-8", "backslashreplace"))[2:-1])
+        forms.add(value.encode("unicode_escape").decode("ascii"))
+        forms.add(base64.b64encode(value.encode("utf-8", "replace")).decode("ascii"))
+    return {form for form in forms if form}
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The credentials one transport holds, in every form they may take in an error text.
+    Its repr shows none of them."""
+
+    forms: tuple[str, ...] = field(default=(), repr=False)
+    """Longest first, so a longer form is masked before a shorter one inside it."""
+
+    @classmethod
+    def of(
+        cls, values: Iterable[str | None] = (), *, basic: tuple[str, str] | None = None
+    ) -> Secrets:
+        """The secrets `values` (None and empty ones skipped), and a Basic-auth pair, whose
+        header (`base64(user:password)`) is a secret of its own."""
+        forms: set[str] = set()
+        for value in values:
+            if value:
+                forms |= _forms(value)
+        if basic is not None:
+            user, password = (unquote(part) for part in basic)
+            for raw in (f"{user}:{password}", f"{basic[0]}:{basic[1]}"):
+                for encoding in ("latin-1", "utf-8"):
+                    try:
+                        forms.add(base64.b64encode(raw.encode(encoding)).decode("ascii"))
+                    except UnicodeEncodeError:
+                        continue
+            forms |= _forms(user) | _forms(password)
+        return cls(tuple(sorted(forms, key=len, reverse=True)))
+
+    def __bool__(self) -> bool:
+        return bool(self.forms)
+
+    @property
+    def longest(self) -> int:
+        """Length of the longest form: a cut this far past a limit cannot split one."""
+        return len(self.forms[0]) if self.forms else 0
+
+    def redact(self, text: str, cut: bool = False) -> str:
+        """`text` with every form masked. With `cut` (the text was truncated, possibly in the
+        middle of a secret), a tail of 4 or more characters that begins a form is masked too
+        (3 characters of a secret tell nothing, and masking less would maim most texts)."""
+        for form in self.forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        if cut:
+            for form in self.forms:
+                for size in range(min(len(form) - 1, len(text)), _MIN_TAIL - 1, -1):
+                    if text.endswith(form[:size]):
+                        text = text[:-size] + MASK
+                        break
+        return text
+
+
+NO_SECRETS = Secrets()
+
+
+def clean(
+    text: object, limit: int = MAX_SHOWN, secrets: Secrets = NO_SECRETS, cut: bool = False
+) -> str:
+    """`text` as one safe line: secrets masked, control characters escaped (`\\x0a`), and at
+    most `limit` characters followed by a note of how many more there were. `cut` says the
+    text is itself the start of something longer (a body read up to a cap)."""
+    text = text if isinstance(text, str) else str(text)
+    # Look at no more than can be shown: a multi-megabyte text costs what its start costs. The
+    # margin is wide enough that a secret starting before the limit is masked whole.
+    window = limit + secrets.longest
+    more = len(text) > window
+    shown = secrets.redact(text[:window], cut=cut or more)
+    shown = _UNSAFE.sub(_escape, shown)
+    if len(shown) > limit or more:
+        shown = shown[:limit].rstrip() + " ..."
+    return shown
+
+
 def redact_text(text: str, secrets: tuple[str, ...]) -> str:
-    """`text` with every non-empty secret replaced by `***`."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+    """`text` with every non-empty secret (in every form, see `Secrets`) replaced by `***`."""
+    return Secrets.of(secrets).redact(text)

@@ -29,7 +29,7 @@ from .machine import State, Trigger, build_machine, fire
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .registry import TransportOptions, make_transport
 from .status import Status
-from .transport import IdleWatcher, Transport, validate_timeout, validate_url
+from .transport import Abortable, IdleWatcher, Transport, validate_timeout, validate_url
 from .waker import Waker
 
 __all__ = [
@@ -274,6 +274,9 @@ class Registrar:
             self._stopping = True
             thread = self._thread
         self._wake.set()
+        if isinstance(self._transport, Abortable):
+            # A request in flight need not run to its deadline: its answer no longer matters.
+            self._transport.abort()
         self._transition(Trigger.STOP, next_attempt_at=None, retrying=False)
         if thread is None or thread is threading.current_thread():
             return True

@@ -24,6 +24,7 @@ from .redact import redact_url
 from .waker import Waker
 
 __all__ = [
+    "Abortable",
     "IdleWatcher",
     "Timeout",
     "Transport",
@@ -69,6 +70,16 @@ class IdleWatcher(Protocol):
         loop checks the route at once); False on timeout or when `waker` is set (return at once
         then: the registrar is stopping or was asked to check). Never raises; a transport that
         cannot watch right now simply waits (on `waker.wait(timeout)`)."""
+        ...
+
+
+@runtime_checkable
+class Abortable(Protocol):
+    """Optional: a transport that can end its request in flight early. `stop()` calls it so a
+    slow request does not hold the thread until its deadline."""
+
+    def abort(self) -> None:
+        """End the request in flight now, if any (called from another thread; never raises)."""
         ...
 
 

@@ -5,13 +5,25 @@ one `requests.Session`, used by the registrar's thread only, with `max_retries=0
 retrying) and a hook on urllib3's connection class that counts new connections: urllib3
 silently re-opens a pooled keep-alive connection the server dropped, and a dropped connection is
 evidence that the server process restarted.
+
+Nothing a server does may hold the registrar's thread or its memory: every request has a
+wall-clock deadline (a socket timeout bounds each read, not their sum, so a server sending one
+byte every 400 ms, an endless chunked body or endless `100 Continue` answers would hold it for
+ever), enforced by a helper thread that shuts the request's socket down; and an answer is read
+and decoded (gzip, deflate) up to a cap, by this module, never by urllib3 (which inflates a
+whole chunk at once before 2.6).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http
+import http.client
 import logging
+import socket
+import threading
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -19,17 +31,21 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import requests
+import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .. import __version__
-from ..core.errors import describe_exception, root_cause
+from ..core.errors import ConfigError, describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, RouteCheck, Verdict
-from ..core.redact import redact_text, redact_url
+from ..core.redact import Secrets, clean, redact_url
 from ..core.transport import Timeout, validate_timeout, validate_url
 
 __all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES",
+    "EXCERPT_BYTES",
+    "DeadlineExceeded",
     "HttpResult",
     "HttpTransport",
     "parse_retry_after",
@@ -42,6 +58,23 @@ _RETRY_AFTER_CODES = frozenset({429, 503})
 # A pooled connection idle for longer than this may have been closed by the server's own idle
 # timeout (aiohttp: 75 s), so re-opening it then proves nothing about a restart.
 KEEPALIVE_WINDOW = 60.0
+DEFAULT_MAX_ANSWER_BYTES = 64 * 1024
+"""A successful answer is read and decoded up to this many bytes (SGLang's are under 200)."""
+EXCERPT_BYTES = 1024
+"""An error answer is read up to this many bytes: its excerpt shows no more than that."""
+_CHUNK = 16 * 1024
+_RAW_SLACK = 4
+"""Compressed bytes read may exceed the decoded cap this many times over (a gzip stream of
+empty blocks inflates to nothing), plus one chunk."""
+# Everything by which an exchange fails rather than answers. Anything else raised inside a
+# request is a bug, left to the registrar's loop to log and classify (see core/registrar.py).
+_EXCHANGE_ERRORS = (
+    requests.RequestException,
+    urllib3.exceptions.HTTPError,
+    http.client.HTTPException,
+    OSError,
+    ValueError,
+)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
@@ -73,15 +106,103 @@ class HttpResult:
     broke under it."""
     refused: bool = False
     """The connection was refused: nothing listens there."""
+    complete: bool = True
+    """The whole body was read and decoded; False when it was cut at the cap."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """No complete answer within the request's deadline (however slowly bytes came)."""
+
+
+class _Watchdog:
+    """Bounds each request of one transport in wall-clock time.
+
+    A helper thread shuts the transport's sockets down when the request in flight outlives its
+    deadline: that wakes a blocked connect, TLS handshake or read at once, where a socket
+    timeout would wait again after every byte. Sockets are duplicates of the connections' own,
+    so the shutdown reaches a TLS socket during its handshake too; the thread starts with the
+    first request and ends in `close()`."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._at: float | None = None
+        self._fired = False
+        self._closed = False
+        self._sockets: set[socket.socket] = set()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, seconds: float) -> None:
+        with self._cond:
+            self._at = time.monotonic() + seconds
+            self._fired = False
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="registrar-deadline", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def end(self) -> bool:
+        """Disarm; whether the deadline fired during the request."""
+        with self._cond:
+            self._at = None
+            return self._fired
+
+    def fire(self) -> None:
+        """End the request in flight now (from any thread)."""
+        with self._cond:
+            if self._at is not None:
+                self._at = time.monotonic()
+                self._cond.notify()
+
+    def track(self, sock: socket.socket) -> None:
+        with self._cond:
+            self._sockets.add(sock)
+            if self._fired:  # opened after the deadline passed, within the same request
+                _shutdown(sock)
+
+    def untrack(self, sock: socket.socket) -> None:
+        with self._cond:
+            self._sockets.discard(sock)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._at is None:
+                    self._cond.wait()
+                    continue
+                left = self._at - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._fired = True
+                self._at = None
+                for sock in self._sockets:
+                    _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed by its peer or its connection
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _ConnectionCounter:
-    def __init__(self) -> None:
+    def __init__(self, watchdog: _Watchdog) -> None:
         self.opened = 0
+        self.watchdog = watchdog
 
 
 class _CountingAdapter(HTTPAdapter):
-    """An adapter whose pools build connections that count themselves when they connect."""
+    """An adapter whose pools build connections that count themselves when they connect, and
+    hand a duplicate of their socket to the watchdog that enforces each request's deadline."""
 
     def __init__(self, counter: _ConnectionCounter) -> None:
         self._counter = counter
@@ -90,13 +211,30 @@ class _CountingAdapter(HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         counter = self._counter
+        watchdog = counter.watchdog
 
-        class CountingHTTPConnection(HTTPConnection):
+        class Watched:
+            _watched: socket.socket | None = None
+
+            def _new_conn(self) -> socket.socket:
+                sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+                self._watched = sock.dup()
+                watchdog.track(self._watched)
+                return sock
+
+            def close(self) -> None:
+                super().close()  # type: ignore[misc]
+                watched, self._watched = self._watched, None
+                if watched is not None:
+                    watchdog.untrack(watched)
+                    watched.close()
+
+        class CountingHTTPConnection(Watched, HTTPConnection):
             def connect(self) -> None:
                 counter.opened += 1
                 super().connect()
 
-        class CountingHTTPSConnection(HTTPSConnection):
+        class CountingHTTPSConnection(Watched, HTTPSConnection):
             def connect(self) -> None:
                 counter.opened += 1
                 super().connect()
@@ -110,11 +248,56 @@ class _CountingAdapter(HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": SecurePool}
 
 
+def _decoder(encoding: str) -> Any:
+    """A zlib decompressor for a Content-Encoding, None for identity; ValueError otherwise."""
+    name = encoding.strip().lower()
+    if name in ("", "identity"):
+        return None
+    if name in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if name == "deflate":
+        return zlib.decompressobj()
+    raise ValueError(f"answer in an unsupported Content-Encoding {clean(encoding, 40)!r}")
+
+
+def _read_capped(response: requests.Response, limit: int) -> tuple[bytes, bool]:
+    """Up to `limit` decoded bytes of the body, and whether that was all of it. Inflation is
+    bounded as it happens (`max_length`), so a small bomb costs no more than `limit`."""
+    raw = response.raw
+    decoder = _decoder(response.headers.get("Content-Encoding", ""))
+    body = bytearray()
+    read = 0
+    while True:
+        chunk = raw.read(_CHUNK, decode_content=False)
+        if not chunk:
+            if decoder is not None:
+                body += decoder.flush()[: limit + 1 - len(body)]
+            return bytes(body[:limit]), len(body) <= limit
+        read += len(chunk)
+        if decoder is None:
+            body += chunk
+        else:
+            while chunk and len(body) <= limit:
+                try:
+                    body += decoder.decompress(chunk, limit + 1 - len(body))
+                except zlib.error as exc:
+                    name = clean(response.headers.get("Content-Encoding", ""), 40)
+                    raise ValueError(f"undecodable {name} answer: {exc}") from None
+                chunk = decoder.unconsumed_tail
+        if len(body) > limit or read > _RAW_SLACK * limit + _CHUNK:
+            return bytes(body[:limit]), False
+
+
 class HttpTransport:
     """Registers by sending the payload as JSON (`PUT {url}{path}` by default).
 
     `verify` is True (system CAs), False, or the path of a CA bundle. Credentials in the URL are
     sent as basic auth and never shown; the token is sent as `Authorization: Bearer`.
+
+    `timeout` is the request's deadline: a float bounds the whole request (connect, TLS, headers
+    and body together) and each step within it; a (connect, read) pair bounds connecting and
+    each read, and the whole request by their sum. `max_answer_bytes` caps what is read and
+    decoded of a successful answer; an error answer is read up to `EXCERPT_BYTES`.
     """
 
     token_hint = "check the auth token"
@@ -128,15 +311,27 @@ class HttpTransport:
         token: str | None = None,
         timeout: Timeout = 5.0,
         verify: bool | str = True,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self._url = validate_url(url)
         self._display_url = redact_url(self._url)
         self._path = path if path.startswith("/") else f"/{path}"
         self._method = method
         self._timeout = validate_timeout(timeout)
+        self._deadline = sum(self._timeout) if isinstance(self._timeout, tuple) else self._timeout
+        if (
+            isinstance(max_answer_bytes, bool)
+            or not isinstance(max_answer_bytes, int)
+            or max_answer_bytes < 1
+        ):
+            raise ConfigError(
+                f"max_answer_bytes must be a positive integer, got {max_answer_bytes!r}"
+            )
+        self._max_answer_bytes = max_answer_bytes
         self._token = token
-        self._secrets = tuple(s for s in (token, urlsplit(self._url).password) if s)
-        self._counter = _ConnectionCounter()
+        self._secrets = Secrets.of((token, urlsplit(self._url).password))
+        self._watchdog = _Watchdog()
+        self._counter = _ConnectionCounter(self._watchdog)
         self._session = requests.Session()
         self._session.trust_env = False
         self._session.verify = verify
@@ -144,6 +339,8 @@ class HttpTransport:
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
         self._session.headers["User-Agent"] = f"registrar/{__version__}"
+        # Only what this module decodes, with a cap (requests would add br, zstd when installed).
+        self._session.headers["Accept-Encoding"] = "gzip, deflate"
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
         self._last_end: float | None = None
@@ -158,8 +355,18 @@ class HttpTransport:
         """The registration URL, credentials redacted."""
         return f"{self._display_url}{self._path}"
 
+    @property
+    def deadline(self) -> float:
+        """Seconds one request may take in all."""
+        return self._deadline
+
     def close(self) -> None:
         self._session.close()
+        self._watchdog.close()
+
+    def abort(self) -> None:
+        """End the request in flight now, as if its deadline had passed (any thread)."""
+        self._watchdog.fire()
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """A generic service has no route query; the SGLang transport overrides this."""
@@ -172,8 +379,11 @@ class HttpTransport:
         *,
         json: Any = None,
         params: Mapping[str, str | int] | None = None,
+        limit: int | None = None,
     ) -> HttpResult:
-        """One request; exceptions are caught and returned, never raised."""
+        """One request within the deadline; failures are returned, never raised. The body is
+        read up to `limit` bytes whatever the status, by default up to `max_answer_bytes` for
+        a success and `EXCERPT_BYTES` otherwise."""
         opened_before = self._counter.opened
         started = time.monotonic()
         was_alive = (
@@ -181,6 +391,10 @@ class HttpTransport:
             and self._last_end is not None
             and started - self._last_end < KEEPALIVE_WINDOW
         )
+        response: requests.Response | None = None
+        error: BaseException | None = None
+        body, complete = b"", False
+        self._watchdog.begin(self._deadline)
         try:
             response = self._session.request(
                 method,
@@ -189,44 +403,77 @@ class HttpTransport:
                 params=params,
                 timeout=self._timeout,
                 allow_redirects=False,
+                stream=True,
             )
-            text = response.text
-        except requests.RequestException as exc:
+            if limit is None:
+                ok = 200 <= response.status_code < 300
+                limit = self._max_answer_bytes if ok else EXCERPT_BYTES
+            body, complete = _read_capped(response, limit)
+        except _EXCHANGE_ERRORS as exc:
+            error = exc
+        finally:
+            # A body read whole has already gone back to the pool; one cut short (cap, error)
+            # closes its connection here, so no half-read answer is ever reused.
+            if response is not None:
+                response.close()
+            fired = self._watchdog.end()
+        self._last_end = time.monotonic()
+        if fired:
+            # Whatever the shutdown made the exchange look like (an EOF inside the headers can
+            # even pass for a complete answer), it ran out of time.
             self._kept_alive = False
-            self._last_end = time.monotonic()
+            exceeded = DeadlineExceeded(
+                f"no complete answer within the request deadline of {self._deadline:g} s"
+            )
+            return HttpResult(None, {}, "", exceeded, reconnected=False)
+        if error is not None or response is None:
+            self._kept_alive = False
             # A kept-alive connection that breaks under a request was closed by the server: the
             # same evidence of a restart as having to open it again.
             broken = isinstance(
-                exc, requests.ConnectionError | requests.exceptions.ChunkedEncodingError
-            ) and not isinstance(exc, requests.exceptions.ConnectTimeout)
+                error,
+                requests.ConnectionError
+                | requests.exceptions.ChunkedEncodingError
+                | urllib3.exceptions.ProtocolError,
+            ) and not isinstance(error, requests.exceptions.ConnectTimeout)
             # A refusal is evidence of its own; this is about the connection we had.
-            refused = broken and isinstance(root_cause(exc), ConnectionRefusedError)
+            refused = (
+                broken
+                and error is not None
+                and isinstance(root_cause(error), ConnectionRefusedError)
+            )
             lost = was_alive and broken and not refused
-            return HttpResult(None, {}, "", exc, reconnected=lost, refused=refused)
-        self._last_end = time.monotonic()
+            return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
         connection = response.headers.get("Connection", "").lower()
-        self._kept_alive = response.raw.version == 11 and connection != "close"
+        # A connection closed here (answer cut at the cap) is re-opened by our own doing: that
+        # must not count as evidence that the server restarted.
+        self._kept_alive = complete and response.raw.version == 11 and connection != "close"
         reconnected = was_alive and self._counter.opened > opened_before
-        return HttpResult(response.status_code, response.headers, text, None, reconnected)
+        text = body.decode("utf-8", "replace")
+        return HttpResult(
+            response.status_code, response.headers, text, None, reconnected, complete=complete
+        )
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         result = self.send(self._method, self._path, json=dict(payload))
         return self.classify_registration(result)
 
     def describe_error(self, exc: BaseException) -> str:
-        """Root cause of a failed exchange, secret-free."""
-        if isinstance(exc, requests.exceptions.SSLError):
+        """Root cause of a failed exchange: one line, escaped, capped, secret-free."""
+        if isinstance(exc, DeadlineExceeded):
+            text = str(exc)
+        elif isinstance(exc, requests.exceptions.SSLError):
             text = (
                 f"TLS certificate verification failed for {self.endpoint}: "
                 f"{describe_exception(exc)}; pass the server's CA bundle (ca_bundle=...)"
             )
         elif isinstance(exc, requests.exceptions.ConnectTimeout):
             text = f"connect timed out after {self._connect_timeout()} s"
-        elif isinstance(exc, requests.exceptions.ReadTimeout):
+        elif isinstance(exc, requests.exceptions.ReadTimeout | urllib3.exceptions.ReadTimeoutError):
             text = f"no answer within the read timeout of {self._read_timeout()} s"
         else:
             text = describe_exception(exc)
-        return redact_text(text, self._secrets)
+        return clean(text, secrets=self._secrets)
 
     def _connect_timeout(self) -> float:
         return self._timeout[0] if isinstance(self._timeout, tuple) else self._timeout
@@ -234,12 +481,12 @@ class HttpTransport:
     def _read_timeout(self) -> float:
         return self._timeout[1] if isinstance(self._timeout, tuple) else self._timeout
 
-    def excerpt(self, text: str, limit: int = 200) -> str:
-        """A short, single-line, secret-free piece of a response body."""
+    def excerpt(self, result: HttpResult | str, limit: int = 200) -> str:
+        """A short, single-line, escaped, secret-free piece of a response body."""
+        text = result if isinstance(result, str) else result.text
+        cut = not isinstance(result, str) and not result.complete
         flat = " ".join(text.split())
-        if len(flat) > limit:
-            flat = flat[:limit] + "..."
-        return redact_text(flat, self._secrets)
+        return clean(flat, limit, self._secrets, cut=cut)
 
     def classify_registration(self, result: HttpResult) -> RegisterOutcome:
         """Map one registration exchange to a verdict."""
@@ -257,7 +504,7 @@ class HttpTransport:
         if 200 <= code < 300:
             return RegisterOutcome(Verdict.ACCEPTED, status_code=code)
         label = f"{code} {_phrase(code)} from {self.endpoint}"
-        body = self.excerpt(result.text)
+        body = self.excerpt(result)
         if code >= 500 or code in _RETRIED_4XX:
             retry_after = None
             if code in _RETRY_AFTER_CODES:
@@ -269,10 +516,8 @@ class HttpTransport:
         if code in (401, 403):
             hint = self.token_hint
         elif 300 <= code < 400:
-            hint = (
-                f"redirected to {redact_url(result.headers.get('Location', '?'))}; "
-                "point the URL at the bootstrap server itself"
-            )
+            where = clean(redact_url(result.headers.get("Location", "?")), 200, self._secrets)
+            hint = f"redirected to {where}; point the URL at the bootstrap server itself"
         elif code in (404, 405):
             hint = "check the bootstrap URL: this server does not take registrations there"
         elif code == 413:

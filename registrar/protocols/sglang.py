@@ -17,7 +17,6 @@ reads a 503 as *missing* when any of these holds (see docs/sglang.md for why eac
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -27,7 +26,9 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ..core.redact import clean
 from ..core.transport import Timeout
+from ..core.untrusted import load_json
 from .http import HttpResult, HttpTransport
 
 __all__ = [
@@ -80,7 +81,8 @@ _SIZE_RANK = (
     ("pp_size", "pp_rank"),
     ("system_dp_size", "system_dp_rank"),
 )
-_COUNT = re.compile(r"\((\d+) workers? registered\)")
+# ASCII digits, and few enough that int() stays cheap and within its digit limit.
+_COUNT = re.compile(r"\(([0-9]{1,9}) workers? registered\)")
 
 
 @dataclass(frozen=True)
@@ -252,30 +254,41 @@ class SGLangTransport(HttpTransport):
         if result.error is not None:
             return RouteCheck(Route.UNREACHABLE, evidence=self.describe_error(result.error))
         assert code is not None
-        body = self.excerpt(result.text)
+        body = self.excerpt(result)
         if code == 200:
-            return self._classify_found(payload, result.text, body)
+            return self._classify_found(payload, result, body)
         if code == 404:
             return RouteCheck(Route.MISSING, code, f"404 for our rank from a ready server: {body}")
         if code == 503:
             return self._classify_not_ready(body)
         return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {body}")
 
-    def _classify_found(self, payload: Mapping[str, Any], text: str, body: str) -> RouteCheck:
+    def _classify_found(
+        self, payload: Mapping[str, Any], result: HttpResult, body: str
+    ) -> RouteCheck:
+        """A 200 names who holds our rank; any answer that does not, plainly, is undetermined
+        (never an error that could end the loop, whatever its shape or size)."""
+        if not result.complete:
+            return RouteCheck(Route.UNDETERMINED, 200, f"200 answer too large to read: {body}")
         try:
-            found = json.loads(text)
-            ip, port = found["rank_ip"], int(found["rank_port"])
-        except (ValueError, TypeError, KeyError):
-            return RouteCheck(Route.UNDETERMINED, 200, f"unparseable 200 answer: {body}")
+            found = load_json(result.text)
+        except ValueError as exc:
+            return RouteCheck(Route.UNDETERMINED, 200, f"unparseable 200 answer ({exc}): {body}")
+        ip = found.get("rank_ip") if isinstance(found, dict) else None
+        port = found.get("rank_port") if isinstance(found, dict) else None
+        if not isinstance(ip, str) or not _is_int(port):
+            return RouteCheck(
+                Route.UNDETERMINED,
+                200,
+                f"200 answer without a string rank_ip and an integer rank_port: {body}",
+            )
         self._evidence.seen_ready = True
+        ours = f"{payload['rank_ip']}:{payload['rank_port']}"
         if ip == payload["rank_ip"] and port == payload["rank_port"]:
-            return RouteCheck(Route.PRESENT, 200, f"registered as {ip}:{port}")
-        return RouteCheck(
-            Route.CONFLICT,
-            200,
-            f"our rank is registered as {ip}:{port}, "
-            f"not {payload['rank_ip']}:{payload['rank_port']}",
-        )
+            return RouteCheck(Route.PRESENT, 200, f"registered as {ours}")
+        # The server's words, escaped and capped: a newline in them must not forge a log line.
+        theirs = clean(f"{ip}:{port}", 120)
+        return RouteCheck(Route.CONFLICT, 200, f"our rank is registered as {theirs}, not {ours}")
 
     def _classify_not_ready(self, body: str) -> RouteCheck:
         match = _COUNT.search(body)

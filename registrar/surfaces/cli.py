@@ -15,15 +15,15 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
-
 from .. import __version__
 from ..core.errors import ConfigError, describe_exception
 from ..core.machine import State, mermaid_diagram
-from ..core.redact import redact_url
+from ..core.redact import clean, redact_url
 from ..core.registrar import Registrar
 from ..core.status import Status
+from ..core.untrusted import load_json
 from ..devtools.bootstrap_server import BootstrapServer
+from ..protocols.http import DEFAULT_MAX_ANSWER_BYTES, HttpTransport
 from .health import start_health_server
 
 __all__ = ["main"]
@@ -280,45 +280,76 @@ def _cmd_register(args: argparse.Namespace) -> int:
     return 0
 
 
+def _health_check(document: object) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The document and its registration check, or ValueError: whatever the agent (or whatever
+    answers in its place) sent, only a health document of the expected shape is read."""
+    checks = document.get("checks") if isinstance(document, dict) else None
+    entries = checks.get("registration:state") if isinstance(checks, dict) else None
+    check = entries[0] if isinstance(entries, list) and entries else None
+    if not isinstance(document, dict) or not isinstance(check, dict):
+        raise ValueError("no registration:state check")
+    return document, check
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     url = args.health_url.rstrip("/")
+    shown = clean(redact_url(url), 200)
     try:
         parts = urlsplit(url)
     except ValueError:
-        raise UsageError(f"--health-url {redact_url(url)!r} is not a valid URL") from None
+        raise UsageError(f"--health-url {shown!r} is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--health-url must be an http(s) URL, got {redact_url(url)!r}")
-    if parts.path in ("", "/"):
-        url = f"{url}/health"
+        raise UsageError(f"--health-url must be an http(s) URL, got {shown!r}")
+    path = parts.path if parts.path not in ("", "/") else "/health"
+    # The agent's answer within --timeout in all (not per read) and read up to a cap, like
+    # every request registrar sends.
+    transport = HttpTransport(f"{parts.scheme}://{parts.netloc}", timeout=args.timeout, verify=True)
     try:
-        answer = requests.get(url, timeout=args.timeout)
-        document = answer.json()
-        check = document["checks"]["registration:state"][0]
-    except requests.RequestException as exc:
+        result = transport.send("GET", path, limit=DEFAULT_MAX_ANSWER_BYTES)
+    finally:
+        transport.close()
+    shown = clean(redact_url(f"{parts.scheme}://{parts.netloc}{path}"), 200)
+    if result.error is not None:
         print(
-            f"registrar: cannot reach {redact_url(url)}: {describe_exception(exc)}", file=sys.stderr
+            f"registrar: cannot reach {shown}: {transport.describe_error(result.error)}",
+            file=sys.stderr,
         )
         return 2
-    except (ValueError, KeyError, IndexError, TypeError):
-        print(f"registrar: {redact_url(url)} is not a registrar health endpoint", file=sys.stderr)
+    try:
+        if not result.complete:
+            raise ValueError("answer too large")
+        document, check = _health_check(load_json(result.text))
+    except ValueError:
+        print(f"registrar: {shown} is not a registrar health endpoint", file=sys.stderr)
         return 2
+
+    def field(source: dict[str, Any], name: str, default: str = "") -> str:
+        # The agent's text, escaped and capped: a health document is no licence to draw on
+        # the terminal.
+        value = source.get(name)
+        return clean(value, 200) if value not in (None, "") else default
+
     state = check.get("observedValue")
-    print(f"registration: {state} ({document.get('status')}) since {check.get('time')}")
-    print(f"bootstrap:    {check.get('url')}")
     print(
-        f"route:        {check.get('route') or 'not checked yet'}"
-        f" (last check {check.get('lastCheck') or 'never'},"
-        f" server reachable: {check.get('serverReachable')})"
+        f"registration: {field(check, 'observedValue')} ({field(document, 'status')})"
+        f" since {field(check, 'time')}"
+    )
+    print(f"bootstrap:    {field(check, 'url')}")
+    print(
+        f"route:        {field(check, 'route', 'not checked yet')}"
+        f" (last check {field(check, 'lastCheck', 'never')},"
+        f" server reachable: {field(check, 'serverReachable')})"
     )
     print(
-        f"attempts:     {check.get('attemptsTotal')} sent, "
-        f"{check.get('registrations')} accepted, {check.get('reregistrations')} re-registrations"
+        f"attempts:     {field(check, 'attemptsTotal')} sent, "
+        f"{field(check, 'registrations')} accepted, "
+        f"{field(check, 'reregistrations')} re-registrations"
     )
-    print(f"last success: {check.get('lastSuccess') or 'never'}")
+    print(f"last success: {field(check, 'lastSuccess', 'never')}")
     if check.get("nextAttempt"):
-        print(f"next attempt: {check['nextAttempt']}")
+        print(f"next attempt: {field(check, 'nextAttempt')}")
     if check.get("output"):
-        print(f"last error:   {check['output']}")
+        print(f"last error:   {field(check, 'output')}")
     return 0 if state == State.REGISTERED.value else 1
 
 
