@@ -14,6 +14,7 @@ import requests
 from prometheus_client import CollectorRegistry
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, sglang_payload, wait_until
 
+import registrar
 from registrar import Backoff, Registrar, State
 from registrar.core.status import Status
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -46,8 +47,8 @@ def get(url: str) -> requests.Response:
     ("state", "verdict", "code"),
     [
         (State.REGISTERED, "pass", 200),
-        (State.UNREGISTERED, "warn", 200),
-        (State.REGISTERING, "warn", 200),
+        (State.UNREGISTERED, "fail", 503),
+        (State.REGISTERING, "fail", 503),
         (State.FAILED, "fail", 503),
         (State.STOPPED, "fail", 503),
     ],
@@ -60,9 +61,13 @@ def test_render_every_state(state: State, verdict: str, code: int) -> None:
     assert (got_code, document["status"]) == (code, verdict)
     check = document["checks"]["registration:state"][0]
     assert check["observedValue"] == state.value
+    assert check["observedUnit"] == "state"
     assert check["attemptsTotal"] == 3
-    assert check["output"] == "boom"
+    assert ("output" in check) is (verdict != "pass")
     assert ("output" in document) is (verdict != "pass")
+    # The levels agree: the top is the worst of the checks shown.
+    shown = [entry[0]["status"] for entry in document["checks"].values()]
+    assert document["status"] == max(shown, key=["pass", "warn", "fail"].index)
 
 
 def endpoints(url: str) -> dict[str, int]:
@@ -73,11 +78,11 @@ def test_each_state_over_http(registrars: list) -> None:
     # unregistered
     reg = scripted(registrars, [accepted()])
     with start_health_server(reg, metrics=False) as health:
-        assert endpoints(health.url) == {"/health": 200, "/readyz": 503, "/livez": 200}
+        assert endpoints(health.url) == {"/health": 503, "/readyz": 503, "/livez": 200}
         answer = get(f"{health.url}/health")
         assert answer.headers["Content-Type"] == "application/health+json"
         assert answer.headers["Cache-Control"] == "no-store"
-        assert answer.json()["status"] == "warn"
+        assert answer.json()["status"] == "fail"  # not ready is fail
         # registered
         reg.start()
         assert reg.wait_for(State.REGISTERED, timeout=5)
@@ -104,8 +109,9 @@ def test_registering_and_failed_states_over_http(registrars: list) -> None:
         start_health_server(given_up, metrics=False) as b,
         start_health_server(retrying, metrics=False) as c,
     ):
-        assert endpoints(a.url) == {"/health": 200, "/readyz": 503, "/livez": 200}
-        assert get(f"{a.url}/health").json()["checks"]["registration:state"][0]["nextAttempt"]
+        assert endpoints(a.url) == {"/health": 503, "/readyz": 503, "/livez": 200}
+        check = get(f"{a.url}/health").json()["checks"]["registration:state"][0]
+        assert check["nextAttemptAt"]
         # Given up for good: liveness fails, and says why.
         assert endpoints(b.url) == {"/health": 503, "/readyz": 503, "/livez": 503}
         assert "auth token" in get(f"{b.url}/livez").json()["output"]
@@ -140,6 +146,13 @@ def test_bootstrap_outage_never_fails_liveness(server: BootstrapServer, registra
         server.stop()
         assert wait_until(lambda: reg.status().server_reachable is False)
         assert get(f"{health.url}/livez").status_code == 200
+        # Registered, the server unreachable at the last check: ready, with the reason (warn).
+        ready = get(f"{health.url}/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["status"] == "warn"
+        assert "did not answer" in ready.json()["output"]
+        reachable = ready.json()["checks"]["bootstrap:reachable"][0]
+        assert (reachable["observedValue"], reachable["status"]) == (False, "warn")
         server.forget()
         server.start()
         assert wait_until(lambda: reg.status().registrations == 2)
@@ -154,8 +167,14 @@ def test_payload_hidden_by_default_and_other_requests(registrars: list) -> None:
     ):
         assert "do-not-show" not in get(f"{hidden.url}/health").text
         assert get(f"{shown.url}/health").json()["payload"] == PAYLOAD
-        assert get(f"{hidden.url}/nope").status_code == 404
-        assert requests.post(f"{hidden.url}/health", timeout=5).status_code == 405
+        # Unknown paths and methods are not health documents.
+        missing = get(f"{hidden.url}/nope")
+        assert missing.status_code == 404
+        assert missing.headers["Content-Type"].startswith("text/plain")
+        refused = requests.post(f"{hidden.url}/health", timeout=5)
+        assert refused.status_code == 405
+        assert refused.headers["Content-Type"].startswith("text/plain")
+        assert refused.headers["Allow"] == "GET, HEAD"
         head = requests.head(f"{hidden.url}/readyz", timeout=5)
         assert head.status_code == 503
         assert head.content == b""
@@ -199,8 +218,8 @@ def test_metrics_values(server: BootstrapServer, registrars: list) -> None:
     server.restart()
     assert wait_until(lambda: reg.status().registrations == 2)
     value = registry.get_sample_value
-    assert value("registrar_attempts_total", {"outcome": "retry"}) == 2
-    assert value("registrar_attempts_total", {"outcome": "accepted"}) == 2
+    assert value("registrar_attempts_total", {"result": "retry"}) == 2
+    assert value("registrar_attempts_total", {"result": "accepted"}) == 2
     assert value("registrar_reregistrations_total") == 1
     assert value("registrar_state", {"registrar_state": "registered"}) == 1
     assert value("registrar_state", {"registrar_state": "failed"}) == 0
@@ -208,7 +227,10 @@ def test_metrics_values(server: BootstrapServer, registrars: list) -> None:
         reg.status().last_success_at
     )
     assert value("registrar_request_duration_seconds_count", {"kind": "register"}) == 4
-    assert value("registrar_checks_total", {"route": "missing"}) == 1
+    assert value("registrar_checks_total", {"result": "missing"}) == 1
+    assert value("registrar_server_reachable") == 1
+    assert value("registrar_next_attempt_timestamp_seconds") == 0  # none scheduled
+    assert value("registrar_build_info", {"version": registrar.__version__}) == 1
 
 
 def test_health_server_serves_metrics_when_installed(registrars: list) -> None:
@@ -217,7 +239,7 @@ def test_health_server_serves_metrics_when_installed(registrars: list) -> None:
         reg.start()
         assert reg.wait_for(State.REGISTERED, timeout=5)
         text = get(f"{health.url}/metrics").text
-    assert 'registrar_attempts_total{outcome="accepted"} 1.0' in text
+    assert 'registrar_attempts_total{result="accepted"} 1.0' in text
 
 
 def test_core_never_imports_prometheus() -> None:

@@ -495,6 +495,7 @@ class Registrar:
         changes: dict[str, Any] = {
             "attempts_total": self._status.attempts_total + 1,
             "server_reachable": outcome.reachable,
+            "last_request_at": self._clock.time(),
         }
         if outcome.verdict is not Verdict.ACCEPTED:
             changes["last_error"] = outcome.error
@@ -625,8 +626,10 @@ class Registrar:
             duration = time.monotonic() - started
         if check is None:
             return None
+        now = self._clock.time()
         self._update(
-            last_check_at=self._clock.time(),
+            last_check_at=now,
+            last_request_at=now,
             server_reachable=check.reachable,
             route=check.route.value,
         )

@@ -19,7 +19,7 @@ def iso_utc(timestamp: float | None) -> str | None:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-_TIMESTAMPS = ("since", "last_success_at", "next_attempt_at", "last_check_at")
+_TIMESTAMPS = ("since", "last_success_at", "next_attempt_at", "last_check_at", "last_request_at")
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,14 @@ class Status:
     """What the last route check found: present, conflict, missing, undetermined, unreachable."""
     retrying: bool = False
     """True while attempts are scheduled or in flight (also in FAILED with on_failure="retry")."""
+    last_request_at: float | None = None
+    """When the last request (registration or route check) ended: when `server_reachable` was
+    read."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready mapping of every field."""
+        """A JSON-ready mapping of every field, named as in Python (snake_case). The HTTP
+        documents (`/health`) carry the same fields in camelCase, converted by one rule
+        (`attempts_total` -> `attemptsTotal`): Python names in Python, JSON names on the wire."""
         data = asdict(self)
         data["state"] = self.state.value
         for key in _TIMESTAMPS:

@@ -332,12 +332,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     state = check.get("observedValue")
     print(
         f"registration: {field(check, 'observedValue')} ({field(document, 'status')})"
-        f" since {field(check, 'time')}"
+        f" since {field(check, 'since')}"
     )
     print(f"bootstrap:    {field(check, 'url')}")
     print(
         f"route:        {field(check, 'route', 'not checked yet')}"
-        f" (last check {field(check, 'lastCheck', 'never')},"
+        f" (last check {field(check, 'lastCheckAt', 'never')},"
         f" server reachable: {field(check, 'serverReachable')})"
     )
     print(
@@ -345,11 +345,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         f"{field(check, 'registrations')} accepted, "
         f"{field(check, 'reregistrations')} re-registrations"
     )
-    print(f"last success: {field(check, 'lastSuccess', 'never')}")
-    if check.get("nextAttempt"):
-        print(f"next attempt: {field(check, 'nextAttempt')}")
-    if check.get("output"):
-        print(f"last error:   {field(check, 'output')}")
+    print(f"last success: {field(check, 'lastSuccessAt', 'never')}")
+    if check.get("nextAttemptAt"):
+        print(f"next attempt: {field(check, 'nextAttemptAt')}")
+    if document.get("output"):
+        print(f"problem:      {field(document, 'output')}")
     return 0 if state == State.REGISTERED.value else 1
 
 

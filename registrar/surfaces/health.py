@@ -1,20 +1,29 @@
-"""Health for people and machines: `application/health+json`, a WSGI app, a small server.
+"""Health for people and machines: `application/health+json`, a WSGI app, an ASGI app, a small
+server.
 
 Readiness depends on registration; liveness does not depend on the bootstrap server being
 reachable, or a registry outage would restart the whole fleet. Liveness fails only when the
 registrar has given up for good or its thread died.
+
+The documents follow the draft "Health Check Response Format for HTTP APIs": `pass` and `warn`
+answer 200, `fail` answers 503, and the top-level status is the worst of the checks shown, so
+the levels always agree. The paths follow Kubernetes' conventions: `/readyz` and `/livez`, one
+path per check (`/readyz/registration`), `?exclude=NAME` and `?verbose` (plain text).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .. import __version__
@@ -24,9 +33,17 @@ from .metrics import RegistrarMetrics, metrics_available
 
 __all__ = [
     "HEALTH_CONTENT_TYPE",
+    "LIVENESS_CHECKS",
+    "READINESS_CHECKS",
+    "Answer",
+    "Check",
     "HealthServer",
     "HealthSource",
+    "answer_health",
+    "camel_case",
     "health_app",
+    "health_asgi_app",
+    "health_checks",
     "is_live",
     "render_health",
     "start_health_server",
@@ -35,16 +52,25 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 HEALTH_CONTENT_TYPE = "application/health+json"
+TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[dict[str, Any], ASGIReceive, ASGISend], Awaitable[None]]
 
-_STATUS_OF = {
-    State.REGISTERED: "pass",
-    State.UNREGISTERED: "warn",
-    State.REGISTERING: "warn",
-    State.FAILED: "fail",
-    State.STOPPED: "fail",
+HealthStatus = Literal["pass", "warn", "fail"]
+_SEVERITY: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
+
+READINESS_CHECKS = ("registration", "server", "route")
+"""The checks behind `/readyz`, by their Kubernetes names."""
+LIVENESS_CHECKS = ("thread", "retrying")
+"""The checks behind `/livez`: they fail only when nothing will change by itself."""
+_PROBES: dict[str, tuple[str, ...]] = {
+    "readyz": READINESS_CHECKS,
+    "livez": LIVENESS_CHECKS,
+    "health": READINESS_CHECKS + LIVENESS_CHECKS,
 }
 _REASONS = {
     200: "200 OK",
@@ -66,43 +92,283 @@ class HealthSource(Protocol):
     def payload(self) -> dict[str, Any]: ...
 
 
-def render_health(
-    status: Status, *, payload: dict[str, Any] | None = None
-) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the health+json document for `status`: pass when registered, warn
-    while registering, fail when failed or stopped (fail answers 503)."""
-    verdict = _STATUS_OF[status.state]
-    check: dict[str, Any] = {
-        "componentType": "component",
-        "observedValue": status.state.value,
-        "status": verdict,
-        "time": iso_utc(status.since),
-        "attempt": status.attempt,
-        "attemptsTotal": status.attempts_total,
-        "registrations": status.registrations,
-        "reregistrations": status.reregistrations,
-        "lastSuccess": iso_utc(status.last_success_at),
-        "nextAttempt": iso_utc(status.next_attempt_at),
-        "retrying": status.retrying,
-        "serverReachable": status.server_reachable,
-        "lastCheck": iso_utc(status.last_check_at),
-        "route": status.route,
-        "url": status.url,
+@dataclass(frozen=True)
+class Check:
+    """One named check. `name` is its Kubernetes name (`/readyz/<name>`, `?exclude=<name>`),
+    `key` its health+json key (`component:measurement`), `entry` its health+json object."""
+
+    name: str
+    key: str
+    status: HealthStatus
+    reason: str | None
+    entry: dict[str, Any]
+
+
+def camel_case(name: str) -> str:
+    """`attempts_total` -> `attemptsTotal`: the one rule from Python names to JSON names."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _check(
+    name: str,
+    key: str,
+    verdict: HealthStatus,
+    reason: str | None,
+    *,
+    component_type: str,
+    value: Any,
+    unit: str,
+    taken_at: float | None,
+    component_id: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Check:
+    entry: dict[str, Any] = {}
+    if component_id is not None:
+        entry["componentId"] = component_id
+    entry.update(
+        componentType=component_type,
+        observedValue=value,
+        observedUnit=unit,
+        status=verdict,
+        time=iso_utc(taken_at),
+    )
+    if reason is not None and verdict != "pass":
+        entry["output"] = reason
+    entry.update(extra or {})
+    return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
+
+
+def health_checks(
+    status: Status, *, thread_died: bool = False, now: float | None = None
+) -> dict[str, Check]:
+    """Every check, by name, read from one status snapshot taken at `now` (default: the
+    current time)."""
+    taken = time.time() if now is None else now
+    state = status.state
+    registered = state is State.REGISTERED
+    fields = {
+        camel_case(k): v for k, v in status.to_dict().items() if k not in ("state", "last_error")
     }
-    if status.last_error:
-        check["output"] = status.last_error
+    if registered:
+        reason = None
+    elif state is State.FAILED:
+        reason = status.last_error or "registration failed"
+    elif state is State.STOPPED:
+        reason = "the registrar was stopped"
+    elif state is State.UNREGISTERED:
+        reason = "not started"
+    else:
+        reason = status.last_error or "registering"
+    registration = _check(
+        "registration",
+        "registration:state",
+        "pass" if registered else "fail",
+        reason,
+        component_type="component",
+        component_id=status.url,
+        value=state.value,
+        unit="state",
+        taken_at=taken,
+        extra=fields,
+    )
+    reachable = status.server_reachable
+    server = _check(
+        "server",
+        "bootstrap:reachable",
+        "warn" if reachable is False else "pass",
+        "the bootstrap server did not answer the last request",
+        component_type="system",
+        component_id=status.url,
+        value=reachable,
+        unit="boolean",
+        taken_at=status.last_request_at,
+    )
+    found = status.route
+    route_reason = {
+        "conflict": "another registration holds this rank's route",
+        "missing": "the server has forgotten this route",
+        "unreachable": "the route could not be checked",
+    }.get(found or "")
+    route = _check(
+        "route",
+        "route:check",
+        "warn" if route_reason else "pass",
+        route_reason,
+        component_type="component",
+        component_id=status.url,
+        value=found,
+        unit="finding",
+        taken_at=status.last_check_at,
+    )
+    thread = _check(
+        "thread",
+        "registrar:thread",
+        "fail" if thread_died else "pass",
+        f"the registrar's thread died: {status.last_error}" if thread_died else None,
+        component_type="component",
+        value=not thread_died,
+        unit="boolean",
+        taken_at=taken,
+    )
+    gave_up = state is State.FAILED and not status.retrying
+    retrying = _check(
+        "retrying",
+        "registration:retrying",
+        "fail" if gave_up else "pass",
+        f"gave up for good: {status.last_error or 'no attempt is scheduled'}",
+        component_type="component",
+        value=status.retrying,
+        unit="boolean",
+        taken_at=taken,
+    )
+    return {c.name: c for c in (registration, server, route, thread, retrying)}
+
+
+def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
+    """The top-level status of a set of checks: the most severe one (pass when empty)."""
+    result: HealthStatus = "pass"
+    for verdict in verdicts:
+        if _SEVERITY[verdict] > _SEVERITY[result]:
+            result = verdict
+    return result
+
+
+def default_service_id(payload: Mapping[str, Any] | None) -> str:
+    """What this health document is about: the rank's address from the payload
+    (`rank_ip:rank_port`), else this host and process."""
+    if payload and payload.get("rank_ip") and payload.get("rank_port") is not None:
+        host = str(payload["rank_ip"])
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{payload['rank_port']}"
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def render_health(
+    status: Status,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    thread_died: bool = False,
+    probe: Literal["health", "readyz", "livez"] = "health",
+    only: str | None = None,
+    exclude: Sequence[str] = (),
+    service_id: str | None = None,
+    now: float | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the health+json document of `probe` (or of its one check `only`),
+    leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
+    every = health_checks(status, thread_died=thread_died, now=now)
+    names = [only] if only is not None else list(_PROBES[probe])
+    shown = [every[n] for n in names if n not in exclude]
+    verdict = worst(c.status for c in shown)
     document: dict[str, Any] = {
         "status": verdict,
         "releaseId": __version__,
-        "serviceId": "registrar",
-        "description": "registration with the bootstrap server",
-        "checks": {"registration:state": [check]},
+        "serviceId": service_id or default_service_id(payload),
+        "description": f"registration with the bootstrap server at {status.url}",
     }
-    if status.last_error and verdict != "pass":
-        document["output"] = status.last_error
+    if verdict != "pass":
+        document["output"] = "; ".join(c.reason for c in shown if c.reason)
+    document["checks"] = {c.key: [c.entry] for c in shown}
     if payload is not None:
-        document["payload"] = payload
+        document["payload"] = dict(payload)
     return (503 if verdict == "fail" else 200), document
+
+
+def verbose_text(
+    checks: Sequence[Check], excluded: Sequence[str], unknown: Sequence[str], probe: str
+) -> tuple[int, str]:
+    """Kubernetes' `?verbose` output: one `[+]name ok` or `[-]name failed: reason` line per
+    check (a warning shows as `[+]name warn: reason`), then the verdict."""
+    lines = []
+    for check in checks:
+        if check.status == "pass":
+            lines.append(f"[+]{check.name} ok")
+        elif check.status == "warn":
+            lines.append(f"[+]{check.name} warn: {check.reason}")
+        else:
+            lines.append(f"[-]{check.name} failed: {check.reason}")
+    lines.extend(f"[+]{name} excluded: ok" for name in excluded)
+    if unknown:
+        listed = ", ".join(repr(n) for n in unknown)
+        lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
+    failed = any(c.status == "fail" for c in checks)
+    lines.append(f"{probe} check {'failed' if failed else 'passed'}")
+    return (503 if failed else 200), "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP answer, independent of WSGI or ASGI."""
+
+    code: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+def _text(code: int, text: str, *extra: tuple[str, str]) -> Answer:
+    body = text.encode()
+    headers = (
+        ("Content-Type", TEXT_CONTENT_TYPE),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+        *extra,
+    )
+    return Answer(code, headers, body)
+
+
+def answer_health(
+    source: HealthSource,
+    method: str,
+    path: str,
+    query: str,
+    *,
+    expose_payload: bool = False,
+    service_id: str | None = None,
+) -> Answer | None:
+    """The answer to one request, or None for `/metrics` (served by the caller). Unknown paths
+    and methods answer plain text, not health documents."""
+    path = path or "/"
+    if path == "/metrics":
+        return None if method in ("GET", "HEAD") else _not_allowed()
+    probe, _, only = path.lstrip("/").partition("/")
+    if probe not in _PROBES or (only and only not in _PROBES[probe]) or path.endswith("/"):
+        return _text(404, f"404 not found: {path}; try /readyz, /livez or /health\n")
+    if method not in ("GET", "HEAD"):
+        return _not_allowed()
+    params = parse_qs(query, keep_blank_values=True)
+    exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
+    status = source.status()
+    thread_died = source.thread_died
+    if "verbose" in params:
+        every = health_checks(status, thread_died=thread_died)
+        names = [only] if only else list(_PROBES[probe])
+        shown = [every[n] for n in names if n not in exclude]
+        excluded = [n for n in names if n in exclude]
+        unknown = [n for n in exclude if n not in every]
+        code, text = verbose_text(shown, excluded, unknown, probe)
+        return _text(code, text)
+    payload = source.payload
+    code, document = render_health(
+        status,
+        payload=payload if expose_payload else None,
+        thread_died=thread_died,
+        probe=probe,  # type: ignore[arg-type]
+        only=only or None,
+        exclude=exclude,
+        service_id=service_id or default_service_id(payload),
+    )
+    body = json.dumps(document, indent=2).encode() + b"\n"
+    headers = (
+        ("Content-Type", HEALTH_CONTENT_TYPE),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+    )
+    return Answer(code, headers, body)
+
+
+def _not_allowed() -> Answer:
+    return _text(405, "405 method not allowed: use GET or HEAD\n", ("Allow", "GET, HEAD"))
 
 
 def is_live(status: Status, thread_died: bool) -> bool:
@@ -118,83 +384,106 @@ def health_app(
     *,
     metrics: RegistrarMetrics | None = None,
     expose_payload: bool = False,
+    service_id: str | None = None,
 ) -> WSGIApp:
-    """A WSGI app serving `GET /health`, `/readyz`, `/livez` (and `/metrics` with `metrics`).
-    Mount it in any WSGI server, or under Flask/FastAPI (see docs/operations.md)."""
+    """A WSGI app serving `/health`, `/readyz`, `/livez`, one path per check, and `/metrics`
+    with `metrics`. Mount it in any WSGI server or under Flask (see docs/operations.md)."""
+    metrics_app = metrics.wsgi_app() if metrics is not None else None
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
-        path = environ.get("PATH_INFO", "") or "/"
-        if path not in ("/health", "/readyz", "/livez", "/metrics"):
-            return _reply(start_response, method, 404, {"status": "fail", "output": "not found"})
-        if method not in ("GET", "HEAD"):
-            return _reply(
-                start_response,
-                method,
-                405,
-                {"status": "fail", "output": "use GET"},
-                extra=[("Allow", "GET, HEAD")],
-            )
-        if path == "/metrics":
-            if metrics is None:
-                return _reply(
-                    start_response,
-                    method,
-                    404,
-                    {
-                        "status": "fail",
-                        "output": "metrics need the extra: pip install 'registrar[metrics]'",
-                    },
-                )
-            body, content_type = metrics.exposition()
-            return _send(start_response, method, 200, body, content_type)
-        status = registrar.status()
-        payload = registrar.payload if expose_payload else None
-        code, document = render_health(status, payload=payload)
-        if path == "/readyz":
-            code = 200 if status.state is State.REGISTERED else 503
-        elif path == "/livez":
-            live = is_live(status, registrar.thread_died)
-            code = 200 if live else 503
-            document = {
-                "status": "pass" if live else "fail",
-                "output": None if live else (status.last_error or "registrar thread died"),
-                "checks": document["checks"],
-            }
-            if live:
-                del document["output"]
-        return _reply(start_response, method, code, document)
+        answer = answer_health(
+            registrar,
+            method,
+            environ.get("PATH_INFO", ""),
+            environ.get("QUERY_STRING", ""),
+            expose_payload=expose_payload,
+            service_id=service_id,
+        )
+        if answer is None:
+            if metrics_app is None:
+                answer = _no_metrics()
+            else:
+                # prometheus-client answers GET only; HEAD is the same answer without a body.
+                body = metrics_app({**environ, "REQUEST_METHOD": "GET"}, start_response)
+                return [] if method == "HEAD" else body
+        start_response(_REASONS.get(answer.code, f"{answer.code} Status"), list(answer.headers))
+        return [] if method == "HEAD" else [answer.body]
 
     return app
 
 
-def _reply(
-    start_response: StartResponse,
-    method: str,
-    code: int,
-    document: dict[str, Any],
-    extra: list[tuple[str, str]] | None = None,
-) -> Iterable[bytes]:
-    body = json.dumps(document, indent=2).encode() + b"\n"
-    return _send(start_response, method, code, body, HEALTH_CONTENT_TYPE, extra)
+def _no_metrics() -> Answer:
+    return _text(404, "404 not found: /metrics needs the extra: pip install 'registrar[metrics]'\n")
 
 
-def _send(
-    start_response: StartResponse,
-    method: str,
-    code: int,
-    body: bytes,
-    content_type: str,
-    extra: list[tuple[str, str]] | None = None,
-) -> Iterable[bytes]:
-    headers = [
-        ("Content-Type", content_type),
-        ("Content-Length", str(len(body))),
-        ("Cache-Control", "no-store"),
-        *(extra or []),
-    ]
-    start_response(_REASONS.get(code, f"{code} Status"), headers)
-    return [] if method == "HEAD" else [body]
+def health_asgi_app(
+    registrar: HealthSource,
+    *,
+    metrics: RegistrarMetrics | None = None,
+    expose_payload: bool = False,
+    service_id: str | None = None,
+) -> ASGIApp:
+    """The same endpoints as an ASGI app, with no framework: run it under any ASGI server, or
+    mount it into FastAPI/Starlette (`app.mount("/registrar", health_asgi_app(reg))`). Reading
+    the status never blocks, so it is safe on the event loop."""
+    metrics_app = metrics.asgi_app() if metrics is not None else None
+
+    async def app(scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            raise ValueError(f"the health app serves HTTP only, not {scope['type']!r}")
+        path: str = scope.get("path", "/")
+        root: str = scope.get("root_path", "")
+        # Mounted under a prefix, the path still carries it (ASGI): strip it.
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        method: str = scope.get("method", "GET")
+        query = scope.get("query_string", b"").decode("latin-1")
+        answer = answer_health(
+            registrar, method, path, query, expose_payload=expose_payload, service_id=service_id
+        )
+        if answer is None:
+            if metrics_app is None:
+                answer = _no_metrics()
+            else:
+                await metrics_app({**scope, "method": "GET"}, receive, _drop_body(send, method))
+                return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": answer.code,
+                "headers": [(k.lower().encode(), v.encode()) for k, v in answer.headers],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else answer.body})
+
+    return app
+
+
+def _drop_body(send: ASGISend, method: str) -> ASGISend:
+    if method != "HEAD":
+        return send
+
+    async def without_body(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return without_body
+
+
+async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:
+    """Nothing to set up or tear down: acknowledge the server's lifespan events."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 class _QuietHandler(WSGIRequestHandler):

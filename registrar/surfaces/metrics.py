@@ -1,14 +1,25 @@
 """Prometheus metrics, behind the `registrar[metrics]` extra.
 
-The core never imports prometheus-client: this module is imported only when metrics are asked
-for, and `metrics_available()` says whether the extra is installed.
+The core never imports prometheus-client: this module imports it only when metrics are asked
+for, and `metrics_available()` says whether the extra is installed. Exposition is
+prometheus-client's own (`wsgi_app()`, `asgi_app()`): content negotiation, OpenMetrics, gzip.
+
+Several registrars may share one registry (SGLang runs several ranks per host): each passes
+constant `labels` (say `{"rank": "0", "role": "prefill"}`) and they share one set of metric
+families, as prometheus-client allows one collector per metric name and registry.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
+import threading
+import weakref
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import __version__
+from ..core.errors import ConfigError
 from ..core.machine import State
 from ..core.status import Status
 
@@ -17,80 +28,209 @@ if TYPE_CHECKING:
 
 __all__ = ["RegistrarMetrics", "metrics_available"]
 
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_RESERVED = frozenset({"result", "kind", "version"})
+
 
 def metrics_available() -> bool:
     """Whether prometheus-client is installed."""
     return importlib.util.find_spec("prometheus_client") is not None
 
 
-class RegistrarMetrics:
-    """Metrics of one registrar on `registry` (a new `CollectorRegistry` when None):
+def _prometheus() -> Any:
+    try:
+        # Imported here so that the core never needs the extra.
+        import prometheus_client  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError(
+            "metrics need prometheus-client: pip install 'registrar[metrics]'"
+        ) from exc
+    return prometheus_client
 
-    - `registrar_state` (Enum): the current state;
-    - `registrar_attempts_total{outcome}`: registration requests by verdict;
-    - `registrar_checks_total{route}`: route checks by finding;
-    - `registrar_reregistrations_total`: routes found missing and registered again;
-    - `registrar_last_success_timestamp_seconds`: the last accepted registration;
-    - `registrar_request_duration_seconds{kind}`: request latency (register, check).
-    """
 
-    def __init__(self, registry: Any = None, namespace: str = "registrar") -> None:
-        try:
-            # Imported here so that the core never needs the extra.
-            import prometheus_client as prom  # noqa: PLC0415
-        except ImportError as exc:
-            raise ImportError(
-                "metrics need prometheus-client: pip install 'registrar[metrics]'"
-            ) from exc
-        self._prom = prom
-        self.registry = registry if registry is not None else prom.CollectorRegistry()
-        kw: dict[str, Any] = {"namespace": namespace, "registry": self.registry}
-        self.state = prom.Enum("state", "Registration state", states=[s.value for s in State], **kw)
-        self.attempts = prom.Counter(
-            "attempts", "Registration requests by outcome", ["outcome"], **kw
+class _Families:
+    """The metric families of one (registry, namespace), shared by every registrar on it."""
+
+    def __init__(self, prom: Any, registry: Any, namespace: str, labels: tuple[str, ...]) -> None:
+        self.labels = labels
+        # Weak: the registrar's listeners keep its metrics alive, and nothing else must.
+        self.members: weakref.WeakValueDictionary[tuple[str, ...], RegistrarMetrics] = (
+            weakref.WeakValueDictionary()
         )
-        self.checks = prom.Counter("checks", "Route checks by finding", ["route"], **kw)
+        kw: dict[str, Any] = {"namespace": namespace, "registry": registry}
+        names = list(labels)
+        self.build_info = prom.Info("build", "The registrar library's version", **kw)
+        self.build_info.info({"version": __version__})
+        self.state = prom.Enum(
+            "state", "Registration state", names, states=[s.value for s in State], **kw
+        )
+        self.attempts = prom.Counter(
+            "attempts", "Registration requests by result", [*names, "result"], **kw
+        )
+        self.checks = prom.Counter(
+            "checks", "Route checks by result (what the check found)", [*names, "result"], **kw
+        )
         self.reregistrations = prom.Counter(
-            "reregistrations", "Routes found missing and registered again", **kw
+            "reregistrations", "Routes found missing and registered again", names, **kw
+        )
+        self.server_reachable = prom.Gauge(
+            "server_reachable",
+            "1 when the bootstrap server answered the last request, 0 otherwise",
+            names,
+            **kw,
         )
         self.last_success = prom.Gauge(
-            "last_success_timestamp_seconds", "When the last registration was accepted", **kw
+            "last_success_timestamp_seconds", "When the last registration was accepted", names, **kw
+        )
+        self.next_attempt = prom.Gauge(
+            "next_attempt_timestamp_seconds",
+            "When the next registration attempt is due (0: none scheduled)",
+            names,
+            **kw,
         )
         self.duration = prom.Histogram(
             "request_duration_seconds",
-            "Request latency",
-            ["kind"],
+            "Request latency by kind (register, check)",
+            [*names, "kind"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             **kw,
         )
-        for outcome in ("accepted", "retry", "fatal"):
-            self.attempts.labels(outcome)
-        self.state.state(State.UNREGISTERED.value)
+
+
+def _reachable(status: Status) -> float:
+    return 1.0 if status.server_reachable else 0.0
+
+
+def _last_success(status: Status) -> float:
+    return status.last_success_at or 0.0
+
+
+def _next_attempt(status: Status) -> float:
+    return status.next_attempt_at or 0.0
+
+
+def _reader(
+    metrics: weakref.ReferenceType[RegistrarMetrics], read: Callable[[Status], float]
+) -> Callable[[], float]:
+    """A gauge function reading the followed registrar's status at scrape time (0 without)."""
+
+    def value() -> float:
+        owner = metrics()
+        status = owner.current_status() if owner is not None else None
+        return read(status) if status is not None else 0.0
+
+    return value
+
+
+_FAMILIES: weakref.WeakKeyDictionary[Any, dict[str, _Families]] = weakref.WeakKeyDictionary()
+_FAMILIES_LOCK = threading.Lock()
+
+
+class RegistrarMetrics:
+    """Metrics of one registrar on `registry` (a new `CollectorRegistry` when None), its series
+    told apart from other registrars' on the same registry by the constant `labels`:
+
+    - `registrar_build_info{version}`: 1, with the library's version;
+    - `registrar_state` (enum): the current state;
+    - `registrar_attempts_total{result}`: registration requests: accepted, retry, fatal;
+    - `registrar_checks_total{result}`: route checks by finding;
+    - `registrar_reregistrations_total`: routes found missing and registered again;
+    - `registrar_server_reachable`: 1 when the server answered the last request;
+    - `registrar_last_success_timestamp_seconds`, `registrar_next_attempt_timestamp_seconds`;
+    - `registrar_request_duration_seconds{kind}`: request latency (register, check).
+    """
+
+    def __init__(
+        self,
+        registry: Any = None,
+        namespace: str = "registrar",
+        *,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        prom = _prometheus()
+        self._prom = prom
+        self.registry = registry if registry is not None else prom.CollectorRegistry()
+        constant = dict(labels or {})
+        for name, value in constant.items():
+            if not isinstance(name, str) or not _LABEL.match(name) or name.startswith("__"):
+                raise ConfigError(f"metrics label name {name!r} is not a Prometheus label name")
+            if name in _RESERVED or name == f"{namespace}_state":
+                raise ConfigError(f"metrics label name {name!r} is used by registrar; pick another")
+            if not isinstance(value, str):
+                raise ConfigError(f"metrics label {name}={value!r} must be a string")
+        self.labels: dict[str, str] = constant
+        self._registrar: weakref.ReferenceType[Registrar] | None = None
+        names = tuple(sorted(constant))
+        self._values = tuple(constant[n] for n in names)
+        with _FAMILIES_LOCK:
+            per_registry = _FAMILIES.setdefault(self.registry, {})
+            families = per_registry.get(namespace)
+            if families is None:
+                families = per_registry[namespace] = _Families(
+                    prom, self.registry, namespace, names
+                )
+            elif families.labels != names:
+                raise ConfigError(
+                    f"every registrar on this registry must use the labels {list(families.labels)}"
+                    f" (these metrics already use them), got {list(names)}"
+                )
+            holder = families.members.get(self._values)
+            if holder is not None and holder.in_use():
+                shown = ", ".join(f"{k}={v!r}" for k, v in constant.items()) or "no labels"
+                raise ConfigError(
+                    f"another registrar's metrics on this registry already use {shown}; "
+                    "give each registrar distinct labels, e.g. labels={'rank': '0'}"
+                )
+            families.members[self._values] = self
+        self._families = families
+        for result in ("accepted", "retry", "fatal"):
+            families.attempts.labels(*self._values, result)
+        self._own(families.reregistrations)
+        self._own(families.state).state(State.UNREGISTERED.value)
+        # Read at scrape time, so they are current however the status changed. The functions
+        # hold these metrics weakly, or the registry would keep them (and the labels) for ever.
+        me = weakref.ref(self)
+        self._own(families.server_reachable).set_function(_reader(me, _reachable))
+        self._own(families.last_success).set_function(_reader(me, _last_success))
+        self._own(families.next_attempt).set_function(_reader(me, _next_attempt))
+
+    def in_use(self) -> bool:
+        """Whether these labels still belong to a live registrar (or one not attached yet)."""
+        return self._registrar is None or self._registrar() is not None
+
+    def _own(self, metric: Any) -> Any:
+        """This registrar's child of `metric` (the metric itself when there are no labels)."""
+        return metric.labels(*self._values) if self._values else metric
+
+    def current_status(self) -> Status | None:
+        """The followed registrar's status, or None (not attached, or gone)."""
+        registrar = self._registrar() if self._registrar is not None else None
+        return registrar.status() if registrar is not None else None
 
     def attach(self, registrar: Registrar) -> RegistrarMetrics:
-        """Follow `registrar` from now on (its current status included)."""
-        self._on_status(registrar.status())
+        """Follow `registrar` from now on (its current status included). The metrics hold it
+        weakly: they never keep a registrar alive."""
+        self._registrar = weakref.ref(registrar)
+        self._own(self._families.state).state(registrar.status().state.value)
         registrar.add_listener(self._on_transition)
         registrar.add_request_listener(self._on_request)
         return self
 
-    def _on_status(self, status: Status) -> None:
-        self.state.state(status.state.value)
-        if status.last_success_at is not None:
-            self.last_success.set(status.last_success_at)
-
     def _on_transition(self, old: State, new: State, status: Status) -> None:
-        self._on_status(status)
+        self._own(self._families.state).state(new.value)
         if old is State.REGISTERED and new is State.REGISTERING:
-            self.reregistrations.inc()
+            self._own(self._families.reregistrations).inc()
 
     def _on_request(self, event: RequestEvent) -> None:
-        if event.kind == "register":
-            self.attempts.labels(event.result).inc()
-        else:
-            self.checks.labels(event.result).inc()
-        self.duration.labels(event.kind).observe(event.duration)
+        f = self._families
+        counter = f.attempts if event.kind == "register" else f.checks
+        counter.labels(*self._values, event.result).inc()
+        f.duration.labels(*self._values, event.kind).observe(event.duration)
 
-    def exposition(self) -> tuple[bytes, str]:
-        """The text exposition of the registry and its content type."""
-        return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST
+    def wsgi_app(self) -> Any:
+        """prometheus-client's WSGI exposition of the registry."""
+        return self._prom.make_wsgi_app(self.registry)
+
+    def asgi_app(self) -> Any:
+        """prometheus-client's ASGI exposition of the registry."""
+        return self._prom.make_asgi_app(self.registry)
