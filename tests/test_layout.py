@@ -151,6 +151,7 @@ def test_env_table_reads_every_variable() -> None:
     env = {
         "REGISTRAR_ON_FAILURE": "exit",
         "REGISTRAR_MAX_ATTEMPTS": "unlimited",
+        "REGISTRAR_MAX_ELAPSED": "60",
         "REGISTRAR_WATCH_INTERVAL": "off",
         "REGISTRAR_TIMEOUT": "1,4",
         "REGISTRAR_VERIFY": "false",
@@ -166,6 +167,7 @@ def test_env_table_reads_every_variable() -> None:
     assert options == {
         "on_failure": "exit",
         "max_attempts": None,
+        "max_elapsed": 60.0,
         "watch_interval": None,
         "timeout": (1.0, 4.0),
         "verify": False,

@@ -134,6 +134,7 @@ class Registrar:
         *,
         backoff: Backoff = DEFAULT_BACKOFF,
         max_attempts: int | None = 5,
+        max_elapsed: float | None = None,
         on_failure: OnFailure = "retry",
         watch_interval: float | None = DEFAULT_WATCH_INTERVAL,
         timeout: float | tuple[float, float] = 5.0,
@@ -159,6 +160,7 @@ class Registrar:
                 f"on_failure must be 'retry', 'stop', 'exit' or a callable, got {on_failure!r}"
             )
         self._watch_interval = _check_positive("watch_interval", watch_interval, allow_none=True)
+        self._max_elapsed = _check_positive("max_elapsed", max_elapsed, allow_none=True)
         timeout = validate_timeout(timeout)
         if token is not None and (not isinstance(token, str) or "\n" in token or "\r" in token):
             raise ConfigError("token must be a single-line string")
@@ -435,6 +437,7 @@ class Registrar:
     def _register(self, first_delay: float) -> bool:
         """Attempt until accepted (True) or until stopping or giving up for good (False)."""
         startup = not self._ever_registered
+        started = self._clock.monotonic()
         streak = 0
         delay = first_delay
         while True:
@@ -460,9 +463,11 @@ class Registrar:
             delay = retry_delay(self._backoff, streak, self._rng(), outcome.retry_after)
             spent = (
                 startup
-                and self._max_attempts is not None
-                and streak == self._max_attempts
                 and self._status.state is State.REGISTERING
+                and (
+                    (self._max_attempts is not None and streak == self._max_attempts)
+                    or self._out_of_time(started, delay)
+                )
             )
             if spent:
                 if not self._spend_budget(streak, outcome, delay):
@@ -475,6 +480,13 @@ class Registrar:
                 outcome.error,
                 delay,
             )
+
+    def _out_of_time(self, started: float, delay: float) -> bool:
+        """Whether the next attempt would start past `max_elapsed`: the budget is spent now
+        rather than after a wait that can only end over it."""
+        if self._max_elapsed is None:
+            return False
+        return self._clock.monotonic() - started + delay > self._max_elapsed
 
     def _attempt_label(self, number: int) -> str:
         if self._max_attempts is None:

@@ -120,6 +120,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "startup attempts before on_failure applies (unlimited: never)",
     ),
     EnvVar(
+        "MAX_ELAPSED",
+        "max_elapsed",
+        _seconds_or_off,
+        "60",
+        "startup time budget in seconds before on_failure applies (off: none)",
+    ),
+    EnvVar(
         "WATCH_INTERVAL",
         "watch_interval",
         _seconds_or_off,
