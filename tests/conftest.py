@@ -1,12 +1,41 @@
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
 from _pytest.terminal import TerminalReporter
 from support import FakeClock
 
+from registrar.core.registrar import UNEXPECTED
 from registrar.devtools.bootstrap_server import BootstrapServer
+
+
+class _Unexpected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, UNEXPECTED, False):
+            self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def _no_unexpected_transport_errors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The loop turns an exception a transport raises into a failed attempt, so production
+    keeps running; a test must not keep running past one: it fails here unless it is marked
+    `unexpected_errors` (it makes a transport raise on purpose)."""
+    handler = _Unexpected()
+    logger = logging.getLogger("registrar")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if handler.records and request.node.get_closest_marker("unexpected_errors") is None:
+        first = handler.records[0]
+        pytest.fail(f"a transport raised: {first.getMessage()}\n{first.exc_text or ''}")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registrar import Backoff, ConfigError
+from registrar import DEFAULT_BACKOFF, Backoff, ConfigError
 from registrar.core.backoff import first_watch_delay, rejoin_delay, retry_delay, watch_delay
 
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
@@ -90,11 +90,17 @@ def test_delay_always_within_bounds(
     assert delay >= 0
 
 
-def test_retry_delay_honours_retry_after_within_the_cap() -> None:
+def test_retry_delay_honours_retry_after_within_its_own_cap() -> None:
     assert retry_delay(UPSTREAM, 1, 0.0, None) == 0.75
     assert retry_delay(UPSTREAM, 1, 0.0, 10.0) == 10.0
-    assert retry_delay(UPSTREAM, 1, 0.0, 600.0) == 30.0
+    # Its own cap (60 s by default), not the backoff's maximum.
+    assert retry_delay(UPSTREAM, 1, 0.0, 45.0) == 45.0
+    assert retry_delay(DEFAULT_BACKOFF, 1, 0.0, 30.0) == 30.0
+    assert retry_delay(UPSTREAM, 1, 0.0, 365 * 86400.0) == 60.0
+    assert retry_delay(UPSTREAM, 1, 0.0, 600.0, max_retry_after=120.0) == 120.0
+    assert retry_delay(UPSTREAM, 1, 0.0, 600.0, max_retry_after=0.0) == 0.75
     assert retry_delay(UPSTREAM, 3, 0.0, 0.1) == 3.0
+    assert retry_delay(UPSTREAM, 1, 0.0, float("nan")) == 0.75
 
 
 def test_watch_delay_jitter() -> None:

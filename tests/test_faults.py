@@ -124,12 +124,16 @@ def test_retry_after_is_honoured(
     assert second - first >= 0.9
 
 
-def test_retry_after_is_capped_by_the_backoff_maximum(
+def test_retry_after_is_capped_by_max_retry_after(
     server: BootstrapServer, registrars: list
 ) -> None:
     server.fail_next(1, 503, retry_after="3600", method="PUT")
-    reg = start(registrars, server.url, backoff=Backoff(initial=0.05, maximum=0.5))
+    reg = start(
+        registrars, server.url, backoff=Backoff(initial=0.05, maximum=0.1), max_retry_after=1.0
+    )
     registered(reg, 2)
+    first, second = [r.at for r in server.records() if r.method == "PUT"]
+    assert second - first >= 0.9  # past the backoff's maximum, up to the cap
 
 
 def test_html_error_page(server: BootstrapServer, registrars: list) -> None:

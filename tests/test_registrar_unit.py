@@ -174,12 +174,22 @@ def test_fatal_is_not_retried(registrars: list[Registrar], clock: FakeClock) -> 
     assert not reg.status().retrying
 
 
-@pytest.mark.parametrize(("retry_after", "expected"), [(10.0, 10.0), (100.0, 30.0), (0.1, 0.75)])
+@pytest.mark.parametrize(
+    ("retry_after", "cap", "expected"),
+    [
+        (10.0, 60.0, 10.0),
+        (45.0, 60.0, 45.0),
+        (1e9, 60.0, 60.0),
+        (100.0, 90.0, 90.0),
+        (100.0, 0.0, 0.75),
+        (0.1, 60.0, 0.75),
+    ],
+)
 def test_retry_after_is_honoured_and_capped(
-    registrars: list[Registrar], clock: FakeClock, retry_after: float, expected: float
+    registrars: list[Registrar], clock: FakeClock, retry_after: float, cap: float, expected: float
 ) -> None:
     transport = ScriptedTransport([retry(429, "429", retry_after=retry_after), accepted()])
-    reg = make(registrars, transport, clock, backoff=UPSTREAM).start()
+    reg = make(registrars, transport, clock, backoff=UPSTREAM, max_retry_after=cap).start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
     assert clock.waits == [expected]
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 __all__ = [
+    "DEFAULT_MAX_RETRY_AFTER",
     "WATCH_JITTER",
     "Backoff",
     "first_watch_delay",
@@ -73,16 +74,27 @@ class Backoff:
         return self.base(attempt) * (1 - self.jitter + self.jitter * u)
 
 
+DEFAULT_MAX_RETRY_AFTER = 60.0
+"""The longest wait a server's `Retry-After` can impose: rate limits ask for seconds to a minute,
+and a rank waiting longer is a rank not serving; a hostile or mistaken header costs a minute."""
+
 WATCH_JITTER = 0.2
 """Watch intervals are spread by ±20 % so a fleet's checks do not line up."""
 
 
-def retry_delay(backoff: Backoff, failures: int, u: float, retry_after: float | None) -> float:
-    """The wait after `failures` failed attempts in a row (from 1); a server's `Retry-After`
-    is honoured, but never beyond `backoff.maximum`."""
+def retry_delay(
+    backoff: Backoff,
+    failures: int,
+    u: float,
+    retry_after: float | None,
+    max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
+) -> float:
+    """The wait after `failures` failed attempts in a row (from 1). A server's `Retry-After` is
+    honoured up to its own cap, `max_retry_after` (0 ignores it), not the backoff's maximum: a
+    429 asking for 30 s is not retried after 5 s, and one asking for a year waits the cap."""
     delay = backoff.delay(failures - 1, u)
-    if retry_after is not None:
-        delay = min(max(delay, retry_after), backoff.maximum)
+    if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
+        delay = max(delay, min(retry_after, max_retry_after))
     return delay
 
 

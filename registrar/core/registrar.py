@@ -22,7 +22,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .aio import wait_for_state
-from .backoff import Backoff, first_watch_delay, rejoin_delay, retry_delay, watch_delay
+from .backoff import (
+    DEFAULT_MAX_RETRY_AFTER,
+    Backoff,
+    first_watch_delay,
+    rejoin_delay,
+    retry_delay,
+    watch_delay,
+)
 from .clock import Clock, SystemClock
 from .errors import ConfigError, StateError
 from .machine import State, Trigger, build_machine, fire
@@ -36,6 +43,7 @@ __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_WATCH_INTERVAL",
     "EXIT_CODE",
+    "UNEXPECTED",
     "Listener",
     "OnFailure",
     "Registrar",
@@ -60,6 +68,8 @@ EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 _POLICIES = ("retry", "stop", "exit")
+UNEXPECTED = "registrar_unexpected"
+"""Set on the log record of an exception a transport raised instead of returning an outcome."""
 _IDLE_SLICE = 3600.0
 """With no watch interval, an idle watcher is asked to wait this long at a time."""
 
@@ -144,6 +154,7 @@ class Registrar:
         verify: bool = True,
         ca_bundle: str | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
         exit: Callable[[int], None] | None = None,
@@ -174,6 +185,16 @@ class Registrar:
             raise ConfigError(
                 f"max_payload_bytes must be a positive integer, got {max_payload_bytes!r}"
             )
+        if (
+            isinstance(max_retry_after, bool)
+            or not isinstance(max_retry_after, int | float)
+            or not 0 <= max_retry_after < float("inf")
+        ):
+            raise ConfigError(
+                f"max_retry_after must be a number of seconds >= 0 (0 ignores Retry-After), "
+                f"got {max_retry_after!r}"
+            )
+        self._max_retry_after = float(max_retry_after)
         payload = _encode_payload(payload, max_payload_bytes)
         if transport is None:
             tls: bool | str = ca_bundle if ca_bundle is not None else bool(verify)
@@ -211,6 +232,7 @@ class Registrar:
         self._thread: threading.Thread | None = None
         self._ever_registered = False
         self._lost_after_put = 0  # the loop thread's alone
+        self._unexpected_seen: set[str] = set()  # the loop thread's alone
 
     # ----------------------------------------------------------------- public API
 
@@ -460,7 +482,9 @@ class Registrar:
                 )
                 self._give_up(outcome.error)
                 return False
-            delay = retry_delay(self._backoff, streak, self._rng(), outcome.retry_after)
+            delay = retry_delay(
+                self._backoff, streak, self._rng(), outcome.retry_after, self._max_retry_after
+            )
             spent = (
                 startup
                 and self._status.state is State.REGISTERING
@@ -502,7 +526,10 @@ class Registrar:
                 return None
             self._update(attempt=number, next_attempt_at=None, retrying=True)
             started = time.monotonic()
-            outcome = self._transport.register(self._payload)
+            try:
+                outcome = self._transport.register(self._payload)
+            except Exception as exc:
+                outcome = RegisterOutcome(Verdict.RETRY, error=self._unexpected("register", exc))
             duration = time.monotonic() - started
         changes: dict[str, Any] = {
             "attempts_total": self._status.attempts_total + 1,
@@ -514,6 +541,27 @@ class Registrar:
         self._update(**changes)
         self._emit(RequestEvent("register", outcome.verdict.value, duration, outcome.status_code))
         return outcome
+
+    def _unexpected(self, call: str, exc: Exception) -> str:
+        """The transport broke its contract ("never raises"): this is the one place that holds
+        it for every transport. The exception becomes a failed attempt (or an undetermined
+        check) and the loop goes on; its traceback is logged once per exception type, marked
+        `registrar_unexpected` so the test suite fails on it (tests/conftest.py) instead of
+        a bug hiding behind a retry."""
+        kind = type(exc).__name__
+        if kind not in self._unexpected_seen:
+            self._unexpected_seen.add(kind)
+            logger.error(
+                "the transport raised %s in %s (a bug: a transport must return an outcome); "
+                "counted as a failed %s, not logged again",
+                kind,
+                call,
+                "attempt" if call == "register" else "check",
+                exc_info=exc,
+                extra={UNEXPECTED: True},
+            )
+        # The message may quote anything (a header, a secret): status shows the type only.
+        return f"unexpected {kind} in the transport's {call} (see the log)"
 
     def _on_accepted(self, number: int) -> None:
         status = self._status
@@ -634,7 +682,11 @@ class Registrar:
             if self._stopping:
                 return None
             started = time.monotonic()
-            check = self._transport.check(self._payload)
+            try:
+                check = self._transport.check(self._payload)
+            except Exception as exc:
+                evidence = self._unexpected("check", exc)
+                check = RouteCheck(Route.UNDETERMINED, evidence=evidence)
             duration = time.monotonic() - started
         if check is None:
             return None

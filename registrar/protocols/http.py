@@ -20,13 +20,15 @@ import contextlib
 import http
 import http.client
 import logging
+import math
+import re
 import socket
 import threading
 import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
+from email.utils import mktime_tz, parsedate_tz
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,6 +47,7 @@ from ..core.transport import Timeout, validate_timeout, validate_url
 __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
     "EXCERPT_BYTES",
+    "RETRY_AFTER_CEILING",
     "DeadlineExceeded",
     "HttpResult",
     "HttpTransport",
@@ -58,6 +61,9 @@ _RETRY_AFTER_CODES = frozenset({429, 503})
 # A pooled connection idle for longer than this may have been closed by the server's own idle
 # timeout (aiohttp: 75 s), so re-opening it then proves nothing about a restart.
 KEEPALIVE_WINDOW = 60.0
+RETRY_AFTER_CEILING = 365 * 24 * 3600.0
+"""A year: no Retry-After is read as longer (the registrar's own cap is far smaller)."""
+_DELTA_SECONDS = re.compile("[0-9]+")
 DEFAULT_MAX_ANSWER_BYTES = 64 * 1024
 """A successful answer is read and decoded up to this many bytes (SGLang's are under 200)."""
 EXCERPT_BYTES = 1024
@@ -78,19 +84,28 @@ _EXCHANGE_ERRORS = (
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a `Retry-After` header (delta-seconds or HTTP-date), or None."""
+    """Seconds a `Retry-After` header asks to wait, parsed as urllib3 does: ASCII digits or an
+    HTTP-date; None when it is neither. Never raises: `str.isdigit()` accepts `²`, which
+    `float()` refuses, and a date may overflow. Anything beyond `RETRY_AFTER_CEILING` is that
+    ceiling (the registrar applies its own, smaller cap: `max_retry_after`)."""
     if value is None:
         return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
+    text = value.strip(" \t")
+    if _DELTA_SECONDS.fullmatch(text):
+        # Compare digit counts before converting: int() refuses over 4300 digits.
+        if len(text.lstrip("0")) > len(str(int(RETRY_AFTER_CEILING))):
+            return RETRY_AFTER_CEILING
+        return min(float(int(text)), RETRY_AFTER_CEILING)
     try:
-        moment = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        moment = parsedate_tz(text)
+        if moment is None:
+            return None
+        seconds = float(mktime_tz(moment)) - now
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    if moment.tzinfo is None:
+    if not math.isfinite(seconds):
         return None
-    return max(0.0, moment.timestamp() - now)
+    return min(max(0.0, seconds), RETRY_AFTER_CEILING)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import __version__
+from ..core.backoff import DEFAULT_MAX_RETRY_AFTER
 from ..core.errors import ConfigError, describe_exception
 from ..core.machine import State, mermaid_diagram
 from ..core.redact import clean, redact_url
@@ -97,6 +98,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _seconds_or_zero(text: str) -> float:
+    value = _convert(text, float, "seconds")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(_convert(text, int, "a port number"))
     if not 0 <= value <= 65535:
@@ -161,7 +169,14 @@ def _parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=5.0,
         metavar="S",
-        help="request timeout in seconds (default: 5)",
+        help="each request's deadline in seconds, the whole request (default: 5)",
+    )
+    reg.add_argument(
+        "--max-retry-after",
+        type=_seconds_or_zero,
+        default=DEFAULT_MAX_RETRY_AFTER,
+        metavar="S",
+        help="longest wait a server's Retry-After may impose, 0 to ignore it (default: 60)",
     )
     reg.add_argument("--ca-bundle", metavar="FILE", help="CA bundle to verify an https server")
     reg.add_argument(
@@ -248,6 +263,7 @@ def _cmd_register(args: argparse.Namespace) -> int:
         on_failure=args.on_failure,
         watch_interval=args.watch_interval,
         timeout=args.timeout,
+        max_retry_after=args.max_retry_after,
         ca_bundle=args.ca_bundle,
     )
     log = logging.getLogger("registrar")

@@ -42,6 +42,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _seconds_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("must be a number of seconds >= 0") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("must be a number of seconds >= 0")
+    return value
+
+
 def _seconds_or_off(text: str) -> float | None:
     if text.strip().lower() in _OFF:
         return None
@@ -134,6 +144,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "seconds between route checks once registered (off: no periodic check)",
     ),
     EnvVar("TIMEOUT", "timeout", _timeout, "5", "request timeout: seconds, or connect,read"),
+    EnvVar(
+        "MAX_RETRY_AFTER",
+        "max_retry_after",
+        _seconds_or_zero,
+        "60",
+        "longest wait a server's Retry-After may impose, seconds (0: ignore it)",
+    ),
     EnvVar("VERIFY", "verify", _flag, "true", "verify the server's TLS certificate"),
     EnvVar("CA_BUNDLE", "ca_bundle", str, "/etc/ssl/bootstrap-ca.pem", "CA bundle for TLS"),
     EnvVar("BACKOFF_INITIAL", "backoff.initial", _seconds, "1", "first retry delay, seconds"),
