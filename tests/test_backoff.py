@@ -7,7 +7,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registrar import DEFAULT_BACKOFF, Backoff, ConfigError
-from registrar.core.backoff import first_watch_delay, rejoin_delay, retry_delay, watch_delay
+from registrar.core.backoff import (
+    ACCEPT_RATE,
+    PROBE_PERIOD,
+    contact_delay,
+    first_watch_delay,
+    probe_delay,
+    probe_period,
+    rejoin_delay,
+    retry_delay,
+    watch_delay,
+)
 
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
 
@@ -115,8 +125,33 @@ def test_first_watch_delay_spreads_over_a_whole_interval() -> None:
     assert first_watch_delay(5.0, 0.999999) == pytest.approx(7.5)
 
 
-def test_rejoin_delay_spreads_then_backs_off() -> None:
-    assert rejoin_delay(UPSTREAM, 0, 0.5) == 0.5
-    assert rejoin_delay(UPSTREAM, 0, 0.0) == 0.0
+def test_rejoin_delay_is_immediate_then_backs_off() -> None:
+    # The check that found the route missing was already the spread first contact.
+    assert rejoin_delay(UPSTREAM, 0, 0.5) == 0.0
+    assert rejoin_delay(UPSTREAM, 0, 0.999) == 0.0
     assert rejoin_delay(UPSTREAM, 3, 0.5) == 4.0
     assert rejoin_delay(UPSTREAM, 100, 0.5) == 15.0
+
+
+def test_probe_period_is_short_for_a_small_fleet_and_grows_with_a_large_one() -> None:
+    assert probe_period(1) == PROBE_PERIOD
+    assert probe_period(0) == PROBE_PERIOD
+    assert probe_period(100) == PROBE_PERIOD
+    assert probe_period(1000) == pytest.approx(1000 / ACCEPT_RATE)
+
+
+@pytest.mark.parametrize("fleet", [1, 200, 1000, 5000])
+def test_probes_of_a_fleet_arrive_no_faster_than_the_accept_rate(fleet: int) -> None:
+    # Mean delay = the period, so `fleet` clients probe at fleet / period per second.
+    lo, mid, hi = (probe_delay(fleet, u) for u in (0.0, 0.5, 0.999999))
+    assert lo == pytest.approx(0.5 * probe_period(fleet))
+    assert mid == pytest.approx(probe_period(fleet))
+    assert hi == pytest.approx(1.5 * probe_period(fleet))
+    assert fleet / mid <= max(ACCEPT_RATE, 1 / PROBE_PERIOD)
+
+
+def test_contact_delay_spreads_a_fleet_over_fleet_over_accept_rate() -> None:
+    assert contact_delay(1000, 0.0) == 0.0
+    assert contact_delay(1000, 0.5) == pytest.approx(0.5 * 1000 / ACCEPT_RATE)
+    assert contact_delay(200, 0.999999) == pytest.approx(200 / ACCEPT_RATE, rel=1e-5)
+    assert contact_delay(1, 0.999999) < 0.01

@@ -12,10 +12,15 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 __all__ = [
+    "ACCEPT_RATE",
     "DEFAULT_MAX_RETRY_AFTER",
+    "PROBE_PERIOD",
     "WATCH_JITTER",
     "Backoff",
+    "contact_delay",
     "first_watch_delay",
+    "probe_delay",
+    "probe_period",
     "rejoin_delay",
     "retry_delay",
     "watch_delay",
@@ -116,8 +121,45 @@ def first_watch_delay(interval: float, u: float) -> float:
 
 
 def rejoin_delay(backoff: Backoff, lost_after_put: int, u: float) -> float:
-    """The wait before registering again once the route is found missing: uniform over
-    [0, initial) so a fleet does not stampede a server that just came back; when the route is
-    found missing right after our own PUT again and again, the window grows as the backoff."""
-    base = backoff.base(lost_after_put) if lost_after_put else backoff.initial
-    return base * u
+    """The wait before registering again once the route is found missing: none the first
+    time, because the check that found it was already the fleet's spread first contact (after
+    a restart: `contact_delay`, then probes at `probe_delay`) and the PUT reuses that check's
+    kept-alive connection, so it adds no new connection to the server's listen queue. When the
+    route is found missing right after our own PUT again and again, the window grows as the
+    backoff: uniform over [0, base)."""
+    if not lost_after_put:
+        return 0.0
+    return backoff.base(lost_after_put) * u
+
+
+PROBE_PERIOD = 0.15
+"""The mean time between probes while connections are refused, for a lone client (seconds)."""
+
+ACCEPT_RATE = 1000.0
+"""New connections per second that a fleet may open towards one server at once. SGLang's
+bootstrap server (one aiohttp thread, listen backlog 128) took 1000 new connections spread over
+1 s with no listen-queue overflow on a 2-core machine shared with the clients, and overflowed
+when they came within 0.5 s (docs/benchmarks.md). A fleet that spreads its first contact over
+herd / ACCEPT_RATE seconds stays under it."""
+
+
+def probe_period(herd: int) -> float:
+    """The mean time between refused probes for one of `herd` clients expected to register
+    with the same server: PROBE_PERIOD, or longer when the fleet is large enough that its
+    probes, arriving together when the server comes up, would exceed ACCEPT_RATE."""
+    return max(PROBE_PERIOD, max(1, herd) / ACCEPT_RATE)
+
+
+def probe_delay(herd: int, u: float) -> float:
+    """The wait before probing again while connections are refused: nothing listens, so a
+    probe costs the server only a kernel reset, and the next one comes soon. Uniform over
+    [0.5, 1.5) periods: the fleet's probes have random phases, so the clients that find the
+    server up arrive at most `herd / probe_period(herd)` per second."""
+    return probe_period(herd) * (0.5 + u)
+
+
+def contact_delay(herd: int, u: float) -> float:
+    """The wait before checking, once a sign says the route may be gone (the server closed
+    the idle connection): uniform over [0, herd / ACCEPT_RATE), so a fleet that saw the same
+    restart at the same moment does not open all its connections at once."""
+    return max(1, herd) / ACCEPT_RATE * u

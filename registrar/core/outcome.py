@@ -29,6 +29,9 @@ class RegisterOutcome:
     """Operator-readable, secret-free text naming the root cause or what to fix."""
     retry_after: float | None = None
     """Seconds the server asked us to wait (429/503 `Retry-After`)."""
+    refused: bool = False
+    """The connection was refused: no process listens, so probing again soon costs the server
+    nothing (the loop probes at a short cadence instead of backing off)."""
 
     @property
     def reachable(self) -> bool:
@@ -56,6 +59,9 @@ class RouteCheck:
     route: Route
     status_code: int | None = None
     evidence: str = ""
+    refused: bool = False
+    """UNREACHABLE because the connection was refused: the server is down, and the loop probes
+    at a short cadence to see it back at once."""
 
     @property
     def reachable(self) -> bool:

@@ -25,7 +25,9 @@ from .aio import wait_for_state
 from .backoff import (
     DEFAULT_MAX_RETRY_AFTER,
     Backoff,
+    contact_delay,
     first_watch_delay,
+    probe_delay,
     rejoin_delay,
     retry_delay,
     watch_delay,
@@ -36,7 +38,14 @@ from .machine import State, Trigger, build_machine, fire
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .registry import TransportOptions, make_transport
 from .status import Status
-from .transport import Abortable, IdleWatcher, Transport, validate_timeout, validate_url
+from .transport import (
+    Abortable,
+    FleetSized,
+    IdleWatcher,
+    Transport,
+    validate_timeout,
+    validate_url,
+)
 from .waker import Waker
 
 __all__ = [
@@ -107,6 +116,20 @@ def _check_positive(name: str, value: object, allow_none: bool = False) -> float
         extra = " or None" if allow_none else ""
         raise ConfigError(f"{name} must be a positive number of seconds{extra}, got {value!r}")
     return float(value)
+
+
+def _fleet_size(transport: Transport, payload: Mapping[str, Any]) -> int:
+    """How many clients share this server, from the transport when it knows (else 1)."""
+    if not isinstance(transport, FleetSized):
+        return 1
+    try:
+        size = transport.fleet_size(payload)
+    except Exception:
+        logger.exception("fleet_size() of %r failed; assuming a fleet of one", transport)
+        return 1
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return 1
+    return size
 
 
 def _encode_payload(payload: object, limit: int) -> dict[str, Any]:
@@ -233,6 +256,7 @@ class Registrar:
         self._ever_registered = False
         self._lost_after_put = 0  # the loop thread's alone
         self._unexpected_seen: set[str] = set()  # the loop thread's alone
+        self._fleet = _fleet_size(transport, payload)
 
     # ----------------------------------------------------------------- public API
 
@@ -457,22 +481,41 @@ class Registrar:
                 return None if self._stopping else True
 
     def _register(self, first_delay: float) -> bool:
-        """Attempt until accepted (True) or until stopping or giving up for good (False)."""
+        """Attempt until accepted (True) or until stopping or giving up for good (False).
+
+        A refused connection means nothing listens: the loop probes again at a short cadence
+        (`probe_delay`) instead of backing off, so it registers within a probe of the server
+        appearing. The budget still counts attempts on the backoff schedule: a refused
+        attempt is counted only when the schedule would have made it (`due`); the probes in
+        between are free, so `max_attempts` spans the same time as without probing."""
         startup = not self._ever_registered
         started = self._clock.monotonic()
         streak = 0
+        due: float | None = None  # when the next counted attempt is due, while refused
         delay = first_delay
         while True:
             if delay > 0:
                 self._update(next_attempt_at=self._clock.time() + delay, retrying=True)
                 if self._sleep(delay):
                     return False
-            outcome = self._attempt(streak + 1)
+            counted = due is None or self._clock.monotonic() >= due
+            outcome = self._attempt(streak + 1, counted)
             if outcome is None:
                 return False
             if outcome.verdict is Verdict.ACCEPTED:
                 self._on_accepted(streak + 1)
                 return True
+            refused = outcome.refused and outcome.verdict is Verdict.RETRY
+            probe_wait = probe_delay(self._fleet, self._rng()) if refused else 0.0
+            if refused and not counted:
+                delay = probe_wait
+                if not (
+                    startup
+                    and self._status.state is State.REGISTERING
+                    and self._out_of_time(started, delay)
+                ):
+                    continue
+                # The next probe would start past max_elapsed: this refusal is the last try.
             streak += 1
             if outcome.verdict is Verdict.FATAL:
                 logger.error(
@@ -485,6 +528,10 @@ class Registrar:
             delay = retry_delay(
                 self._backoff, streak, self._rng(), outcome.retry_after, self._max_retry_after
             )
+            due = None
+            if refused:
+                due = self._clock.monotonic() + delay
+                delay = probe_wait
             spent = (
                 startup
                 and self._status.state is State.REGISTERING
@@ -496,6 +543,19 @@ class Registrar:
             if spent:
                 if not self._spend_budget(streak, outcome, delay):
                     return False
+                continue
+            if refused:
+                assert due is not None
+                logger.warning(
+                    "registration attempt %s to %s failed: %s; next attempt in %.2f s "
+                    "(nothing listens: probing every ~%.2f s, the next counted attempt in %.2f s)",
+                    self._attempt_label(streak),
+                    self._status.url,
+                    outcome.error,
+                    delay,
+                    probe_delay(self._fleet, 0.5),
+                    due - self._clock.monotonic(),
+                )
                 continue
             logger.warning(
                 "registration attempt %s to %s failed: %s; next attempt in %.2f s",
@@ -519,8 +579,10 @@ class Registrar:
             return f"{number}/{self._max_attempts}"
         return f"{number} (background)"
 
-    def _attempt(self, number: int) -> RegisterOutcome | None:
-        """Send one registration, or None when stopping."""
+    def _attempt(self, number: int, scheduled: bool = True) -> RegisterOutcome | None:
+        """Send one registration, or None when stopping. A refusal outside the backoff
+        schedule (`scheduled=False`) is a free probe: it is not counted in `attempts_total` nor
+        reported to request listeners."""
         with self._gate:
             if self._stopping:
                 return None
@@ -531,15 +593,19 @@ class Registrar:
             except Exception as exc:
                 outcome = RegisterOutcome(Verdict.RETRY, error=self._unexpected("register", exc))
             duration = time.monotonic() - started
+        probe = not scheduled and outcome.refused and outcome.verdict is Verdict.RETRY
         changes: dict[str, Any] = {
-            "attempts_total": self._status.attempts_total + 1,
             "server_reachable": outcome.reachable,
             "last_request_at": self._clock.time(),
         }
+        if not probe:
+            changes["attempts_total"] = self._status.attempts_total + 1
         if outcome.verdict is not Verdict.ACCEPTED:
             changes["last_error"] = outcome.error
         self._update(**changes)
-        self._emit(RequestEvent("register", outcome.verdict.value, duration, outcome.status_code))
+        if not probe:
+            event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
+            self._emit(event)
         return outcome
 
     def _unexpected(self, call: str, exc: Exception) -> str:
@@ -628,8 +694,12 @@ class Registrar:
         missing, or None when stopping."""
         check_now = True
         checks = 0
+        refused = False  # the last check was refused: the server is down, probe it soon
         while True:
-            if not check_now:
+            if refused:
+                if self._sleep(probe_delay(self._fleet, self._rng()), interruptible=True):
+                    return None
+            elif not check_now:
                 delay = None
                 if self._watch_interval is not None:
                     spread = first_watch_delay if checks == 1 else watch_delay
@@ -638,11 +708,17 @@ class Registrar:
                 if changed is None:
                     return None
                 if changed:
+                    # The whole fleet saw the same sign at the same moment: spread the checks
+                    # so their new connections do not overflow the server's listen queue.
+                    spread_by = contact_delay(self._fleet, self._rng())
                     logger.info(
                         "%s: a sign the route may be gone (connection closed or watch event); "
-                        "checking now",
+                        "checking in %.3f s",
                         self._status.url,
+                        spread_by,
                     )
+                    if self._sleep(spread_by, interruptible=True):
+                        return None
             with self._lock:
                 reported, self._reported = self._reported, False
             just_put, check_now = check_now, False
@@ -655,12 +731,25 @@ class Registrar:
                     return self._lose("the runtime reported the route missing", 0)
                 continue
             if check.route is Route.UNREACHABLE:
+                if check.refused:
+                    if not refused:
+                        logger.warning(
+                            "route check at %s failed: %s; probing every ~%.2f s until it "
+                            "listens again",
+                            self._status.url,
+                            check.evidence,
+                            probe_delay(self._fleet, 0.5),
+                        )
+                    refused = True
+                    continue
+                refused = False
                 logger.warning(
                     "route check at %s failed: %s; checking again at the next interval",
                     self._status.url,
                     check.evidence,
                 )
                 continue
+            refused = False
             if check.route is Route.MISSING:
                 # Lost again right after our own PUT: the streak survives re-registration, so
                 # the window before the next PUT keeps growing instead of PUTting in a loop.
@@ -701,8 +790,8 @@ class Registrar:
         return check
 
     def _lose(self, evidence: str, lost_after_put: int) -> float | None:
-        """Go back to registering; the delay before the first re-attempt, jittered so a fleet
-        does not stampede a server that just came back."""
+        """Go back to registering; the delay before the first re-attempt (none the first time:
+        the check that found the route missing was the fleet's spread first contact)."""
         delay = rejoin_delay(self._backoff, lost_after_put, self._rng())
         logger.warning(
             "route at %s is missing (%s); registering again in %.2f s",

@@ -25,6 +25,7 @@ from .waker import Waker
 
 __all__ = [
     "Abortable",
+    "FleetSized",
     "IdleWatcher",
     "Timeout",
     "Transport",
@@ -80,6 +81,19 @@ class Abortable(Protocol):
 
     def abort(self) -> None:
         """End the request in flight now, if any (called from another thread; never raises)."""
+        ...
+
+
+@runtime_checkable
+class FleetSized(Protocol):
+    """Optional: a transport that knows how many clients register with the same server at
+    once (SGLang: the size of the prefill topology, from the payload). The loop spreads a
+    fleet's first contact after a restart, and its probes while the server is down, over
+    `fleet_size / ACCEPT_RATE` seconds (`registrar.core.backoff`): only as much as that many
+    clients need. Without it the loop assumes a fleet of one."""
+
+    def fleet_size(self, payload: Mapping[str, Any]) -> int:
+        """How many clients (including this one) register with this server, at least 1."""
         ...
 
 

@@ -250,9 +250,24 @@ class SGLangTransport(HttpTransport):
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         result = self.send("GET", "/route", params=rank_of(payload).query())
         self._note(result)
+        check = self._classify_check(payload, result)
+        self.settle_idle_signal(check.route in (Route.PRESENT, Route.CONFLICT))
+        return check
+
+    def fleet_size(self, payload: Mapping[str, Any]) -> int:
+        """The ranks of the topology, which all register with this one server."""
+        dp = payload["system_dp_size"] if payload["system_dp_size"] > 1 else payload["attn_dp_size"]
+        size = dp * payload["attn_cp_size"] * payload["attn_tp_size"] * payload["pp_size"]
+        return max(1, int(size))
+
+    def _classify_check(self, payload: Mapping[str, Any], result: HttpResult) -> RouteCheck:
         code = result.status_code
         if result.error is not None:
-            return RouteCheck(Route.UNREACHABLE, evidence=self.describe_error(result.error))
+            return RouteCheck(
+                Route.UNREACHABLE,
+                evidence=self.describe_error(result.error),
+                refused=result.refused,
+            )
         assert code is not None
         body = self.excerpt(result)
         if code == 200:
