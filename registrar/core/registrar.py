@@ -42,6 +42,7 @@ from .transport import (
     Abortable,
     FleetSized,
     IdleWatcher,
+    Token,
     Transport,
     validate_timeout,
     validate_url,
@@ -171,7 +172,7 @@ class Registrar:
         on_failure: OnFailure = "retry",
         watch_interval: float | None = DEFAULT_WATCH_INTERVAL,
         timeout: float | tuple[float, float] = 5.0,
-        token: str | None = None,
+        token: Token | None = None,
         protocol: str = "sglang",
         transport: Transport | None = None,
         verify: bool = True,
@@ -196,8 +197,14 @@ class Registrar:
         self._watch_interval = _check_positive("watch_interval", watch_interval, allow_none=True)
         self._max_elapsed = _check_positive("max_elapsed", max_elapsed, allow_none=True)
         timeout = validate_timeout(timeout)
-        if token is not None and (not isinstance(token, str) or "\n" in token or "\r" in token):
-            raise ConfigError("token must be a single-line string")
+        if (
+            token is not None
+            and not callable(token)
+            and (not isinstance(token, str) or "\n" in token or "\r" in token)
+        ):
+            raise ConfigError(
+                "token must be a single-line string, or a callable answering one per request"
+            )
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
             raise ConfigError(f"ca_bundle {ca_bundle!r} is not a readable file")
         if (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .transport import Timeout, Transport
+from .transport import Timeout, Token, Transport
 
 __all__ = [
     "ProtocolFactory",
@@ -29,7 +29,7 @@ class TransportOptions:
     """What every built-in protocol is configured with, already validated by the registrar."""
 
     url: str
-    token: str | None = None
+    token: Token | None = None
     timeout: Timeout = 5.0
     verify: bool | str = True
     """True (system CAs), False, or the path of a CA bundle."""

@@ -14,7 +14,7 @@ promptly on `stop()` or `report_route_missing()`: an event with a file descripto
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -28,6 +28,8 @@ __all__ = [
     "FleetSized",
     "IdleWatcher",
     "Timeout",
+    "Token",
+    "TokenProvider",
     "Transport",
     "Waker",
     "validate_timeout",
@@ -36,6 +38,12 @@ __all__ = [
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole request, or a (connect, read) pair."""
+
+TokenProvider = Callable[[], str | None]
+"""Answers the bearer token when a request is about to be sent (None: send none), so a rotated
+token (a re-written file, a refreshed secret) is used from the next request on."""
+Token = str | TokenProvider
+"""A fixed bearer token, or a provider asked before each request."""
 
 
 @runtime_checkable

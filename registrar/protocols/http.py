@@ -44,7 +44,7 @@ from .. import __version__
 from ..core.errors import ConfigError, describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
-from ..core.transport import Timeout, validate_timeout, validate_url
+from ..core.transport import Timeout, Token, validate_timeout, validate_url
 from ..core.waker import Waker
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "DeadlineExceeded",
     "HttpResult",
     "HttpTransport",
+    "TokenUnavailable",
     "parse_retry_after",
 ]
 
@@ -134,6 +135,11 @@ class HttpResult:
 
 class DeadlineExceeded(TimeoutError):
     """No complete answer within the request's deadline (however slowly bytes came)."""
+
+
+class TokenUnavailable(RuntimeError):
+    """The token provider failed (say, the token file is missing mid-rotation): the request is
+    not sent and is retried like a network failure."""
 
 
 class _Watchdog:
@@ -360,7 +366,7 @@ class HttpTransport:
         *,
         path: str = "/route",
         method: str = "PUT",
-        token: str | None = None,
+        token: Token | None = None,
         timeout: Timeout = 5.0,
         verify: bool | str = True,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
@@ -380,8 +386,11 @@ class HttpTransport:
                 f"max_answer_bytes must be a positive integer, got {max_answer_bytes!r}"
             )
         self._max_answer_bytes = max_answer_bytes
-        self._token = token
-        self._secrets = Secrets.of((token, urlsplit(self._url).password))
+        # A provider is asked before each request (rotation); a fixed token is set once.
+        self._token_provider = token if callable(token) else None
+        self._tokens_seen: set[str] = set() if callable(token) or not token else {token}
+        self._password = urlsplit(self._url).password
+        self._secrets = Secrets.of((*self._tokens_seen, self._password))
         self._watchdog = _Watchdog()
         self._counter = _ConnectionCounter(self._watchdog)
         self._session = requests.Session()
@@ -393,7 +402,7 @@ class HttpTransport:
         self._session.headers["User-Agent"] = f"registrar/{__version__}"
         # Only what this module decodes, with a cap (requests would add br, zstd when installed).
         self._session.headers["Accept-Encoding"] = "gzip, deflate"
-        if token:
+        if isinstance(token, str) and token:
             self._session.headers["Authorization"] = f"Bearer {token}"
         parts = urlsplit(self._url)
         default_port = 443 if parts.scheme == "https" else 80
@@ -590,6 +599,10 @@ class HttpTransport:
         response: requests.Response | None = None
         error: BaseException | None = None
         body, complete = b"", False
+        try:
+            headers = self._auth_header()
+        except Exception as exc:  # a provider that fails fails this request, like the network
+            return HttpResult(None, {}, "", TokenUnavailable(describe_exception(exc)), False)
         self._watchdog.begin(self._deadline)
         try:
             response = self._session.request(
@@ -597,6 +610,7 @@ class HttpTransport:
                 f"{self._url}{path}",
                 json=json,
                 params=params,
+                headers=headers,
                 timeout=self._timeout,
                 allow_redirects=False,
                 stream=True,
@@ -652,6 +666,21 @@ class HttpTransport:
             response.status_code, response.headers, text, None, reconnected, complete=complete
         )
 
+    def _auth_header(self) -> dict[str, str] | None:
+        """The Authorization header from the token provider, if there is one; every token it
+        answers joins the secrets kept out of error texts."""
+        if self._token_provider is None:
+            return None
+        token = self._token_provider()
+        if not token:
+            return None
+        if not isinstance(token, str) or "\n" in token or "\r" in token:
+            raise ValueError("the token provider must answer a single-line string")
+        if token not in self._tokens_seen:
+            self._tokens_seen.add(token)
+            self._secrets = Secrets.of((*self._tokens_seen, self._password))
+        return {"Authorization": f"Bearer {token}"}
+
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         result = self.send(self._method, self._path, json=dict(payload))
         return self.classify_registration(result)
@@ -660,6 +689,8 @@ class HttpTransport:
         """Root cause of a failed exchange: one line, escaped, capped, secret-free."""
         if isinstance(exc, DeadlineExceeded):
             text = str(exc)
+        elif isinstance(exc, TokenUnavailable):
+            text = f"no bearer token: {exc}"
         elif isinstance(exc, requests.exceptions.SSLError):
             text = (
                 f"TLS certificate verification failed for {self.endpoint}: "

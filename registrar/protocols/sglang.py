@@ -27,7 +27,7 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import clean
-from ..core.transport import Timeout
+from ..core.transport import Timeout, Token
 from ..core.untrusted import load_json
 from .http import HttpResult, HttpTransport
 
@@ -186,8 +186,9 @@ def rank_of(payload: Mapping[str, Any]) -> Rank:
     )
 
 
-def token_from_env(token: str | None) -> str | None:
-    """The explicit token, else the one SGLang reads from its environment."""
+def token_from_env(token: Token | None) -> Token | None:
+    """The explicit token (or token provider), else the one SGLang reads from its
+    environment."""
     if token is not None:
         return token or None
     return os.environ.get(TOKEN_ENV) or None
@@ -226,7 +227,7 @@ class SGLangTransport(HttpTransport):
         self,
         url: str,
         *,
-        token: str | None = None,
+        token: Token | None = None,
         timeout: Timeout = 5.0,
         verify: bool | str = True,
     ) -> None:

@@ -1,40 +1,78 @@
 """The `registrar` command: a sidecar agent, a status reader, the diagram, the reference
-bootstrap server, and the demo. Bad input gets one clear line on stderr and exit status 2."""
+bootstrap server, and the demo.
+
+Every option of `registrar register` can also come from a `REGISTRAR_*` variable (the table in
+`surfaces/env.py`; the flag wins). Bad input gets one line on stderr, never a usage block, and
+a distinct exit status (see `EXIT_STATUSES`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from .. import __version__
-from ..core.backoff import DEFAULT_MAX_RETRY_AFTER
 from ..core.errors import ConfigError, describe_exception
 from ..core.machine import State, mermaid_diagram
 from ..core.redact import clean, redact_url
-from ..core.registrar import Registrar
+from ..core.registrar import EXIT_CODE, Registrar, RequestEvent
+from ..core.registry import protocol_names
 from ..core.status import Status
 from ..core.untrusted import load_json
 from ..devtools.bootstrap_server import BootstrapServer
 from ..protocols.http import DEFAULT_MAX_ANSWER_BYTES, HttpTransport
+from .env import ENV_PREFIX, ENV_VARS, command_options_from_env, options_from_env, parse_port
 from .health import start_health_server
 
-__all__ = ["main"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_REGISTERED",
+    "EXIT_OK",
+    "EXIT_STATUSES",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "main",
+]
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_NOT_REGISTERED = 1
+"""`registrar status`: the agent answered, and is not registered."""
+EXIT_USAGE = 2
+"""Bad input: a flag, a variable, the payload, a port in use."""
+EXIT_UNREACHABLE = 4
+"""`registrar status`: no usable answer from the agent (nothing listens, not a registrar)."""
+EXIT_INTERRUPTED = 130
+"""A second Ctrl-C (SIGINT) or SIGTERM while stopping: ended at once."""
+EXIT_STATUSES = {
+    EXIT_OK: "success (register: stopped cleanly on SIGTERM/SIGINT; status: registered)",
+    EXIT_NOT_REGISTERED: "status: the agent is not registered",
+    EXIT_USAGE: "usage error: a bad flag, variable or payload, or a port in use",
+    EXIT_CODE: "register --on-failure exit: the startup budget was spent",
+    EXIT_UNREACHABLE: "status: the agent cannot be reached, or is not a registrar",
+    EXIT_INTERRUPTED: "interrupted a second time while stopping",
+}
+
+_EXIT_TEXT = "exit status:\n" + "\n".join(
+    f"  {code:<4} {text}" for code, text in EXIT_STATUSES.items()
+)
 
 EXAMPLES_REGISTER = """\
 examples:
   registrar register --url http://127.0.0.1:8998 --payload @rank0.json --health-port 8081
-  registrar register --url http://127.0.0.1:8998 --on-failure exit \\
-      --payload '{"attn_tp_size": 1, "attn_tp_rank": 0, ...}'
-  SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN=... registrar register --url ... --payload @p.json
+  registrar register --url http://127.0.0.1:8998 --payload @rank0.json --rank-ip-env POD_IP \\
+      --token-file /var/run/secrets/bootstrap/token --on-failure exit --max-elapsed 120
+  REGISTRAR_URL=http://bootstrap:8998 REGISTRAR_PAYLOAD=@/etc/rank0.json registrar register -v
 """
 
 EXAMPLES_MAIN = """\
@@ -46,16 +84,24 @@ examples:
   registrar diagram > state.mmd
 """
 
+_UNSET: Any = object()
+
 
 class UsageError(Exception):
     """Bad input on the command line: reported in one line, exit status 2."""
 
 
-def _payload(text: str) -> dict[str, Any]:
-    source = "--payload"
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (exit 2), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _payload(text: str, source: str = "--payload") -> dict[str, Any]:
     if text.startswith("@"):
         path = Path(text[1:])
-        source = f"--payload file {str(path)!r}"
+        source = f"{source} file {str(path)!r}"
         try:
             text = path.read_text()
         except OSError as exc:
@@ -69,57 +115,52 @@ def _payload(text: str) -> dict[str, Any]:
     return value
 
 
-def _convert(text: str, kind: type[int] | type[float], what: str) -> float:
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+def _table(name: str) -> Callable[[str], Any]:
+    """The parser of the environment table's variable `name`, for the flag of the same name:
+    a flag and its variable accept the same text and mean the same."""
+    (var,) = (v for v in ENV_VARS if v.name == name)
 
+    def parse(text: str) -> Any:
+        try:
+            return var.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
 
-def _attempts(text: str) -> int | None:
-    if text.lower() in ("none", "unlimited", "inf"):
-        return None
-    value = int(_convert(text, int, "a whole number or 'none'"))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (or 'none' for no limit), got {value}")
-    return value
-
-
-def _interval(text: str) -> float | None:
-    if text.lower() in ("off", "none", "0"):
-        return None
-    return _seconds(text)
+    return parse
 
 
 def _seconds(text: str) -> float:
-    value = _convert(text, float, "seconds")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return value
-
-
-def _seconds_or_zero(text: str) -> float:
-    value = _convert(text, float, "seconds")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    parse: Callable[[str], float] = _table("TIMEOUT")
+    value = parse(text)
+    if isinstance(value, tuple):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 
 def _port(text: str) -> int:
-    value = int(_convert(text, int, "a port number"))
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"must be within [0, 65535] (0: any free port), got {value}"
-        )
-    return value
+    try:
+        return parse_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+
+
+def _env_help() -> str:
+    shared = [v for v in ENV_VARS if not v.option.startswith("cli.")]
+    lines = ["environment (the flag wins):"]
+    lines += [
+        f"  {ENV_PREFIX}{v.name:<18} {v.help}" for v in ENV_VARS if v.option.startswith("cli.")
+    ]
+    lines += [f"  {ENV_PREFIX}{v.name:<18} {v.help}" for v in shared]
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
         prog="registrar",
         description="Register a service with a bootstrap server and keep it registered.",
-        epilog=EXAMPLES_MAIN,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"{EXAMPLES_MAIN}\n{_EXIT_TEXT}\n",
+        formatter_class=raw,
     )
     parser.add_argument("--version", action="version", version=f"registrar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -129,143 +170,271 @@ def _parser() -> argparse.ArgumentParser:
         help="run as a sidecar agent until SIGTERM/SIGINT",
         description="Register PAYLOAD with the bootstrap server at URL, keep it registered, "
         "and serve /livez /readyz /health (and /metrics with the extra) when --health-port "
-        "is given. Stops cleanly with exit 0 on SIGTERM or SIGINT.",
-        epilog=EXAMPLES_REGISTER,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "is given. Stops cleanly with exit 0 on SIGTERM or SIGINT; a second one ends it at "
+        "once. Every option can also be set by a REGISTRAR_* variable (below).",
+        epilog=f"{EXAMPLES_REGISTER}\n{_env_help()}\n\n{_EXIT_TEXT}\n",
+        formatter_class=raw,
+        argument_default=argparse.SUPPRESS,  # unset flags stay unset: the environment may say
     )
-    reg.add_argument("--url", required=True, help="bootstrap server, e.g. http://127.0.0.1:8998")
-    reg.add_argument("--payload", required=True, help="JSON text, or @FILE to read it from a file")
-    reg.add_argument(
-        "--token", help="bearer token (default: $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)"
-    )
-    reg.add_argument(
+    add = reg.add_argument
+    add("--url", metavar="URL", help="bootstrap server, e.g. http://127.0.0.1:8998 (required)")
+    add("--payload", metavar="JSON|@FILE", help="the payload, or @FILE to read it (required)")
+    add(
         "--protocol",
-        choices=("sglang", "http"),
-        default="sglang",
+        choices=protocol_names(),
         help="sglang (default): PUT /route and watch the rank; http: PUT only",
     )
-    reg.add_argument(
+    add(
+        "--token",
+        help="bearer token (visible in ps: prefer --token-file; "
+        "default: $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)",
+    )
+    add(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the bearer token, read again before each request (rotation)",
+    )
+    add("--rank-ip", metavar="IP", help="set the payload's rank_ip")
+    add(
+        "--rank-ip-env",
+        metavar="VAR",
+        help="set the payload's rank_ip from this variable, e.g. POD_IP",
+    )
+    add(
         "--max-attempts",
-        type=_attempts,
-        default=5,
+        type=_table("MAX_ATTEMPTS"),
         metavar="N",
-        help="startup attempts before on-failure applies, or 'none' (default: 5)",
+        help="startup attempts before --on-failure applies, or 'unlimited' (default: 5)",
     )
-    reg.add_argument(
+    add(
+        "--max-elapsed",
+        type=_table("MAX_ELAPSED"),
+        metavar="S",
+        help="startup time budget in seconds before --on-failure applies, or 'off' (default)",
+    )
+    add(
         "--on-failure",
-        choices=("retry", "stop", "exit"),
-        default="retry",
-        help="when the startup budget is spent (default: retry in the background)",
+        type=_table("ON_FAILURE"),
+        metavar="retry|stop|exit",
+        help="when the startup budget is spent: retry in the background (default), stay "
+        f"failed, or exit with status {EXIT_CODE}",
     )
-    reg.add_argument(
+    add(
         "--watch-interval",
-        type=_interval,
-        default=5.0,
+        type=_table("WATCH_INTERVAL"),
         metavar="S",
-        help="seconds between route checks, or 'off' (default: 5)",
+        help="seconds between route checks; 'off' for none (0 is refused) (default: 5)",
     )
-    reg.add_argument(
+    add(
         "--timeout",
-        type=_seconds,
-        default=5.0,
+        type=_table("TIMEOUT"),
         metavar="S",
-        help="each request's deadline in seconds, the whole request (default: 5)",
+        help="each request's deadline in seconds, the whole request, or CONNECT,READ (default: 5)",
     )
-    reg.add_argument(
+    add(
         "--max-retry-after",
-        type=_seconds_or_zero,
-        default=DEFAULT_MAX_RETRY_AFTER,
+        type=_table("MAX_RETRY_AFTER"),
         metavar="S",
         help="longest wait a server's Retry-After may impose, 0 to ignore it (default: 60)",
     )
-    reg.add_argument("--ca-bundle", metavar="FILE", help="CA bundle to verify an https server")
-    reg.add_argument(
-        "--health-host",
-        default="127.0.0.1",
-        metavar="H",
-        help="address for the health server (default: 127.0.0.1)",
-    )
-    reg.add_argument(
+    add("--ca-bundle", metavar="FILE", help="CA bundle to verify an https server")
+    add("--health-host", metavar="H", help="address for the health server (default: 127.0.0.1)")
+    add(
         "--health-port",
         type=_port,
         metavar="P",
         help="serve health endpoints on this port (0: any free port)",
     )
-    reg.add_argument(
-        "--expose-payload",
+    add("--expose-payload", action="store_true", help="include the payload in /health")
+    add(
+        "-v",
+        "--verbose",
         action="store_true",
-        help="include the payload in /health (off by default)",
+        help="debug: each request with its status and time, each route check and its verdict",
     )
-    reg.add_argument("-v", "--verbose", action="store_true", help="log debug details")
 
     status = sub.add_parser(
         "status",
         help="read a running agent's /health",
-        description="Print a running agent's health for a person. Exit 0 when registered, "
-        "1 otherwise, 2 when the agent cannot be reached.",
-        epilog="example:\n  registrar status --health-url http://127.0.0.1:8081",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print a running agent's health for a person, or as JSON. Exit 0 when "
+        f"registered, {EXIT_NOT_REGISTERED} otherwise, {EXIT_UNREACHABLE} when the agent "
+        f"cannot be reached, {EXIT_USAGE} on bad input.",
+        epilog="examples:\n  registrar status --health-url http://127.0.0.1:8081\n"
+        "  registrar status --health-url http://127.0.0.1:8081 --json | jq .status\n\n"
+        f"{_EXIT_TEXT}\n",
+        formatter_class=raw,
     )
     status.add_argument("--health-url", required=True, help="the agent's health server URL")
-    status.add_argument("--timeout", type=_seconds, default=5.0, metavar="S")
+    status.add_argument("--timeout", type=_seconds, default=5.0, metavar="S", help="(default: 5)")
+    status.add_argument(
+        "--json", action="store_true", help="print the agent's health+json document as it is"
+    )
 
-    sub.add_parser("diagram", help="print the state diagram (mermaid) from the transition table")
+    sub.add_parser(
+        "diagram",
+        help="print the state diagram (mermaid) from the transition table",
+        description="Print the state diagram as mermaid text, drawn from the transition table.",
+        epilog="examples:\n  registrar diagram > state.mmd\n"
+        "  registrar diagram | mmdc -i - -o state.svg   # with mermaid-cli",
+        formatter_class=raw,
+    )
 
     boot = sub.add_parser(
         "bootstrap",
         help="run the reference bootstrap server (development and tests only)",
         description="An in-memory bootstrap server with SGLang's HTTP semantics, for "
         "development and tests. Production keeps SGLang's own server.",
-        epilog="example:\n  registrar bootstrap --host 127.0.0.1 --port 8998",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  registrar bootstrap --host 127.0.0.1 --port 8998\n"
+        "  registrar bootstrap --port 8998 --token s3cret -v   # log each request",
+        formatter_class=raw,
     )
     boot.add_argument("--host", default="127.0.0.1")
     boot.add_argument("--port", type=_port, default=8998)
     boot.add_argument("--token", help="require Authorization: Bearer TOKEN on PUT /route")
     boot.add_argument("--max-body-bytes", type=int, default=1024 * 1024, metavar="N")
+    boot.add_argument("-v", "--verbose", action="store_true", help="log each request")
 
-    sub.add_parser("demo", help="the whole story on embedded defaults, narrated (under 30 s)")
+    sub.add_parser(
+        "demo",
+        help="the whole story on embedded defaults, narrated (under 30 s)",
+        description="A bootstrap server that starts late, a registrar with its health server, "
+        "the server restarting and forgetting, the route registered again; all on 127.0.0.1.",
+        epilog="example:\n  registrar demo",
+        formatter_class=raw,
+    )
     return parser
 
 
-def _log_setup(verbose: bool) -> None:
+def _log_setup(verbose: bool, quiet: Sequence[str] = ()) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%Y-%m-%dT%H:%M:%S%z")
     )
+    # The command says where it listens in its own one startup line: the INFO lines of the
+    # servers it starts would repeat it (their DEBUG lines, with -v, still show).
+    handler.addFilter(lambda record: not (record.name in quiet and record.levelno == logging.INFO))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
-def _wait_for_signal() -> None:
-    done = threading.Event()
+class _Signals:
+    """SIGTERM/SIGINT: the first asks for a clean stop; another while stopping ends the
+    process at once (`exit`, injectable for tests)."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        done.set()
+    def __init__(self, exit: Callable[[int], None] = os._exit) -> None:
+        self.done = threading.Event()
+        self._exit = exit
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    while not done.wait(0.5):
-        pass
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.done.is_set():
+            print("registrar: interrupted again, exiting now", file=sys.stderr, flush=True)
+            self._exit(EXIT_INTERRUPTED)
+            return
+        self.done.set()
+
+    def install(self) -> _Signals:
+        signal.signal(signal.SIGTERM, self.handle)
+        signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def wait(self) -> None:
+        while not self.done.wait(0.5):
+            pass
+
+
+def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """The register options: each flag given, else its variable, else nothing (the library's
+    default stands). ConfigError names a bad variable; a variable whose flag is given is not
+    even read (the flag wins)."""
+    flags = vars(args)
+    unflagged = [v.name for v in ENV_VARS if v.name.lower() not in flags]
+    library = options_from_env(names=unflagged)
+    command = command_options_from_env(names=unflagged)
+    chosen: dict[str, Any] = {}
+    for name in (*library, *command):
+        chosen[name] = library.get(name, command.get(name))
+    for name, value in flags.items():
+        if name != "command":
+            chosen[name] = value
+    return chosen
+
+
+def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
+    """A fixed token, a provider reading the token file before each request, or None."""
+    if "token" in flags and "token_file" in flags:
+        raise UsageError("give --token or --token-file, not both")
+    # A flag wins over both variables; between the variables, the file (not visible in ps).
+    if "token" in flags:
+        return flags["token"]
+    path = flags.get("token_file", chosen.get("token_file"))
+    if path is None:
+        return chosen.get("token")
+    source = Path(path)
+    try:
+        first = source.read_text().strip()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read --token-file {str(source)!r}: {exc.strerror or exc}"
+        ) from None
+    if not first:
+        raise UsageError(f"--token-file {str(source)!r} is empty")
+
+    def read() -> str | None:
+        # Read afresh each time, so a rotated token is sent from the next request on.
+        return source.read_text().strip() or None
+
+    return read
+
+
+def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
+    if chosen.get("rank_ip") is not None:
+        return {**payload, "rank_ip": chosen["rank_ip"]}
+    name = chosen.get("rank_ip_env")
+    if name is None:
+        return payload
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
+    return {**payload, "rank_ip": value}
+
+
+def _log_request(event: RequestEvent) -> None:
+    code = event.status_code if event.status_code is not None else "no answer"
+    what = "registration" if event.kind == "register" else "route check"
+    logger.debug("%s: %s (%s) in %.1f ms", what, event.result, code, event.duration * 1000)
 
 
 def _cmd_register(args: argparse.Namespace) -> int:
-    payload = _payload(args.payload)
-    _log_setup(args.verbose)
-    reg = Registrar(
-        args.url,
-        payload,
-        token=args.token,
-        protocol=args.protocol,
-        max_attempts=args.max_attempts,
-        on_failure=args.on_failure,
-        watch_interval=args.watch_interval,
-        timeout=args.timeout,
-        max_retry_after=args.max_retry_after,
-        ca_bundle=args.ca_bundle,
-    )
+    flags = {k: v for k, v in vars(args).items() if k != "command"}
+    chosen = _resolve(args)
+    for required, flag in (("url", "--url"), ("payload", "--payload")):
+        if chosen.get(required) is None:
+            variable = f"{ENV_PREFIX}{required.upper()}"
+            raise UsageError(f"{flag} is required (or set {variable})")
+    source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
+    payload = _rank_ip(_payload(chosen["payload"], source), chosen)
+    token = _token(chosen, flags)
+    verbose = bool(chosen.get("verbose", False))
+    _log_setup(verbose, quiet=("registrar.surfaces.health",))
+    options = {
+        key: chosen[key]
+        for key in (
+            "protocol",
+            "max_attempts",
+            "max_elapsed",
+            "on_failure",
+            "watch_interval",
+            "timeout",
+            "max_retry_after",
+            "verify",
+            "ca_bundle",
+            "backoff",
+        )
+        if key in chosen
+    }
+    reg = Registrar(chosen["url"], payload, token=token, **options)
     log = logging.getLogger("registrar")
 
     def on_change(old: State, new: State, status: Status) -> None:
@@ -273,27 +442,33 @@ def _cmd_register(args: argparse.Namespace) -> int:
         log.info("state %s -> %s%s", old.value, new.value, detail)
 
     reg.add_listener(on_change)
+    if verbose:
+        reg.add_request_listener(_log_request)
     health = None
-    if args.health_port is not None:
+    host = chosen.get("health_host") or "127.0.0.1"
+    port = chosen.get("health_port")
+    if port is not None:
         try:
             health = start_health_server(
-                reg, args.health_host, args.health_port, expose_payload=args.expose_payload
+                reg, host, port, expose_payload=bool(chosen.get("expose_payload", False))
             )
         except OSError as exc:
             raise UsageError(
-                f"cannot serve health on {args.health_host}:{args.health_port}: "
-                f"{describe_exception(exc)}"
+                f"cannot serve health on {host}:{port}: {describe_exception(exc)}"
             ) from None
-        print(f"health on {health.url}/readyz", file=sys.stderr, flush=True)
+    where = f"; health on {health.url}/readyz" if health is not None else ""
+    log.info("registrar %s: registering with %s%s", __version__, reg.status().url, where)
+    signals = _Signals().install()
     reg.start()
     try:
-        _wait_for_signal()
+        signals.wait()
     finally:
         log.info("stopping")
+        # stop() ends a request in flight at once (it never waits out the request timeout).
         reg.stop()
         if health is not None:
             health.stop()
-    return 0
+    return EXIT_OK
 
 
 def _health_check(document: object) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -330,14 +505,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
             f"registrar: cannot reach {shown}: {transport.describe_error(result.error)}",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_UNREACHABLE
     try:
         if not result.complete:
             raise ValueError("answer too large")
         document, check = _health_check(load_json(result.text))
     except ValueError:
         print(f"registrar: {shown} is not a registrar health endpoint", file=sys.stderr)
-        return 2
+        return EXIT_UNREACHABLE
+    registered = check.get("observedValue") == State.REGISTERED.value
+    outcome = EXIT_OK if registered else EXIT_NOT_REGISTERED
+    if args.json:
+        # The document as the agent sent it (parsed and re-encoded: valid JSON, one line).
+        print(json.dumps(document, sort_keys=False))
+        return outcome
 
     def field(source: dict[str, Any], name: str, default: str = "") -> str:
         # The agent's text, escaped and capped: a health document is no licence to draw on
@@ -345,7 +526,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
         value = source.get(name)
         return clean(value, 200) if value not in (None, "") else default
 
-    state = check.get("observedValue")
     print(
         f"registration: {field(check, 'observedValue')} ({field(document, 'status')})"
         f" since {field(check, 'since')}"
@@ -366,11 +546,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"next attempt: {field(check, 'nextAttemptAt')}")
     if document.get("output"):
         print(f"problem:      {field(document, 'output')}")
-    return 0 if state == State.REGISTERED.value else 1
+    return outcome
 
 
 def _cmd_bootstrap(args: argparse.Namespace) -> int:
-    _log_setup(False)
+    # -v: the server logs each request (method, path, status) at DEBUG.
+    _log_setup(args.verbose, quiet=("registrar.devtools.bootstrap_server",))
     server = BootstrapServer(
         args.host, args.port, token=args.token, max_body_bytes=args.max_body_bytes
     )
@@ -380,16 +561,13 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
         raise UsageError(
             f"cannot listen on {args.host}:{args.port}: {describe_exception(exc)}"
         ) from None
-    print(
-        f"reference bootstrap server on {server.url} (development and test tool)",
-        file=sys.stderr,
-        flush=True,
-    )
+    logger.info("reference bootstrap server on %s (development and test tool)", server.url)
+    signals = _Signals().install()
     try:
-        _wait_for_signal()
+        signals.wait()
     finally:
         server.close()
-    return 0
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -408,12 +586,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_status(args)
         if args.command == "diagram":
             sys.stdout.write(mermaid_diagram())
-            return 0
+            return EXIT_OK
         if args.command == "bootstrap":
             return _cmd_bootstrap(args)
         return _cmd_demo(args)
     except (UsageError, ConfigError) as exc:
         print(f"registrar: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED

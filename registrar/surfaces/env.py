@@ -16,7 +16,15 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..core.registrar import DEFAULT_BACKOFF
 
-__all__ = ["ENV_PREFIX", "ENV_VARS", "EnvVar", "describe_env", "options_from_env"]
+__all__ = [
+    "ENV_PREFIX",
+    "ENV_VARS",
+    "EnvVar",
+    "command_options_from_env",
+    "describe_env",
+    "options_from_env",
+    "parse_port",
+]
 
 ENV_PREFIX = "REGISTRAR_"
 
@@ -91,6 +99,21 @@ def _flag(text: str) -> bool:
     raise ValueError("must be true or false")
 
 
+def parse_port(text: str) -> int:
+    """A TCP port, 0 meaning any free one."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("must be a port number within [0, 65535] (0: any free port)") from None
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number within [0, 65535] (0: any free port)")
+    return value
+
+
+def _text(text: str) -> str:
+    return text.strip()
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -107,7 +130,8 @@ class EnvVar:
 
     name: str
     option: str
-    """A `Registrar` keyword argument, or `backoff.<field>` for a field of the `Backoff`."""
+    """A `Registrar` keyword argument, `backoff.<field>` for a field of the `Backoff`, or
+    `cli.<option>` for an option of `registrar register` alone (its flag `--<option>`)."""
     parse: Callable[[str], Any]
     """Raises ValueError with the rule the text broke."""
     example: str
@@ -157,6 +181,30 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("BACKOFF_MAX", "backoff.maximum", _seconds, "5", "retry delay cap, seconds"),
     EnvVar("BACKOFF_MULTIPLIER", "backoff.multiplier", float, "2", "retry delay growth factor"),
     EnvVar("BACKOFF_JITTER", "backoff.jitter", _fraction, "0.25", "random part of each delay"),
+    # `registrar register` alone: the flag of the same name wins over the variable.
+    EnvVar("URL", "cli.url", _text, "http://127.0.0.1:8998", "the bootstrap server"),
+    EnvVar("PAYLOAD", "cli.payload", _text, "@/etc/registrar/rank0.json", "JSON, or @FILE"),
+    EnvVar("PROTOCOL", "cli.protocol", _text, "sglang", "sglang (PUT and watch) or http"),
+    EnvVar("TOKEN", "cli.token", _text, "s3cret", "bearer token (prefer TOKEN_FILE)"),
+    EnvVar(
+        "TOKEN_FILE",
+        "cli.token_file",
+        _text,
+        "/var/run/secrets/bootstrap/token",
+        "file holding the bearer token, read again before each request (rotation)",
+    ),
+    EnvVar("RANK_IP", "cli.rank_ip", _text, "10.0.0.5", "sets the payload's rank_ip"),
+    EnvVar(
+        "RANK_IP_ENV",
+        "cli.rank_ip_env",
+        _text,
+        "POD_IP",
+        "the variable that holds the payload's rank_ip (Kubernetes: status.podIP)",
+    ),
+    EnvVar("HEALTH_HOST", "cli.health_host", _text, "0.0.0.0", "address of the health server"),
+    EnvVar("HEALTH_PORT", "cli.health_port", parse_port, "8081", "port of the health server"),
+    EnvVar("EXPOSE_PAYLOAD", "cli.expose_payload", _flag, "false", "show the payload in /health"),
+    EnvVar("VERBOSE", "cli.verbose", _flag, "false", "log each request and route check"),
 )
 
 
@@ -175,16 +223,11 @@ def options_from_env(
     options: dict[str, Any] = {}
     backoff: dict[str, Any] = {}
     for var in ENV_VARS:
-        if wanted is not None and var.name not in wanted:
+        if (wanted is not None and var.name not in wanted) or var.option.startswith("cli."):
             continue
-        key = prefix + var.name
-        text = env.get(key, "").strip()
-        if not text:
+        value = _read(var, env, prefix)
+        if value is _UNSET:
             continue
-        try:
-            value = var.parse(text)
-        except ValueError as exc:
-            raise ConfigError(f"{key}={text!r} {exc}; e.g. {key}={var.example}") from None
         if var.option.startswith("backoff."):
             backoff[var.option.removeprefix("backoff.")] = value
         else:
@@ -195,6 +238,40 @@ def options_from_env(
         except ConfigError as exc:
             set_by = ", ".join(prefix + v.name for v in ENV_VARS if v.option.startswith("backoff."))
             raise ConfigError(f"{exc} (check {set_by})") from None
+    return options
+
+
+_UNSET: Any = object()
+
+
+def _read(var: EnvVar, env: Mapping[str, str], prefix: str) -> Any:
+    key = prefix + var.name
+    text = env.get(key, "").strip()
+    if not text:
+        return _UNSET
+    try:
+        return var.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={text!r} {exc}; e.g. {key}={var.example}") from None
+
+
+def command_options_from_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    prefix: str = ENV_PREFIX,
+    names: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """The options of `registrar register` alone (`cli.*` in the table) that are set, by
+    option name (`health_port`), or `ConfigError` naming the variable. `names` restricts the
+    table as for `options_from_env`."""
+    env = os.environ if environ is None else environ
+    wanted = None if names is None else frozenset(names)
+    options: dict[str, Any] = {}
+    for var in ENV_VARS:
+        if var.option.startswith("cli.") and (wanted is None or var.name in wanted):
+            value = _read(var, env, prefix)
+            if value is not _UNSET:
+                options[var.option.removeprefix("cli.")] = value
     return options
 
 
