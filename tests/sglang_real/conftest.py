@@ -1,0 +1,133 @@
+"""The real-SGLang suite: SGLang 0.5.23's own classes on CPU, in the environment that
+scripts/sglang-venv.sh builds. Where SGLang is not installed (the core suite's environment) every
+test here is skipped with the reason; with REGISTRAR_SGLANG_REQUIRED=1 (as .ci/run sets it) a
+missing SGLang is an error instead, so CI cannot pass by skipping them.
+
+Every rank runs in a process of its own, as SGLang runs its schedulers; the bootstrap server is
+SGLang's `CommonKVBootstrapServer`, in this process, started and closed by the tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REQUIRED = os.environ.get("REGISTRAR_SGLANG_REQUIRED") == "1"
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+SKIP_REASON = (
+    "SGLang is not installed in this environment: run this suite in the one that "
+    "scripts/sglang-venv.sh builds (see README, 'The real-SGLang suite')"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAVE_SGLANG:
+        return
+    mine = [item for item in items if HERE in Path(str(item.fspath)).parents]
+    if mine and REQUIRED:
+        raise pytest.UsageError(f"REGISTRAR_SGLANG_REQUIRED=1 but {SKIP_REASON}")
+    for item in mine:
+        item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+sys.path.insert(0, str(HERE))
+if HAVE_SGLANG:
+    from sglang_support.standin import install
+
+    install()
+
+from sglang_support.harness import Rank, Server, child_env  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A config-only model folder: all ServerArgs reads of a model on this path."""
+    folder = tmp_path_factory.mktemp("model")
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32",
+        "tie_word_embeddings": False,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture
+def spawn_rank(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
+    """Start rank processes; every one is ended when the test ends (by its own PID)."""
+    started: list[Rank] = []
+
+    def spawn(
+        bootstrap_port: int, *, rank: int = 0, tp_size: int = 1, plugin: bool = True, **env: str
+    ) -> Rank:
+        extra = {"REGISTRAR_WATCH_INTERVAL": "0.5", **env}
+        if not plugin:
+            extra["SGLANG_PLUGINS"] = "none-but-registrar-absent"
+        log = tmp_path / f"rank{rank}-{len(started)}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang_support.rank",
+            "--bootstrap-port",
+            str(bootstrap_port),
+            "--tp-size",
+            str(tp_size),
+            "--rank",
+            str(rank),
+            "--model",
+            str(model_dir),
+        ]
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=child_env(**extra),
+                cwd=HERE,
+            )
+        handle = Rank(proc, log)
+        started.append(handle)
+        return handle
+
+    try:
+        yield spawn
+    finally:
+        for handle in started:
+            handle.stop()
+
+
+@pytest.fixture
+def bootstrap() -> Iterator[Any]:
+    """Make real bootstrap servers (not started); each is closed when the test ends."""
+    made: list[Server] = []
+
+    def make(port: int) -> Server:
+        server = Server(port)
+        made.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.close()

@@ -1,0 +1,142 @@
+"""The pieces the real-SGLang tests share: rank processes, SGLang's bootstrap server, waiting."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent.parent
+BOOT = HERE / "sglang_support" / "boot"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process the suite starts: the torchvision stand-in loads first."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(BOOT), str(HERE), env.get("PYTHONPATH", "")) if p
+    )
+    env.update(extra)
+    return env
+
+
+def import_quietly(module: str) -> Any:
+    """Import a piece of SGLang; it warns about every GPU-only feature when loaded on CPU."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(module)
+
+
+class Rank:
+    """A rank process (sglang_support/rank.py): its JSON lines, its commands, its end."""
+
+    def __init__(self, proc: subprocess.Popen[str], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.lines: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(json.loads(line))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def event(self, name: str, timeout: float = 120.0, after: int = 0) -> dict[str, Any]:
+        """The first `name` line from index `after` on, waiting for it."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines[after:]:
+                    if line.get("event") == name:
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(
+                        f"no {name!r} from the rank (exit {self.proc.poll()}); its log:\n"
+                        + self.log.read_text()[-4000:]
+                    )
+                self._cond.wait(min(left, 0.5))
+
+    def command(self, text: str, reply: str) -> dict[str, Any]:
+        with self._cond:
+            after = len(self.lines)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+        return self.event(reply, after=after)
+
+    def status(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.command("status", "status")["rows"]
+        return rows
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(10)
+            except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class Server:
+    """SGLang's real CommonKVBootstrapServer, started and closed on one port."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.instance: Any = None
+
+    def start(self) -> Server:
+        conn = import_quietly("sglang.srt.disaggregation.common.conn")
+        self.instance = conn.CommonKVBootstrapServer("127.0.0.1", self.port)
+        assert wait_for(self._listening, 10), f"bootstrap server not listening on {self.port}"
+        return self
+
+    def _listening(self) -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def close(self) -> None:
+        if self.instance is not None:
+            self.instance.close()
+            self.instance = None
+
+    @property
+    def count(self) -> int:
+        """Accepted PUTs in this server's lifetime (the real server counts every one)."""
+        return int(self.instance._registered_count) if self.instance is not None else 0
+
+    def rows(self) -> set[tuple[int, int, int, int]]:
+        table = self.instance.prefill_port_table if self.instance is not None else {}
+        return {
+            (dp, cp, tp, pp)
+            for dp, cps in table.items()
+            for cp, tps in cps.items()
+            for tp, pps in tps.items()
+            for pp in pps
+        }
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

@@ -1,0 +1,138 @@
+"""One prefill rank, as SGLang's scheduler process builds it, in a process of its own.
+
+    python -m sglang_support.rank --bootstrap-port P --tp-size N --rank R --model DIR
+
+Like `run_scheduler_process`, it loads SGLang's plugins (`load_plugins()`, so `SGLANG_PLUGINS`
+decides whether registrar's is among them), publishes the scheduler's runtime context, then runs
+the real `CommonKVManager.__init__` in prefill mode on CPU: SGLang's own payload building,
+socket binding and registration. What it measured goes to stdout as one JSON object a line:
+
+    {"event": "init", "seconds": 0.01, "rank_port": 41234}
+
+then it answers commands read from stdin, one a line: `status` (the registrars the plugin keeps
+on the manager, `{"event": "status", "rows": [...]}`), `teardown` (SGLang's role-switch
+teardown of this rank), `exit`. End of input ends the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import warnings
+from typing import Any
+
+log = logging.getLogger("rank")
+
+
+def say(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def kv_args(rank: int) -> Any:
+    """The fields of SGLang's KVArgs that the common manager reads in prefill mode."""
+    from sglang.srt.disaggregation.base.conn import KVArgs
+
+    args = KVArgs()
+    fields: dict[str, Any] = {
+        "engine_rank": rank,
+        "kv_data_ptrs": [],
+        "kv_data_lens": [],
+        "kv_item_lens": [1],
+        "kv_layer_ids": [],
+        "kv_cache_dtype_str": "auto",
+        "kv_layout": None,
+        "aux_data_ptrs": [],
+        "aux_data_lens": [],
+        "aux_item_lens": [],
+        "state_types": [],
+        "state_data_ptrs": [],
+        "state_data_lens": [],
+        "state_item_lens": [],
+        "ib_device": None,
+        "gpu_id": 0,
+        "page_size": 1,
+        "system_dp_rank": 0,
+        "pp_rank": 0,
+        "prefill_start_layer": 0,
+        "rust_http_port": None,
+    }
+    for name, value in fields.items():
+        setattr(args, name, value)
+    return args
+
+
+def build_manager(bootstrap_port: int, tp_size: int, rank: int, model: str) -> Any:
+    """The real CommonKVManager of one prefill rank, as a scheduler process builds it."""
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(
+        model_path=model,
+        disaggregation_mode="prefill",
+        device="cpu",
+        host="127.0.0.1",
+        port=30000,
+        disaggregation_bootstrap_port=bootstrap_port,
+        tp_size=tp_size,
+    )
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
+    # No torch.distributed here: the pipeline group is never used with pp_size 1.
+    get_parallel().override_permanently(pp_group=None)
+    return CommonKVManager(kv_args(rank), DisaggregationMode.PREFILL, server_args, False)
+
+
+def rows(manager: Any) -> list[dict[str, Any]]:
+    from registrar.integrations.sglang import rank_summary
+
+    return rank_summary(manager)["rows"]  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bootstrap-port", type=int, required=True)
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--model", required=True)
+    opts = parser.parse_args()
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SGLang warns about every GPU-only feature on CPU
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        started = time.monotonic()
+        manager = build_manager(opts.bootstrap_port, opts.tp_size, opts.rank, opts.model)
+        seconds = time.monotonic() - started
+    say(event="init", seconds=seconds, rank_port=manager.rank_port)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "status":
+            say(event="status", rows=rows(manager))
+        elif command == "teardown":
+            from sglang.srt.disaggregation.role_switch import teardown_disaggregation
+
+            scheduler = argparse.Namespace(
+                disaggregation_mode=manager.disaggregation_mode,
+                disagg_prefill_bootstrap_queue=argparse.Namespace(kv_manager=manager),
+            )
+            try:
+                teardown_disaggregation(scheduler)
+            except Exception as exc:  # the common manager has no teardown of its own
+                log.info("teardown after the plugin's hook: %r", exc)
+            say(event="teardown", rows=rows(manager))
+        elif command == "exit":
+            break
+    say(event="exit")
+
+
+if __name__ == "__main__":
+    main()
