@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 from _pytest.terminal import TerminalReporter
-from support import FakeClock
+from support import CLI_ENV, FakeClock
 
 from registrar.core.registrar import UNEXPECTED
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -51,6 +53,30 @@ def server() -> Iterator[BootstrapServer]:
         yield srv
     finally:
         srv.close()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start `registrar ...` in the background (`env=` adds variables); every process is ended
+    by its PID."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "registrar", *args],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**CLI_ENV, **(env or {})},
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ scripted transport, SGLang payloads, and free loopback ports."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -145,3 +146,12 @@ SENTINEL = {
     "target_tp_rank": -1,
     "target_pp_rank": -1,
 }
+
+
+CLI_ENV = {
+    key: value
+    for key, value in os.environ.items()
+    if not key.startswith("REGISTRAR_") and key != "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
+}
+"""The environment `registrar` subprocesses run in: none of the variables it reads, unbuffered."""
+CLI_ENV["PYTHONUNBUFFERED"] = "1"

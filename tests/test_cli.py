@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -13,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import requests
-from support import free_port, sglang_payload, wait_until
+from support import CLI_ENV, free_port, sglang_payload, wait_until
 
 from registrar import mermaid_diagram
 from registrar.devtools.bootstrap_server import BootstrapServer
 
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-ENV.pop("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", None)
+ENV = CLI_ENV
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -31,29 +29,6 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         timeout=timeout,
         env=ENV,
     )
-
-
-@pytest.fixture
-def spawn() -> Iterator:
-    """Start `registrar ...` in the background; every process is ended by its PID."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "registrar", *args],
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=ENV,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
 
 
 def readyz(port: int) -> int | None:

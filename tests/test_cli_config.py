@@ -5,28 +5,19 @@ exit statuses, status --json, -v, one startup line, and Ctrl-C that never waits 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
-from support import free_port, sglang_payload, wait_until
+from support import CLI_ENV, free_port, sglang_payload, wait_until
 
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces import cli
-
-BASE_ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith("REGISTRAR_") and k != "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
-}
-BASE_ENV["PYTHONUNBUFFERED"] = "1"
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -36,31 +27,8 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         capture_output=True,
         text=True,
         timeout=60,
-        env={**BASE_ENV, **(env or {})},
+        env={**CLI_ENV, **(env or {})},
     )
-
-
-@pytest.fixture
-def spawn() -> Iterator:
-    """Start `registrar ...` in the background; every process is ended by its PID."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "registrar", *args],
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**BASE_ENV, **(env or {})},
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
 
 
 def health(port: int, path: str = "/health") -> dict | None:

@@ -137,8 +137,14 @@ def test_dead_thread_fails_liveness(registrars: list) -> None:
     reg.start()
     assert wait_until(lambda: reg.thread_died)
     with start_health_server(reg, metrics=False) as health:
-        assert get(f"{health.url}/livez").status_code == 503
-        assert "clock bug" in get(f"{health.url}/livez").json()["output"]
+        answer = get(f"{health.url}/livez")
+        assert answer.status_code == 503
+        # The levels agree: a failing /livez has a failing check, and says why at the top.
+        document = answer.json()
+        assert document["status"] == "fail"
+        assert document["checks"]["registrar:thread"][0]["status"] == "fail"
+        assert document["checks"]["registrar:thread"][0]["observedValue"] is False
+        assert "clock bug" in document["output"]
 
 
 def test_bootstrap_outage_never_fails_liveness(server: BootstrapServer, registrars: list) -> None:

@@ -36,6 +36,16 @@ from registrar.surfaces.metrics import RegistrarMetrics
 PAYLOAD = sglang_payload(ip="10.0.0.5", port=20000)
 
 
+class Registered:
+    """A health source that is registered, with nothing behind it."""
+
+    thread_died = False
+    payload: ClassVar[dict[str, Any]] = {}
+
+    def status(self) -> Status:
+        return Status(state=State.REGISTERED, since=0.0, url="u")
+
+
 def make(registrars: list, outcomes: list, **kwargs: Any) -> Registrar:
     reg = Registrar(
         "http://127.0.0.1:8998",
@@ -151,34 +161,6 @@ def test_kubernetes_paths_verbose_and_exclude(registrars: list) -> None:
         assert document["status"] != "fail"
 
 
-def test_livez_levels_agree_when_the_thread_died(registrars: list) -> None:
-    # A raising transport is a failed attempt now (the loop holds the contract); a bug in the
-    # loop's own machinery, here its clock, still ends the thread.
-    class BrokenClock(FakeClock):
-        def wait(self, event: object, timeout: float | None) -> bool:  # type: ignore[override]
-            raise RuntimeError("clock bug")
-
-    reg = Registrar(
-        "http://127.0.0.1:8998",
-        PAYLOAD,
-        transport=ScriptedTransport([retry()]),
-        clock=BrokenClock(),
-        watch_interval=None,
-    )
-    registrars.append(reg)
-    reg.start()
-    deadline = time.monotonic() + 5
-    while not reg.thread_died and time.monotonic() < deadline:
-        time.sleep(0.01)
-    with start_health_server(reg, metrics=False) as health:
-        answer = get(f"{health.url}/livez")
-        assert answer.status_code == 503
-        document = answer.json()
-        assert document["status"] == "fail"
-        assert document["checks"]["registrar:thread"][0]["status"] == "fail"
-        assert "clock bug" in document["output"]
-
-
 def comparable(document: dict[str, Any]) -> dict[str, Any]:
     """A document without the reading times (taken per request)."""
     for (entry,) in document.get("checks", {}).values():
@@ -250,14 +232,7 @@ def test_mounted_into_fastapi(registrars: list) -> None:
 
 
 def test_asgi_lifespan_alone() -> None:
-    class Source:
-        thread_died = False
-        payload: ClassVar[dict[str, Any]] = {}
-
-        def status(self) -> Status:
-            return Status(state=State.REGISTERED, since=0.0, url="u")
-
-    app = health_asgi_app(Source())
+    app = health_asgi_app(Registered())
     sent: list[dict[str, Any]] = []
     messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
 
@@ -321,15 +296,8 @@ def registrar_version() -> str:
 
 
 def test_wsgi_app_is_plain_wsgi() -> None:
-    class Source:
-        thread_died = False
-        payload: ClassVar[dict[str, Any]] = {}
-
-        def status(self) -> Status:
-            return Status(state=State.REGISTERED, since=0.0, url="u")
-
     seen: list[Any] = []
-    body = health_app(Source())(
+    body = health_app(Registered())(
         {"REQUEST_METHOD": "GET", "PATH_INFO": "/readyz", "QUERY_STRING": "verbose"},
         lambda status, headers: seen.append((status, headers)),
     )
