@@ -29,6 +29,7 @@ from .core.registry import TransportOptions, protocol_names, register_protocol
 from .core.status import Status
 from .core.transport import IdleWatcher, Transport
 from .core.waker import Waker
+from .protocols.etcd import EtcdTransport, etcd_registrar
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
 
@@ -39,6 +40,7 @@ __all__ = [
     "Backoff",
     "Clock",
     "ConfigError",
+    "EtcdTransport",
     "HttpTransport",
     "IdleWatcher",
     "Listener",
@@ -61,6 +63,7 @@ __all__ = [
     "Verdict",
     "Waker",
     "__version__",
+    "etcd_registrar",
     "in_loop",
     "make_payload",
     "mermaid_diagram",

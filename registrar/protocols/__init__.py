@@ -1,5 +1,7 @@
 """The protocols registrar speaks, side by side; importing this package registers the built-in
-ones (`"sglang"`, `"http"`) with `registrar.core.registry`."""
+ones (`"sglang"`, `"http"`) with `registrar.core.registry`. etcd needs a key and a TTL, which
+the registry's options do not carry: build it with `etcd_registrar(...)` or pass
+`transport=EtcdTransport(...)`."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ from typing import Any
 
 from ..core.registry import TransportOptions, register_protocol
 from ..core.transport import Transport
+from .etcd import EtcdTransport, etcd_registrar
 from .http import HttpTransport
 from .sglang import SGLangTransport, token_from_env, validate_payload
 
-__all__ = ["HttpTransport", "SGLangTransport"]
+__all__ = ["EtcdTransport", "HttpTransport", "SGLangTransport", "etcd_registrar"]
 
 
 def _sglang(

@@ -566,17 +566,18 @@ class HttpTransport:
         json: Any = None,
         params: Mapping[str, str | int] | None = None,
         limit: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         """One request within the deadline; failures are returned, never raised. The body is
         read up to `limit` bytes whatever the status, by default up to `max_answer_bytes` for
-        a success and `EXCERPT_BYTES` otherwise."""
+        a success and `EXCERPT_BYTES` otherwise. `headers` are added to this request only."""
         if self._refused:
             refusal = self._probe()
             if refusal is not None:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
         try:
-            return self._send(method, path, json=json, params=params, limit=limit)
+            return self._send(method, path, json=json, params=params, limit=limit, headers=headers)
         finally:
             self._counter.discard_probe()
 
@@ -588,6 +589,7 @@ class HttpTransport:
         json: Any,
         params: Mapping[str, str | int] | None,
         limit: int | None,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         opened_before = self._counter.opened
         started = time.monotonic()
@@ -600,9 +602,11 @@ class HttpTransport:
         error: BaseException | None = None
         body, complete = b"", False
         try:
-            headers = self._auth_header()
+            auth = self._auth_header()
         except Exception as exc:  # a provider that fails fails this request, like the network
             return HttpResult(None, {}, "", TokenUnavailable(describe_exception(exc)), False)
+        if auth is not None:
+            headers = {**auth, **(headers or {})}
         self._watchdog.begin(self._deadline)
         try:
             response = self._session.request(

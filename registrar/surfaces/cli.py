@@ -73,6 +73,8 @@ examples:
   registrar register --url http://127.0.0.1:8998 --payload @rank0.json --rank-ip-env POD_IP \\
       --token-file /var/run/secrets/bootstrap/token --on-failure exit --max-elapsed 120
   REGISTRAR_URL=http://bootstrap:8998 REGISTRAR_PAYLOAD=@/etc/rank0.json registrar register -v
+  registrar register --etcd http://127.0.0.1:2379 --key /services/prefill/rank0 --ttl 10 \\
+      --payload @rank0.json    # etcd instead of a bootstrap server: docs/etcd.md
 """
 
 EXAMPLES_MAIN = """\
@@ -236,6 +238,18 @@ def _parser() -> argparse.ArgumentParser:
         type=_table("MAX_RETRY_AFTER"),
         metavar="S",
         help="longest wait a server's Retry-After may impose, 0 to ignore it (default: 60)",
+    )
+    add(
+        "--etcd",
+        metavar="URLS",
+        help="instead of --url: etcd client URLs, comma-separated (docs/etcd.md)",
+    )
+    add("--key", metavar="KEY", help="with --etcd: the key, e.g. /services/prefill/rank0")
+    add("--ttl", type=_seconds, metavar="S", help="with --etcd: the lease TTL (default: 10)")
+    add(
+        "--etcd-user",
+        metavar="NAME",
+        help="with --etcd: the etcd user; its password from $REGISTRAR_ETCD_PASSWORD",
     )
     add("--ca-bundle", metavar="FILE", help="CA bundle to verify an https server")
     add("--health-host", metavar="H", help="address for the health server (default: 127.0.0.1)")
@@ -406,10 +420,35 @@ def _log_request(event: RequestEvent) -> None:
     logger.debug("%s: %s (%s) in %.1f ms", what, event.result, code, event.duration * 1000)
 
 
+def _etcd_registrar(
+    flags: dict[str, Any], payload: dict[str, Any], token: Any, options: dict[str, Any]
+) -> Registrar:
+    """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
+    from ..protocols.etcd import etcd_registrar  # noqa: PLC0415 - only --etcd needs it
+
+    if "url" in flags or "protocol" in flags or token is not None:
+        raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
+    if not flags.get("key"):
+        raise UsageError("--etcd needs --key, e.g. --key /services/prefill/rank0")
+    user = flags.get("etcd_user")
+    password = os.environ.get("REGISTRAR_ETCD_PASSWORD") if user else None
+    if user and not password:
+        raise UsageError("--etcd-user needs the password in $REGISTRAR_ETCD_PASSWORD")
+    options = {k: v for k, v in options.items() if k != "protocol"}
+    if "ttl" in flags:
+        options["ttl"] = flags["ttl"]
+    return etcd_registrar(
+        flags["etcd"], flags["key"], payload, username=user, password=password, **options
+    )
+
+
 def _cmd_register(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen = _resolve(args)
+    etcd = "etcd" in flags
     for required, flag in (("url", "--url"), ("payload", "--payload")):
+        if etcd and required == "url":
+            continue
         if chosen.get(required) is None:
             variable = f"{ENV_PREFIX}{required.upper()}"
             raise UsageError(f"{flag} is required (or set {variable})")
@@ -418,7 +457,7 @@ def _cmd_register(args: argparse.Namespace) -> int:
     token = _token(chosen, flags)
     verbose = bool(chosen.get("verbose", False))
     _log_setup(verbose, quiet=("registrar.surfaces.health",))
-    options = {
+    options: dict[str, Any] = {
         key: chosen[key]
         for key in (
             "protocol",
@@ -434,7 +473,10 @@ def _cmd_register(args: argparse.Namespace) -> int:
         )
         if key in chosen
     }
-    reg = Registrar(chosen["url"], payload, token=token, **options)
+    if etcd:
+        reg = _etcd_registrar(flags, payload, token, options)
+    else:
+        reg = Registrar(chosen["url"], payload, token=token, **options)
     log = logging.getLogger("registrar")
 
     def on_change(old: State, new: State, status: Status) -> None:
