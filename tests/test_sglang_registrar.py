@@ -180,7 +180,10 @@ def test_token_is_sent_and_never_shown(
             reg.stop()
     error = wrong.status().last_error or ""
     assert error.startswith("401 Unauthorized from http://127.0.0.1:")
-    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN" in error
+    assert "check the bootstrap auth token (from token)" in error  # the one that was sent
+    assert "pass one with token= or SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN" in (
+        missing.status().last_error or ""
+    )
     assert wrong.status().attempts_total == 1  # not retried
     shown = caplog.text + repr(wrong) + str(wrong.status().to_dict())
     assert "s3cret-token" not in shown

@@ -12,7 +12,7 @@ from ..core.registry import TransportOptions, register_protocol
 from ..core.transport import Transport
 from .etcd import EtcdTransport, etcd_registrar
 from .http import HttpTransport
-from .sglang import SGLangTransport, token_from_env, validate_payload
+from .sglang import SGLangTransport, token_from_env, token_source, validate_payload
 
 __all__ = ["EtcdTransport", "HttpTransport", "SGLangTransport", "etcd_registrar"]
 
@@ -24,6 +24,7 @@ def _sglang(
     transport = SGLangTransport(
         options.url,
         token=token_from_env(options.token),
+        token_source=token_source(options.token),
         timeout=options.timeout,
         verify=options.verify,
     )

@@ -57,6 +57,7 @@ __all__ = [
     "HttpTransport",
     "TokenUnavailable",
     "parse_retry_after",
+    "validate_token",
 ]
 
 logger = logging.getLogger(__name__)
@@ -350,7 +351,9 @@ class HttpTransport:
     """Registers by sending the payload as JSON (`PUT {url}{path}` by default).
 
     `verify` is True (system CAs), False, or the path of a CA bundle. Credentials in the URL are
-    sent as basic auth and never shown; the token is sent as `Authorization: Bearer`.
+    sent as basic auth and never shown; the token is sent as `Authorization: Bearer` (one or the
+    other: both is a `ConfigError`, so a 401 can only blame the credential that was sent).
+    `token_source` names where the token came from, for messages (never the token itself).
 
     `timeout` is the request's deadline: a float bounds the whole request (connect, TLS, headers
     and body together) and each step within it; a (connect, read) pair bounds connecting and
@@ -359,6 +362,7 @@ class HttpTransport:
     """
 
     token_hint = "check the auth token"
+    token_how = "pass one with token="
 
     def __init__(
         self,
@@ -367,11 +371,21 @@ class HttpTransport:
         path: str = "/route",
         method: str = "PUT",
         token: Token | None = None,
+        token_source: str = "token",
         timeout: Timeout = 5.0,
         verify: bool | str = True,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self._url = validate_url(url)
+        if not callable(token):
+            token = validate_token(token, token_source)
+        parts = urlsplit(self._url)
+        userinfo = parts.username is not None or parts.password is not None
+        if token and userinfo:
+            raise ConfigError(
+                f"url carries credentials (user:password@) and {token_source} sets a bearer "
+                "token; give one of them (a request carries one Authorization header)"
+            )
         self._display_url = redact_url(self._url)
         self._path = path if path.startswith("/") else f"/{path}"
         self._method = method
@@ -389,8 +403,11 @@ class HttpTransport:
         # A provider is asked before each request (rotation); a fixed token is set once.
         self._token_provider = token if callable(token) else None
         self._tokens_seen: set[str] = set() if callable(token) or not token else {token}
-        self._password = urlsplit(self._url).password
-        self._secrets = Secrets.of((*self._tokens_seen, self._password))
+        self._has_token = bool(token)
+        self._token_source = token_source
+        self._userinfo = userinfo
+        self._basic = (parts.username or "", parts.password or "") if userinfo else None
+        self._secrets = Secrets.of(self._tokens_seen, basic=self._basic)
         self._watchdog = _Watchdog()
         self._counter = _ConnectionCounter(self._watchdog)
         self._session = requests.Session()
@@ -678,11 +695,12 @@ class HttpTransport:
         token = self._token_provider()
         if not token:
             return None
-        if not isinstance(token, str) or "\n" in token or "\r" in token:
-            raise ValueError("the token provider must answer a single-line string")
+        # The same rule as a fixed token; the error names the provider, never the token.
+        token = validate_token(token, f"the token from {self._token_source}")
+        assert token is not None
         if token not in self._tokens_seen:
             self._tokens_seen.add(token)
-            self._secrets = Secrets.of((*self._tokens_seen, self._password))
+            self._secrets = Secrets.of(self._tokens_seen, basic=self._basic)
         return {"Authorization": f"Bearer {token}"}
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
@@ -707,6 +725,14 @@ class HttpTransport:
         else:
             text = describe_exception(exc)
         return clean(text, secrets=self._secrets)
+
+    def credentials_hint(self) -> str:
+        """What to check after a 401/403: the credential that was actually sent."""
+        if self._has_token:
+            return f"{self.token_hint} (from {self._token_source})"
+        if self._userinfo:
+            return "check the user name and password in the URL (sent as basic auth)"
+        return f"the server wants credentials and none were sent; {self.token_how}"
 
     def _connect_timeout(self) -> float:
         return self._timeout[0] if isinstance(self._timeout, tuple) else self._timeout
@@ -748,10 +774,13 @@ class HttpTransport:
                 Verdict.RETRY, status_code=code, error=detail, retry_after=retry_after
             )
         if code in (401, 403):
-            hint = self.token_hint
+            hint = self.credentials_hint()
         elif 300 <= code < 400:
-            where = clean(redact_url(result.headers.get("Location", "?")), 200, self._secrets)
-            hint = f"redirected to {where}; point the URL at the bootstrap server itself"
+            # Not even a redacted Location: its path or query may carry a token of its own.
+            hint = (
+                "redirected elsewhere (the Location is not shown: it may carry credentials); "
+                "point the URL at the bootstrap server itself"
+            )
         elif code in (404, 405):
             hint = "check the bootstrap URL: this server does not take registrations there"
         elif code == 413:
@@ -759,6 +788,23 @@ class HttpTransport:
         else:
             hint = f"check the payload ({body})" if body else "check the payload"
         return RegisterOutcome(Verdict.FATAL, status_code=code, error=f"{label}: {hint}")
+
+
+def validate_token(token: object, source: str = "token") -> str | None:
+    """`token` (None or empty: no token), or `ConfigError` naming its source but never its
+    value: it must be one line of visible ASCII, which every HTTP stack can send as a header
+    (a newline would end the header; a character outside latin-1 cannot be encoded at all)."""
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise ConfigError(f"{source} must be a string, got {type(token).__name__}")
+    bad = next((i for i, c in enumerate(token) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{source} must be one line of visible ASCII characters (no spaces, no control or "
+            f"non-ASCII characters); character {bad + 1} of {len(token)} is not"
+        )
+    return token
 
 
 def _phrase(code: int) -> str:

@@ -194,6 +194,11 @@ def token_from_env(token: Token | None) -> Token | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
+def token_source(token: Token | None) -> str:
+    """Where `token_from_env(token)` takes the token from, for messages."""
+    return "token" if token else TOKEN_ENV
+
+
 class _Evidence:
     """What has been seen of the server since our last accepted PUT."""
 
@@ -221,17 +226,26 @@ class _Evidence:
 class SGLangTransport(HttpTransport):
     """`PUT {url}/route` and the rank query of SGLang's bootstrap server."""
 
-    token_hint = f"check the bootstrap auth token (token= or {TOKEN_ENV})"
+    token_hint = "check the bootstrap auth token"
+    token_how = f"pass one with token= or {TOKEN_ENV}"
 
     def __init__(
         self,
         url: str,
         *,
         token: Token | None = None,
+        token_source: str = "token",
         timeout: Timeout = 5.0,
         verify: bool | str = True,
     ) -> None:
-        super().__init__(url, path="/route", token=token, timeout=timeout, verify=verify)
+        super().__init__(
+            url,
+            path="/route",
+            token=token,
+            token_source=token_source,
+            timeout=timeout,
+            verify=verify,
+        )
         self._evidence = _Evidence()
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
@@ -303,7 +317,7 @@ class SGLangTransport(HttpTransport):
         if ip == payload["rank_ip"] and port == payload["rank_port"]:
             return RouteCheck(Route.PRESENT, 200, f"registered as {ours}")
         # The server's words, escaped and capped: a newline in them must not forge a log line.
-        theirs = clean(f"{ip}:{port}", 120)
+        theirs = clean(f"{ip}:{port}", 120, self._secrets)
         return RouteCheck(Route.CONFLICT, 200, f"our rank is registered as {theirs}, not {ours}")
 
     def _classify_not_ready(self, body: str) -> RouteCheck:
