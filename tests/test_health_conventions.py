@@ -111,6 +111,12 @@ def test_every_check_has_a_value_with_its_unit_and_the_time_of_its_reading() -> 
     # Reachability and the route were read by the last request.
     assert checks["bootstrap:reachable"][0]["time"] == "1970-01-01T00:33:20.000Z"
     assert checks["route:check"][0]["time"] == "1970-01-01T00:33:20.000Z"
+    # No reading yet: no time for it.
+    fresh = Status(state=State.REGISTERING, since=1_000.0, url="http://127.0.0.1:8998")
+    _, document = render_health(fresh, now=3_000.0)
+    assert "time" not in document["checks"]["bootstrap:reachable"][0]
+    assert "time" not in document["checks"]["route:check"][0]
+    assert document["checks"]["registration:state"][0]["time"] == "1970-01-01T00:50:00.000Z"
 
 
 def test_service_id_names_the_rank_or_what_the_caller_says() -> None:

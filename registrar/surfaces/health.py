@@ -131,8 +131,9 @@ def _check(
         observedValue=value,
         observedUnit=unit,
         status=verdict,
-        time=iso_utc(taken_at),
     )
+    if taken_at is not None:  # no reading yet (no request sent, no check made): no time
+        entry["time"] = iso_utc(taken_at)
     if reason is not None and verdict != "pass":
         entry["output"] = reason
     entry.update(extra or {})
