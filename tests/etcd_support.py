@@ -65,7 +65,8 @@ class Member:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.client_port}"
+        scheme = "https" if self.cluster.tls else "http"
+        return f"{scheme}://{LOOPBACK}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -103,6 +104,8 @@ class Member:
             "500",
             *self.cluster.extra,
         ]
+        if self.cluster.tls:
+            args += ["--cert-file", self.cluster.tls[0], "--key-file", self.cluster.tls[1]]
         log = self.log_path.open("ab")
         try:
             self.proc = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -145,7 +148,8 @@ class Member:
 
     def healthy(self, timeout: float = 1.0) -> bool:
         try:
-            answer = requests.get(f"{self.url}/health", timeout=timeout)
+            verify = self.cluster.tls[0] if self.cluster.tls else True
+            answer = requests.get(f"{self.url}/health", timeout=timeout, verify=verify)
             return bool(answer.json().get("health") == "true")
         except (requests.RequestException, ValueError):
             return False
@@ -154,14 +158,24 @@ class Member:
 class EtcdCluster:
     """A cluster of `size` members on loopback (one member is a plain single-node etcd)."""
 
-    def __init__(self, root: Path, size: int = 1, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        size: int = 1,
+        extra: tuple[str, ...] = (),
+        tls: tuple[str, str] | None = None,
+    ) -> None:
+        """`tls`: (certificate, key) files to serve clients over https."""
         self.root = root
+        self.tls = tls
         root.mkdir(parents=True, exist_ok=True)
         self.extra = extra
         self.token = f"registrar-test-{os.getpid()}-{time.monotonic_ns()}"
         self.members = [Member(f"m{i}", root / f"m{i}", self) for i in range(size)]
         self._session = requests.Session()
         self._session.trust_env = False
+        if tls:
+            self._session.verify = tls[0]
 
     def spec(self) -> str:
         return ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -266,8 +280,10 @@ class EtcdCluster:
 
 
 @contextlib.contextmanager
-def etcd_cluster(root: Path, size: int = 1, extra: tuple[str, ...] = ()) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(root, size, extra)
+def etcd_cluster(
+    root: Path, size: int = 1, extra: tuple[str, ...] = (), tls: tuple[str, str] | None = None
+) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(root, size, extra, tls)
     try:
         yield cluster.start()
     finally:

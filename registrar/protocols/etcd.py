@@ -446,7 +446,8 @@ class EtcdTransport:
         self._verify = verify
         self._secrets = Secrets.of((password,))
         self._http = [
-            HttpTransport(url, timeout=self._timeout, verify=verify) for url in self._endpoints
+            HttpTransport(url, path="/", timeout=self._timeout, verify=verify)
+            for url in self._endpoints
         ]
         self._shown = [redact_url(url) for url in self._endpoints]
         self._current = 0
