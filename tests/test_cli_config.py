@@ -72,6 +72,16 @@ def stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
             {},
             "the variable NO_SUCH_VAR is not set",
         ),
+        (
+            ["--payload", "{}"],
+            {"REGISTRAR_ETCD": "http://127.0.0.1:1"},
+            "--etcd needs --key",
+        ),
+        (
+            ["--payload", "{}"],
+            {"REGISTRAR_TTL": "0", "REGISTRAR_ETCD": "http://127.0.0.1:1"},
+            "REGISTRAR_TTL='0' must be a positive number of seconds",
+        ),
     ],
 )
 def test_every_usage_error_is_one_line_with_status_2(

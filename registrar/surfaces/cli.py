@@ -445,7 +445,7 @@ def _etcd_registrar(
 def _cmd_register(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen = _resolve(args)
-    etcd = "etcd" in flags
+    etcd = chosen.get("etcd") is not None
     for required, flag in (("url", "--url"), ("payload", "--payload")):
         if etcd and required == "url":
             continue
@@ -474,7 +474,11 @@ def _cmd_register(args: argparse.Namespace) -> int:
         if key in chosen
     }
     if etcd:
-        reg = _etcd_registrar(flags, payload, token, options)
+        # The etcd options may come from their variables too (REGISTRAR_ETCD, _KEY, ...).
+        given: dict[str, Any] = {
+            k: chosen[k] for k in ("etcd", "key", "ttl", "etcd_user") if k in chosen
+        }
+        reg = _etcd_registrar({**flags, **given}, payload, token, options)
     else:
         reg = Registrar(chosen["url"], payload, token=token, **options)
     log = logging.getLogger("registrar")
