@@ -47,6 +47,7 @@ from .transport import (
     validate_timeout,
     validate_url,
 )
+from .untrusted import MAX_DEPTH, nesting_depth
 from .waker import Waker
 
 __all__ = [
@@ -137,9 +138,15 @@ def _encode_payload(payload: object, limit: int) -> dict[str, Any]:
     if not isinstance(payload, Mapping):
         kind = type(payload).__name__
         raise ConfigError(f"payload must be a mapping (a JSON object), got {kind}")
+    # Counted without recursion first: json.dumps would raise RecursionError, not a ConfigError.
+    if nesting_depth(dict(payload), MAX_DEPTH) > MAX_DEPTH:
+        raise ConfigError(
+            f"payload is nested more than {MAX_DEPTH} levels deep (or contains itself); "
+            "registration payloads are flat objects"
+        )
     try:
         encoded = json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
     size = len(encoded.encode())
     if size > limit:

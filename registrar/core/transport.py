@@ -14,13 +14,14 @@ promptly on `stop()` or `report_route_missing()`: an event with a file descripto
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
 from .outcome import RegisterOutcome, RouteCheck
-from .redact import redact_url
+from .redact import clean, redact_url
 from .waker import Waker
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "validate_url",
 ]
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 Timeout = float | tuple[float, float]
 """Seconds for the whole request, or a (connect, read) pair."""
 
@@ -109,7 +111,15 @@ def validate_url(url: object, option: str = "url") -> str:
     """`url` without a trailing slash, or `ConfigError` saying what an allowed URL looks like."""
     if not isinstance(url, str) or not url:
         raise ConfigError(f"{option} must be an http(s) URL such as http://127.0.0.1:8998")
-    shown = redact_url(url)
+    shown = clean(redact_url(url), 200)
+    # urlsplit strips a trailing newline and drops tabs, so "http://host:8998\n" (a value read
+    # from a file) would pass here and fail later, in the thread: refuse any such character.
+    bad = next((i for i, c in enumerate(url) if c.isspace() or _CONTROL.match(c)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{option} {shown!r} contains a space or control character at position {bad + 1} "
+            "(a trailing newline from a file or variable?); remove it"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port

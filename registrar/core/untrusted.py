@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .redact import clean
+
 __all__ = ["MAX_DEPTH", "load_json", "nesting_depth"]
 
 MAX_DEPTH = 64
@@ -40,7 +42,7 @@ def load_json(text: str | bytes, limit: int = MAX_DEPTH) -> Any:
     except RecursionError:
         raise ValueError(f"JSON nested more than {limit} levels deep") from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
-        raise ValueError(f"not valid JSON: {exc}") from None
+        raise ValueError(f"not valid JSON: {clean(exc, 200)}") from None
     if nesting_depth(value, limit) > limit:
         raise ValueError(f"JSON nested more than {limit} levels deep")
     return value

@@ -109,9 +109,9 @@ def _payload(text: str, source: str = "--payload") -> dict[str, Any]:
         except OSError as exc:
             raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{source} is not valid JSON: {exc}") from None
+        value = load_json(text)  # nesting bounded: 50 000 brackets are one line, not a traceback
+    except ValueError as exc:
+        raise UsageError(f"{source} is {exc}") from None
     if not isinstance(value, dict):
         raise UsageError(f"{source} must be a JSON object, got {type(value).__name__}")
     return value
