@@ -96,7 +96,7 @@ def test_each_state_over_http(registrars: list) -> None:
 def test_registering_and_failed_states_over_http(registrars: list) -> None:
     clock = FakeClock(horizon=0.1)  # parks in the first backoff wait: REGISTERING
     registering = scripted(registrars, [retry()], clock=clock).start()
-    given_up = scripted(registrars, [fatal()]).start()
+    given_up = scripted(registrars, [fatal()], on_failure="stop").start()
     retrying = scripted(registrars, [retry()], clock=FakeClock(horizon=20), max_attempts=1)
     retrying.start()
     assert wait_until(lambda: registering.status().next_attempt_at is not None)

@@ -163,9 +163,9 @@ def test_callable_policy_decides(
     assert given[0].attempts_total == 3
 
 
-def test_fatal_is_not_retried(registrars: list[Registrar], clock: FakeClock) -> None:
+def test_fatal_is_not_retried_with_stop(registrars: list[Registrar], clock: FakeClock) -> None:
     transport = ScriptedTransport([fatal()])
-    reg = make(registrars, transport, clock).start()
+    reg = make(registrars, transport, clock, on_failure="stop").start()
     assert reg.wait_for(State.FAILED, timeout=5)
     reg._thread.join(5)  # type: ignore[union-attr]
     assert len(transport.registered) == 1

@@ -161,7 +161,9 @@ def test_tls_verification_on_by_default(registrars: list, tmp_path: Path) -> Non
     cert, key = _self_signed(tmp_path)
     with BootstrapServer(certfile=cert, keyfile=key) as server:
         assert server.url.startswith("https://127.0.0.1:")
-        refused = Registrar(server.url, sglang_payload(), backoff=FAST, watch_interval=None)
+        refused = Registrar(
+            server.url, sglang_payload(), backoff=FAST, watch_interval=None, on_failure="stop"
+        )
         trusted = Registrar(
             server.url, sglang_payload(port=20001), ca_bundle=cert, backoff=FAST, watch_interval=0.2
         )

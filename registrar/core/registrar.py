@@ -54,6 +54,8 @@ __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_WATCH_INTERVAL",
     "EXIT_CODE",
+    "REPORT_CHECK_INTERVAL",
+    "REPORT_LOG_INTERVAL",
     "UNEXPECTED",
     "Listener",
     "OnFailure",
@@ -81,6 +83,11 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 _POLICIES = ("retry", "stop", "exit")
 UNEXPECTED = "registrar_unexpected"
 """Set on the log record of an exception a transport raised instead of returning an outcome."""
+REPORT_CHECK_INTERVAL = 1.0
+"""At most one route check per this many seconds is caused by `report_route_missing()`, however
+often it is called (a decode failing every transfer calls it ~1000 times a second)."""
+REPORT_LOG_INTERVAL = 60.0
+"""At most one warning per this many seconds says that reports were contradicted by the server."""
 _IDLE_SLICE = 3600.0
 """With no watch interval, an idle watcher is asked to wait this long at a time."""
 
@@ -259,13 +266,18 @@ class Registrar:
         self._listeners: list[Listener] = []
         self._request_listeners: list[RequestListener] = []
         self._pending: deque[tuple[State, State, Status]] = deque()
-        self._deliver_lock = threading.Lock()
-        self._delivering: int | None = None
+        self._deliverer: threading.Thread | None = None
+        """The one thread that calls listeners: the loop thread while it runs, else a short-lived
+        "registrar-events" thread. Never a caller of start() or stop()."""
+        self._draining = False  # the deliverer's alone
         self._wake = Waker()
         self._gate = threading.Lock()
         self._stopping = False
-        self._reported = False
-        self._crashed = False
+        self._reports = 0
+        """Route-missing reports not yet acted on (coalesced into one check)."""
+        self._reports_unheeded = 0  # reports answered "present", not yet logged
+        self._reports_logged_at: float | None = None
+        self._last_check_started: float | None = None
         self._thread: threading.Thread | None = None
         self._ever_registered = False
         self._lost_after_put = 0  # the loop thread's alone
@@ -291,8 +303,9 @@ class Registrar:
 
     @property
     def thread_died(self) -> bool:
-        """True when the registrar's thread ended on an unexpected error."""
-        return self._crashed
+        """True when no thread will update the status again: the registrar's thread ended on an
+        unexpected error, or this process is a fork (see `Status.thread_died`)."""
+        return self._status.thread_died
 
     def status(self) -> Status:
         """The latest snapshot; never blocks on the loop or a request in flight."""
@@ -302,7 +315,8 @@ class Registrar:
         return f"<Registrar {self._status.url} {self._status.state.value}>"
 
     def add_listener(self, listener: Listener) -> None:
-        """Call `listener(old_state, new_state, status)` after every transition."""
+        """Call `listener(old_state, new_state, status)` after every transition, in order, from
+        the registrar's own thread (never from the caller of `start()` or `stop()`)."""
         if not callable(listener):
             raise ConfigError(f"listener must be callable, got {listener!r}")
         with self._lock:
@@ -316,22 +330,31 @@ class Registrar:
             self._request_listeners.append(listener)
 
     def start(self) -> Registrar:
-        """Start the thread and return at once; a second call does nothing."""
-        with self._lock:
+        """Start the thread and return at once; a second call does nothing. Listeners hear the
+        start from the registrar's thread, so a slow (or stopping) listener cannot hold this."""
+        with self._changed:
             if self._stopping:
                 raise StateError(
                     "this Registrar was stopped and cannot start again; create a new one"
                 )
             if self._thread is not None:
                 return self
-            self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
-        self._transition(Trigger.START)
-        self._thread.start()
+            thread = threading.Thread(target=self._run, name="registrar", daemon=True)
+            # Created, handed the delivery and started under the lock: stop() never sees a
+            # thread that exists but cannot be joined yet.
+            self._thread = thread
+            self._deliverer = thread
+            self._fire(Trigger.START, {})
+            thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop for good: wake the thread, wait up to `timeout` for a request in flight, and
-        return whether the thread has ended. No request is sent after this returns."""
+        """Stop for good, within `timeout` seconds whatever the listeners do: wake the thread,
+        wait for a request in flight, and return whether the thread has ended. No request is
+        sent after this returns True. Listeners hear the stop from the registrar's thread (or a
+        helper thread), waited for only within the same `timeout`."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        me = threading.current_thread()
         with self._lock:
             self._stopping = True
             thread = self._thread
@@ -339,15 +362,20 @@ class Registrar:
         if isinstance(self._transport, Abortable):
             # A request in flight need not run to its deadline: its answer no longer matters.
             self._transport.abort()
-        self._transition(Trigger.STOP, next_attempt_at=None, retrying=False)
-        if thread is None or thread is threading.current_thread():
-            return True
-        deadline = time.monotonic() + max(0.0, timeout)
-        # Once the gate is ours, the thread is not inside a request and will see the flag.
-        if self._gate.acquire(timeout=max(0.0, timeout)):
-            self._gate.release()
-        thread.join(max(0.0, deadline - time.monotonic()))
-        return not thread.is_alive()
+        self._transition(Trigger.STOP)
+        ended = True
+        if thread is not None and thread is not me:
+            # Once the gate is ours, the thread is not inside a request and will see the flag.
+            if self._gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                self._gate.release()
+            thread.join(max(0.0, deadline - time.monotonic()))
+            ended = not thread.is_alive()
+        with self._changed:
+            if self._deliverer is not me:
+                self._changed.wait_for(
+                    lambda: self._deliverer is None, max(0.0, deadline - time.monotonic())
+                )
+        return ended
 
     def wait_for(self, state: State, timeout: float | None = None) -> bool:
         """Block until the registrar is in `state`; False if `timeout` seconds pass first."""
@@ -357,9 +385,13 @@ class Registrar:
 
     def report_route_missing(self) -> None:
         """Say the route is gone (e.g. decode reported this rank unknown): the thread wakes,
-        verifies, and registers again without waiting for the next watch interval."""
+        verifies, and registers again without waiting for the next watch interval.
+
+        Cheap and safe to call at any rate: reports are coalesced into one check, at most one
+        check per `REPORT_CHECK_INTERVAL` seconds, and a report the server contradicts is
+        logged at most once per `REPORT_LOG_INTERVAL` seconds (with the count it stands for)."""
         with self._lock:
-            self._reported = True
+            self._reports += 1
         self._wake.set()
 
     def __enter__(self) -> Registrar:
@@ -381,48 +413,78 @@ class Registrar:
 
     # ----------------------------------------------------------------- state and listeners
 
+    def _publish(self, status: Status) -> None:
+        """Replace the snapshot (the lock held). The one rule every snapshot obeys whoever
+        wrote it: once stopped, nothing is scheduled, whatever the loop was about to say."""
+        if status.state is State.STOPPED and (status.retrying or status.next_attempt_at):
+            status = replace(status, retrying=False, next_attempt_at=None)
+        self._status = status
+        self._changed.notify_all()
+
     def _update(self, **changes: Any) -> Status:
+        """Change fields of the snapshot at once: a reader sees all of them or none."""
         with self._changed:
-            self._status = replace(self._status, **changes)
-            self._changed.notify_all()
+            self._publish(replace(self._status, **changes))
             return self._status
+
+    def _fire(self, trigger: Trigger, changes: dict[str, Any]) -> bool:
+        """Fire `trigger` and publish the new state with `changes` in one snapshot (the lock
+        held); the transition is queued for the listeners."""
+        old = self._status.state
+        if not fire(self._model, trigger):
+            return False
+        new = State(self._model.state)
+        self._publish(replace(self._status, state=new, since=self._clock.time(), **changes))
+        self._pending.append((old, new, self._status))
+        if self._deliverer is None:
+            # No registrar thread to deliver it (not started, ended, or a forked child).
+            helper = threading.Thread(target=self._deliver_all, name="registrar-events")
+            helper.daemon = True
+            self._deliverer = helper
+            helper.start()
+        return True
 
     def _transition(self, trigger: Trigger, **changes: Any) -> bool:
         with self._changed:
-            old = self._status.state
-            if not fire(self._model, trigger):
-                return False
-            new = State(self._model.state)
-            self._status = replace(self._status, state=new, since=self._clock.time(), **changes)
-            self._pending.append((old, new, self._status))
-            self._changed.notify_all()
-        self._deliver()
-        return True
+            fired = self._fire(trigger, changes)
+            mine = self._deliverer is threading.current_thread()
+        if fired and mine:
+            self._drain()
+        return fired
 
-    def _deliver(self) -> None:
-        """Deliver pending transitions in order, one thread at a time, outside the state lock.
-        A listener that triggers a transition itself has it delivered after its own."""
-        me = threading.get_ident()
-        if self._delivering == me:
+    def _drain(self) -> None:
+        """Call the listeners for every queued transition, in order; the deliverer only. A
+        listener that causes a transition has it delivered after its own, by this loop."""
+        if self._draining:
             return
-        with self._deliver_lock:
-            self._delivering = me
-            try:
-                while True:
-                    with self._lock:
-                        if not self._pending:
-                            return
-                        old, new, status = self._pending.popleft()
-                        listeners = list(self._listeners)
-                    for listener in listeners:
-                        try:
-                            listener(old, new, status)
-                        except Exception:
-                            logger.exception(
-                                "listener %r failed on %s -> %s; ignored", listener, old, new
-                            )
-            finally:
-                self._delivering = None
+        self._draining = True
+        try:
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        return
+                    old, new, status = self._pending.popleft()
+                    listeners = list(self._listeners)
+                for listener in listeners:
+                    try:
+                        listener(old, new, status)
+                    except Exception:
+                        logger.exception(
+                            "listener %r failed on %s -> %s; ignored", listener, old, new
+                        )
+        finally:
+            self._draining = False
+
+    def _deliver_all(self) -> None:
+        """Drain until nothing is queued, then give up the deliverer's role (stop() waits for
+        that, within its timeout)."""
+        while True:
+            self._drain()
+            with self._changed:
+                if not self._pending:
+                    self._deliverer = None
+                    self._changed.notify_all()
+                    return
 
     def _emit(self, event: RequestEvent) -> None:
         with self._lock:
@@ -437,6 +499,7 @@ class Registrar:
 
     def _run(self) -> None:
         try:
+            self._drain()  # the start, and anything a listener did about it
             first_delay = 0.0
             while True:
                 if not self._register(first_delay):
@@ -446,12 +509,20 @@ class Registrar:
                     return
                 first_delay = delay
         except BaseException as exc:  # the thread must never die silently
-            self._crashed = True
             logger.exception("registrar thread ended on an unexpected error")
-            self._update(last_error=f"internal error: {exc!r}", retrying=False)
+            # One snapshot: a reader never sees the thread dead without the reason.
+            self._update(
+                last_error=f"internal error: {exc!r}",
+                retrying=False,
+                next_attempt_at=None,
+                thread_died=True,
+            )
         finally:
-            self._transport.close()
-            self._wake.close()
+            try:
+                self._transport.close()
+                self._wake.close()
+            finally:
+                self._deliver_all()
 
     def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
@@ -460,7 +531,7 @@ class Registrar:
         while True:
             if self._stopping:
                 return True
-            if interruptible and self._reported:
+            if interruptible and self._reports:
                 return False
             remaining = None if end is None else end - self._clock.monotonic()
             if remaining is not None and remaining <= 0:
@@ -483,7 +554,7 @@ class Registrar:
         while True:
             if self._stopping:
                 return None
-            if self._reported:
+            if self._reports:
                 return False
             if self._wake.is_set():
                 self._wake.clear()
@@ -532,13 +603,22 @@ class Registrar:
                 # The next probe would start past max_elapsed: this refusal is the last try.
             streak += 1
             if outcome.verdict is Verdict.FATAL:
-                logger.error(
-                    "registration with %s failed and will not be retried: %s",
-                    self._status.url,
-                    outcome.error,
-                )
-                self._give_up(outcome.error)
-                return False
+                # Retrying cannot help until someone fixes the configuration (a token, a URL,
+                # a certificate), which may happen on the server's side: with "retry", try
+                # again slowly, at the backoff's cap.
+                due = None
+                delay = self._backoff.maximum * (1 - self._backoff.jitter * self._rng())
+                if self._status.state is State.FAILED:
+                    logger.warning(
+                        "registration with %s still refused: %s; next attempt in %.2f s",
+                        self._status.url,
+                        outcome.error,
+                        delay,
+                    )
+                    continue
+                if not self._fail(streak, outcome, delay, fatal=True):
+                    return False
+                continue
             delay = retry_delay(
                 self._backoff, streak, self._rng(), outcome.retry_after, self._max_retry_after
             )
@@ -555,7 +635,7 @@ class Registrar:
                 )
             )
             if spent:
-                if not self._spend_budget(streak, outcome, delay):
+                if not self._fail(streak, outcome, delay, fatal=False):
                     return False
                 continue
             if refused:
@@ -647,6 +727,8 @@ class Registrar:
         status = self._status
         again = self._ever_registered
         self._ever_registered = True
+        with self._lock:
+            self._reports = 0  # a report from before this PUT says nothing about it
         self._transition(
             Trigger.SUCCEED,
             attempt=0,
@@ -664,26 +746,42 @@ class Registrar:
             "" if number == 1 else "s",
         )
 
-    def _give_up(self, error: str | None) -> None:
-        changes = {"next_attempt_at": None, "retrying": False, "last_error": error}
-        if not self._transition(Trigger.GIVE_UP, **changes):
-            self._update(**changes)
-
-    def _spend_budget(self, streak: int, outcome: RegisterOutcome, delay: float) -> bool:
-        """The startup budget is spent: apply `on_failure`. True when attempts go on."""
+    def _fail(
+        self,
+        streak: int,
+        outcome: RegisterOutcome,
+        delay: float,
+        *,
+        fatal: bool,
+    ) -> bool:
+        """Go to FAILED and apply `on_failure` (the startup budget is spent, or the server
+        refused the configuration). True when attempts go on."""
         policy = self._on_failure
-        logger.error(
-            "registration with %s failed after %d attempt%s, last: %s; on_failure=%s",
-            self._status.url,
-            streak,
-            "" if streak == 1 else "s",
-            outcome.error,
-            policy if isinstance(policy, str) else getattr(policy, "__name__", "callable"),
-        )
-        self._transition(Trigger.GIVE_UP, next_attempt_at=None, retrying=False)
+        name = policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
+        if fatal:
+            logger.error(
+                "registration with %s refused: %s; retrying cannot help until the "
+                "configuration is fixed; on_failure=%s",
+                self._status.url,
+                outcome.error,
+                name,
+            )
+        else:
+            logger.error(
+                "registration with %s failed after %d attempt%s, last: %s; on_failure=%s",
+                self._status.url,
+                streak,
+                "" if streak == 1 else "s",
+                outcome.error,
+                name,
+            )
+        failed: dict[str, Any] = {"next_attempt_at": None, "retrying": False}
         if callable(policy):
+            # The callable is given the FAILED snapshot before it is published, so that no
+            # reader sees "failed, nothing scheduled" while it decides to retry.
+            preview = replace(self._status, state=State.FAILED, **failed)
             try:
-                decided = policy(self._status)
+                decided = policy(preview)
             except Exception:
                 logger.exception("on_failure callable failed; staying failed")
                 decided = "stop"
@@ -693,7 +791,12 @@ class Registrar:
                 logger.error("on_failure callable answered %r; staying failed", decided)
                 decided = "stop"
             policy = decided
-        if policy == "retry" and not self._stopping:
+        go_on = policy == "retry" and not self._stopping
+        if go_on:
+            failed.update(next_attempt_at=self._clock.time() + delay, retrying=True)
+        if not self._transition(Trigger.GIVE_UP, **failed):
+            self._update(**failed)
+        if go_on:
             logger.warning("still trying in the background; next attempt in %.2f s", delay)
             return True
         if policy == "exit":
@@ -733,8 +836,10 @@ class Registrar:
                     )
                     if self._sleep(spread_by, interruptible=True):
                         return None
+                elif self._reports and self._await_report_slot():
+                    return None
             with self._lock:
-                reported, self._reported = self._reported, False
+                reported, self._reports = self._reports, 0
             just_put, check_now = check_now, False
             checks += 1
             check = self._check()
@@ -774,16 +879,40 @@ class Registrar:
             if check.route is Route.CONFLICT:
                 logger.warning("route conflict at %s: %s", self._status.url, check.evidence)
             elif reported:
-                logger.warning(
-                    "route reported missing, but the server says %s (%s); not registering again",
-                    check.route.value,
-                    check.evidence,
-                )
+                self._log_unheeded(reported, check)
+
+    def _await_report_slot(self) -> bool:
+        """Hold a report-driven check until REPORT_CHECK_INTERVAL has passed since the last
+        check started (the watch's own included); reports arriving meanwhile join it. True
+        when stopping."""
+        last = self._last_check_started
+        if last is None:
+            return False
+        due = last + REPORT_CHECK_INTERVAL - self._clock.monotonic()
+        return due > 0 and self._sleep(due)
+
+    def _log_unheeded(self, reported: int, check: RouteCheck) -> None:
+        """Say (at most once per REPORT_LOG_INTERVAL) that reports were contradicted."""
+        self._reports_unheeded += reported
+        now = self._clock.monotonic()
+        last = self._reports_logged_at
+        if last is not None and now - last < REPORT_LOG_INTERVAL:
+            return
+        logger.warning(
+            "route reported missing %d time%s, but the server says %s (%s); not registering again",
+            self._reports_unheeded,
+            "" if self._reports_unheeded == 1 else "s",
+            check.route.value,
+            check.evidence,
+        )
+        self._reports_logged_at = now
+        self._reports_unheeded = 0
 
     def _check(self) -> RouteCheck | None:
         with self._gate:
             if self._stopping:
                 return None
+            self._last_check_started = self._clock.monotonic()
             started = time.monotonic()
             try:
                 check = self._transport.check(self._payload)
@@ -814,7 +943,11 @@ class Registrar:
             delay,
         )
         if not self._transition(
-            Trigger.LOSE, reregistrations=self._status.reregistrations + 1, retrying=True
+            Trigger.LOSE,
+            reregistrations=self._status.reregistrations + 1,
+            retrying=True,
+            # The rejoin is scheduled in the same snapshot as the loss.
+            next_attempt_at=self._clock.time() + delay if delay > 0 else None,
         ):
             return None
         return delay

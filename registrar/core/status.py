@@ -56,6 +56,10 @@ class Status:
     last_request_at: float | None = None
     """When the last request (registration or route check) ended: when `server_reachable` was
     read."""
+    thread_died: bool = False
+    """No registrar thread will ever update this snapshot again: it ended on an unexpected
+    error, or this process is a fork of the one that runs it. `last_error` says which. Part of
+    the snapshot (not a separate flag) so a reader never sees "dead" without the reason."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping of every field, named as in Python (snake_case). The HTTP

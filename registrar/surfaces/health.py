@@ -146,12 +146,16 @@ def health_checks(
     """Every check, by name, read from one status snapshot taken at `now` (default: the
     current time)."""
     taken = time.time() if now is None else now
+    thread_died = thread_died or status.thread_died
     state = status.state
-    registered = state is State.REGISTERED
+    # A registrar with no thread (it died, or this is a forked copy) cannot know its route.
+    registered = state is State.REGISTERED and not thread_died
     fields = {
         camel_case(k): v for k, v in status.to_dict().items() if k not in ("state", "last_error")
     }
-    if registered:
+    if thread_died:
+        reason = status.last_error or "the registrar's thread died"
+    elif registered:
         reason = None
     elif state is State.FAILED:
         reason = status.last_error or "registration failed"
@@ -339,8 +343,11 @@ def answer_health(
         return _not_allowed()
     params = parse_qs(query, keep_blank_values=True)
     exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
+    # The flag first, then the snapshot, and the snapshot's own field wins: a reader never
+    # sees "died" without the reason that was published with it.
+    flagged = source.thread_died
     status = source.status()
-    thread_died = source.thread_died
+    thread_died = status.thread_died or flagged
     if "verbose" in params:
         every = health_checks(status, thread_died=thread_died)
         names = [only] if only else list(_PROBES[probe])

@@ -1,0 +1,391 @@
+"""The loop's promises under pressure: stop(timeout) keeps its timeout whatever listeners do, a
+snapshot is never half-updated, fatal errors go through the failure policy, and reports of a
+missing route are coalesced into a bounded number of checks and log lines."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from support import (
+    FakeClock,
+    ScriptedTransport,
+    accepted,
+    fatal,
+    retry,
+    route,
+    sglang_payload,
+    wait_until,
+)
+
+from registrar import (
+    EXIT_CODE,
+    Backoff,
+    Registrar,
+    Route,
+    State,
+    Status,
+)
+from registrar.core.registrar import REPORT_CHECK_INTERVAL
+from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.surfaces.health import health_app
+
+PAYLOAD = {"service": "demo", "port": 20000}
+CAP = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
+
+
+def make(registrars: list[Registrar], transport: ScriptedTransport, **kwargs: Any) -> Registrar:
+    kwargs.setdefault("watch_interval", None)
+    kwargs.setdefault("clock", FakeClock())
+    reg = Registrar("http://127.0.0.1:8998", PAYLOAD, transport=transport, **kwargs)
+    registrars.append(reg)
+    return reg
+
+
+def call_app(reg: Registrar, path: str) -> tuple[str, bytes]:
+    app = health_app(reg)
+    answer: list[str] = []
+    body = b"".join(
+        app({"REQUEST_METHOD": "GET", "PATH_INFO": path}, lambda s, h: answer.append(s))
+    )
+    return answer[0], body
+
+
+# ----------------------------------------------------------------- stop() and listeners
+
+
+def test_slow_listener_does_not_stretch_stop(registrars: list[Registrar]) -> None:
+    heard: list[State] = []
+    release = threading.Event()
+
+    def slow(old: State, new: State, status: Status) -> None:
+        heard.append(new)
+        if new is State.REGISTERED:
+            release.wait(5)  # far longer than the stop timeout below
+
+    reg = make(registrars, ScriptedTransport([accepted()]))
+    reg.add_listener(slow)
+    reg.start()
+    assert wait_until(lambda: State.REGISTERED in heard)
+    started = time.monotonic()
+    ended = reg.stop(timeout=1)
+    took = time.monotonic() - started
+    release.set()
+    assert took < 3.5, f"stop(timeout=1) took {took:.2f} s behind a 5 s listener"
+    assert ended is False  # honest: the thread was still in the listener
+    assert reg.state is State.STOPPED
+    # The stop is still delivered, by the registrar's thread, once the listener returns.
+    assert wait_until(lambda: heard[-1] is State.STOPPED, timeout=10)
+    assert wait_until(lambda: not reg.running, timeout=10)
+
+
+def test_slow_listener_holds_neither_start_nor_stop_before_start(
+    registrars: list[Registrar],
+) -> None:
+    release = threading.Event()
+    callers: list[str] = []
+
+    def slow(old: State, new: State, status: Status) -> None:
+        callers.append(threading.current_thread().name)
+        release.wait(5)
+
+    idle = make(registrars, ScriptedTransport([accepted()]))
+    idle.add_listener(slow)
+    started = time.monotonic()
+    assert idle.stop(timeout=1) is True  # never started: no thread to wait for
+    assert time.monotonic() - started < 3.5
+
+    reg = make(registrars, ScriptedTransport([accepted()]))
+    reg.add_listener(slow)
+    started = time.monotonic()
+    reg.start()
+    assert time.monotonic() - started < 3.5
+    release.set()
+    assert wait_until(lambda: len(callers) >= 2)
+    assert threading.current_thread().name not in callers
+    assert set(callers) <= {"registrar", "registrar-events"}
+
+
+def test_stop_from_a_listener_on_the_start_transition(registrars: list[Registrar]) -> None:
+    transport = ScriptedTransport([accepted()])
+    reg = make(registrars, transport)
+    seen: list[State] = []
+
+    def stop_at_start(old: State, new: State, status: Status) -> None:
+        seen.append(new)
+        if new is State.REGISTERING:
+            assert reg.stop(timeout=1) is True  # from the registrar's own thread
+
+    reg.add_listener(stop_at_start)
+    assert reg.start() is reg  # nothing raised inside start()
+    assert reg.wait_for(State.STOPPED, timeout=5)
+    assert wait_until(lambda: not reg.running)
+    assert seen == [State.REGISTERING, State.STOPPED]
+    assert transport.registered == []  # stopped before the first request
+
+
+def test_stop_racing_the_loop_never_leaves_a_schedule(registrars: list[Registrar]) -> None:
+    """Many stops at random moments of a loop that fails, waits and retries as fast as virtual
+    time allows, two stoppers at once: every STOPPED snapshot, the published one and the ones
+    listeners heard, has nothing scheduled."""
+    rng = random.Random(11)
+    bad: list[Status] = []
+    deadline = time.monotonic() + 20  # a bound on a loaded machine; normally ~2 s
+    rounds = 0
+    while rounds < 300 and time.monotonic() < deadline:
+        rounds += 1
+        transport = ScriptedTransport([retry()] * 3 + [accepted()], checks=[route(Route.MISSING)])
+        reg = make(
+            registrars,
+            transport,
+            backoff=Backoff(initial=0.01, maximum=0.05),
+            max_attempts=None,
+            watch_interval=0.01,
+            rng=lambda: 0.5,
+        )
+
+        def watch(old: State, new: State, status: Status) -> None:
+            if new is State.STOPPED and (status.retrying or status.next_attempt_at):
+                bad.append(status)
+
+        reg.add_listener(watch)
+        reg.start()
+        time.sleep(rng.random() * 0.003)
+        results: list[bool] = []
+
+        def stop(reg: Registrar = reg, results: list[bool] = results) -> None:
+            results.append(reg.stop(timeout=5))
+
+        stoppers = [threading.Thread(target=stop) for _ in range(2)]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(10)
+        assert results == [True, True]
+        status = reg.status()
+        if status.retrying or status.next_attempt_at or status.state is not State.STOPPED:
+            bad.append(status)
+    assert rounds >= 50, "too few rounds to mean anything"
+    assert bad == []
+
+
+# ----------------------------------------------------------------- never half-updated
+
+
+def test_dead_thread_is_never_seen_without_its_reason(registrars: list[Registrar]) -> None:
+    """Readers racing the thread's death: every answer that says dead also says why."""
+
+    # A transport that raises is classified by the loop; a bug in its own machinery (here its
+    # clock) still ends the thread.
+    class BrokenClock(FakeClock):
+        def wait(self, event: object, timeout: float | None) -> bool:  # type: ignore[override]
+            raise RuntimeError("clock bug")
+
+    problems: list[str] = []
+    for _ in range(30):
+        reg = make(registrars, ScriptedTransport([retry()]), clock=BrokenClock())
+        done = threading.Event()
+
+        def read(reg: Registrar = reg, done: threading.Event = done) -> None:
+            while not done.is_set():
+                status = reg.status()
+                if status.thread_died and "clock bug" not in (status.last_error or ""):
+                    problems.append(f"snapshot: {status}")
+                code, body = call_app(reg, "/livez")
+                if code.startswith("503") and b"clock bug" not in body:
+                    problems.append(f"/livez: {body!r}")
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reg.start()
+        assert wait_until(lambda reg=reg: reg.thread_died)
+        time.sleep(0.005)
+        done.set()
+        reader.join(10)
+        code, body = call_app(reg, "/livez")
+        assert code.startswith("503")
+        assert b"clock bug" in body
+        code, body = call_app(reg, "/readyz")
+        assert code.startswith("503")
+    assert problems == []
+
+
+@pytest.mark.parametrize("policy", ["retry", "callable"])
+def test_failed_with_retry_is_never_seen_unscheduled(
+    registrars: list[Registrar], policy: str
+) -> None:
+    """With on_failure="retry" (or a callable answering it) no reader ever sees FAILED with
+    nothing scheduled: liveness never flaps while the policy decides."""
+
+    def decide(status: Status) -> str:
+        time.sleep(0.2)  # an alerting call: widens any window a reader could fall into
+        return "retry"
+
+    on_failure: str | Callable[[Status], str] = decide if policy == "callable" else "retry"
+    clock = FakeClock(horizon=50)
+    reg = make(registrars, ScriptedTransport([retry()]), clock=clock, on_failure=on_failure)
+    reg.add_listener(lambda old, new, status: None)
+    seen: list[Status] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            status = reg.status()
+            if status.state is State.FAILED:
+                seen.append(status)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reg.start()
+    assert reg.wait_for(State.FAILED, timeout=5)
+    assert wait_until(lambda: clock.parked, timeout=10)
+    assert wait_until(lambda: len(seen) > 100, timeout=10)  # the reader had its turns
+    done.set()
+    reader.join(10)
+    # Scheduled, or the attempt is in flight: never "failed, nothing will happen".
+    assert all(s.retrying for s in seen)
+    assert call_app(reg, "/livez")[0].startswith("200")
+
+
+def test_a_lost_route_publishes_its_rejoin_with_the_transition(
+    registrars: list[Registrar],
+) -> None:
+    heard: list[Status] = []
+    # Lost right after our own PUT: the rejoin waits (the window grows with each such loss).
+    transport = ScriptedTransport(
+        [accepted()], checks=[route(Route.MISSING, "404"), route(Route.PRESENT)]
+    )
+    reg = make(registrars, transport, watch_interval=5.0, rng=lambda: 0.5)
+    reg.add_listener(lambda old, new, status: heard.append(status))
+    reg.start()
+    assert wait_until(lambda: reg.status().registrations == 2)
+    lost = next(s for s in heard if s.state is State.REGISTERING and s.reregistrations == 1)
+    assert lost.route == "missing"
+    assert lost.next_attempt_at is not None
+    assert lost.retrying
+
+
+# ----------------------------------------------------------------- fatal errors and the policy
+
+
+def test_fatal_with_exit_exits(registrars: list[Registrar]) -> None:
+    codes: list[int] = []
+    transport = ScriptedTransport([fatal()])
+    reg = make(registrars, transport, on_failure="exit", exit=codes.append).start()
+    assert reg.wait_for(State.FAILED, timeout=5)
+    assert wait_until(lambda: not reg.running)
+    assert codes == [EXIT_CODE]
+    assert len(transport.registered) == 1
+
+
+@pytest.mark.parametrize("answer", ["stop", "retry"])
+def test_fatal_calls_the_callable(registrars: list[Registrar], answer: str) -> None:
+    given: list[Status] = []
+
+    def alert(status: Status) -> str:
+        given.append(status)
+        return answer
+
+    clock = FakeClock(horizon=200)
+    transport = ScriptedTransport([fatal(), fatal(), fatal(), accepted()])
+    reg = make(registrars, transport, clock=clock, backoff=CAP, on_failure=alert).start()
+    if answer == "stop":
+        assert reg.wait_for(State.FAILED, timeout=5)
+        assert wait_until(lambda: not reg.running)
+        assert len(transport.registered) == 1
+    else:
+        assert reg.wait_for(State.REGISTERED, timeout=5)
+        assert len(transport.registered) == 4
+        # Slowly, at the cap: a fixed server configuration is picked up, nothing is hammered.
+        assert len(clock.waits) == 3
+        assert all(30.0 * 0.75 <= wait <= 30.0 for wait in clock.waits)
+    assert len(given) == 1  # once, on entering failed
+    assert given[0].state is State.FAILED
+    assert "401" in (given[0].last_error or "")
+
+
+def test_fatal_with_retry_is_alive_and_scheduled(registrars: list[Registrar]) -> None:
+    clock = FakeClock(horizon=10)  # parks in the first slow wait
+    reg = make(registrars, ScriptedTransport([fatal()]), clock=clock, backoff=CAP)
+    reg.start()
+    assert reg.wait_for(State.FAILED, timeout=5)
+    status = reg.status()
+    assert status.retrying
+    assert status.next_attempt_at is not None
+    assert status.next_attempt_at - clock.time() >= 30.0 * 0.75
+    assert call_app(reg, "/livez")[0].startswith("200")
+    assert call_app(reg, "/readyz")[0].startswith("503")
+
+
+def test_fatal_after_a_loss_applies_the_policy(registrars: list[Registrar]) -> None:
+    codes: list[int] = []
+    transport = ScriptedTransport([accepted(), fatal()], checks=[route(Route.MISSING, "404")])
+    reg = make(registrars, transport, on_failure="exit", exit=codes.append, watch_interval=1.0)
+    reg.start()
+    assert reg.wait_for(State.FAILED, timeout=5)
+    assert wait_until(lambda: codes == [EXIT_CODE])
+
+
+def test_wrong_token_and_wrong_url_reach_the_policy_over_http(registrars: list[Registrar]) -> None:
+    given: list[str] = []
+    with BootstrapServer(token="right-token") as server:
+        for url, token in ((server.url, "wrong-token"), (f"{server.url}/nope", "right-token")):
+            reg = Registrar(
+                url,
+                sglang_payload(),
+                token=token,
+                watch_interval=None,
+                on_failure=lambda status: given.append(status.last_error or "") or "stop",
+            )
+            registrars.append(reg)
+            reg.start()
+            assert reg.wait_for(State.FAILED, timeout=10)
+            assert wait_until(lambda reg=reg: not reg.running)
+    assert len(given) == 2
+    assert "401" in given[0]
+    assert "404" in given[1]
+    assert all("right-token" not in text and "wrong-token" not in text for text in given)
+
+
+# ----------------------------------------------------------------- report_route_missing()
+
+
+def test_reports_are_coalesced_into_bounded_checks_and_lines(
+    server: BootstrapServer, registrars: list[Registrar], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decode failing every transfer reports ~1000 times a second: the server sees at most
+    one check per REPORT_CHECK_INTERVAL, the log at most one line for all of them."""
+    caplog.set_level(logging.WARNING, logger="registrar")
+    reg = Registrar(server.url, sglang_payload(), watch_interval=3600)
+    registrars.append(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    assert wait_until(lambda: reg.status().last_check_at is not None)
+    gets_before = sum(1 for r in server.records() if r.method == "GET")
+    reports = 0
+    began = time.monotonic()
+    while time.monotonic() - began < 3.0:
+        reg.report_route_missing()
+        reports += 1
+        time.sleep(0.001)
+    took = time.monotonic() - began
+    time.sleep(REPORT_CHECK_INTERVAL + 0.5)  # the last coalesced check, if any, has run
+    gets = sum(1 for r in server.records() if r.method == "GET") - gets_before
+    lines = [r for r in caplog.records if "reported missing" in r.getMessage()]
+    assert reports > 1000
+    assert 1 <= gets <= took / REPORT_CHECK_INTERVAL + 2, gets
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "times" in lines[0].getMessage()
+    assert server.registered_count == 1  # verified, never re-PUT
+    # A report that is true is still acted on promptly, and once.
+    server.forget()
+    for _ in range(500):
+        reg.report_route_missing()
+    assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
+    time.sleep(0.3)
+    assert server.registered_count == 1
