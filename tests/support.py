@@ -78,12 +78,20 @@ class ScriptedTransport:
     display_url = "http://127.0.0.1:8998"
 
     def __init__(
-        self, outcomes: list[RegisterOutcome], checks: list[RouteCheck] | None = None
+        self,
+        outcomes: list[RegisterOutcome],
+        checks: list[RouteCheck] | None = None,
+        before: RouteCheck | None = None,
     ) -> None:
         self.outcomes = list(outcomes)
         self.checks = None if checks is None else list(checks)
+        self.before = before if before is not None else route(Route.MISSING, "never registered")
+        """What a check finds before the first registration (as a server that never got our
+        route would answer); the scripted checks start after it."""
         self.registered: list[dict[str, Any]] = []
         self.checked = 0
+        self.looked = 0
+        """Checks made before the first registration."""
         self.closed = False
         self.lock = threading.Lock()
         self.calls_after_close = 0
@@ -99,6 +107,9 @@ class ScriptedTransport:
         with self.lock:
             if self.checks is None:
                 return None
+            if not self.registered:
+                self.looked += 1
+                return self.before
             self.checked += 1
             if not self.checks:
                 return route(Route.PRESENT)

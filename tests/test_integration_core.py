@@ -54,7 +54,7 @@ def test_refused_attempts_log_the_root_cause(registrars: list[Registrar], caplog
 
 
 def test_503_then_200(server: BootstrapServer, registrars: list[Registrar]) -> None:
-    server.fail_next(1, 503, body="warming up")
+    server.fail_next(1, 503, body="warming up", method="PUT")
     reg = Registrar(server.url, sglang_payload(), backoff=FAST, watch_interval=None)
     registrars.append(reg)
     reg.start()

@@ -578,11 +578,21 @@ class Registrar:
         streak = 0
         due: float | None = None  # when the next counted attempt is due, while refused
         delay = first_delay
+        # Look before the first registration until the server has answered a look once; not
+        # right after a refused attempt (nothing listened: there is nothing to look at).
+        looked = refused = False
         while True:
             if delay > 0:
                 self._update(next_attempt_at=self._clock.time() + delay, retrying=True)
                 if self._sleep(delay):
                     return False
+            if startup and not looked and not refused:
+                adopted = self._look_first()
+                if adopted is None:
+                    return False
+                if adopted:
+                    return True
+                looked = self._status.server_reachable is True
             counted = due is None or self._clock.monotonic() >= due
             outcome = self._attempt(streak + 1, counted)
             if outcome is None:
@@ -658,6 +668,42 @@ class Registrar:
                 outcome.error,
                 delay,
             )
+
+    def _look_first(self) -> bool | None:
+        """Before a first registration, look: the route may be there already (the runtime's own
+        registration, a rank restarted under a live server, a role switched back), and a server
+        that counts every registration (SGLang's) would count a second one. True when the route
+        was adopted without registering, False to register, None when stopping."""
+        check = self._check()
+        if self._stopping:
+            return None
+        if check is None:  # the protocol cannot check: register
+            return False
+        if check.route is Route.PRESENT:
+            logger.info(
+                "%s already holds our route (%s): adopted without registering again",
+                self._status.url,
+                check.evidence,
+            )
+            self._ever_registered = True
+            self._transition(
+                Trigger.SUCCEED,
+                attempt=0,
+                last_error=None,
+                last_success_at=self._clock.time(),
+                next_attempt_at=None,
+                retrying=False,
+            )
+            return True
+        if check.route is Route.CONFLICT:
+            logger.warning(
+                "%s already holds our rank at another address (%s); registering anyway: a "
+                "server that counts every registration (as SGLang's does) will count this rank "
+                "twice",
+                self._status.url,
+                check.evidence,
+            )
+        return False
 
     def _out_of_time(self, started: float, delay: float) -> bool:
         """Whether the next attempt would start past `max_elapsed`: the budget is spent now
