@@ -172,7 +172,8 @@ def test_a_server_restart_is_noticed_on_the_idle_connection(
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=10)
-    assert wait_until(lambda: len(reference.records()) == 2)  # the PUT and its check
+    # The look before the first PUT, the PUT and its check.
+    assert wait_until(lambda: len(reference.records()) == 3)
     reference.restart(down_for=down_for)
     assert wait_until(lambda: reg.status().registrations == 2, timeout=30)
     assert wait_until(lambda: len(reference.routes()) == 1)
@@ -255,7 +256,7 @@ def test_stop_is_prompt_while_waiting_on_the_socket(
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=10)
-    assert wait_until(lambda: len(reference.records()) == 2)
+    assert wait_until(lambda: len(reference.records()) == 3)  # look, PUT, check
     assert reg.stop(timeout=5)
     assert not reg.running
 
