@@ -10,13 +10,14 @@ import logging
 
 import pytest
 from hostile_server import HostileServer, answer
-from support import sglang_payload
+from support import ScriptedTransport, accepted, retry, route, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
 from registrar.core.outcome import Route
 from registrar.core.redact import MAX_SHOWN, clean
 from registrar.protocols.sglang import SGLangTransport
 
+URL = "http://127.0.0.1:8998"
 FAST = Backoff(initial=0.05, maximum=0.1)
 HOSTILE = "10.0.0.9\nERROR forged line\r\x1b[31mred\x1b[0m\u2028sep\u202eevil" + "A" * 50_000
 
@@ -89,3 +90,22 @@ def test_bodies_and_headers_are_escaped_in_status_and_logs(
         assert "\n" not in last
         assert "\x1b" not in last
         assert len(last) < 1_000
+
+
+def test_any_transport_s_text_is_escaped_by_the_loop(
+    registrars: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A custom transport that does not clean what it returns: the loop does, for every one.
+    caplog.set_level(logging.DEBUG, logger="registrar")
+    raw = "refused\nERROR forged\x1b[2J" + "B" * 5_000
+    transport = ScriptedTransport(
+        [retry(503, raw), accepted()], checks=[route(Route.UNDETERMINED, raw)]
+    )
+    reg = Registrar(URL, sglang_payload(), transport=transport, backoff=FAST, watch_interval=0.05)
+    registrars.append(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    assert wait_until(lambda: transport.checked >= 2)
+    reg.stop()
+    _assert_safe(caplog.records)
+    assert any(r.getMessage().count("refused\\x0aERROR forged\\x1b[2J") for r in caplog.records)

@@ -36,6 +36,7 @@ from .clock import Clock, SystemClock
 from .errors import ConfigError, StateError
 from .machine import State, Trigger, build_machine, fire
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from .redact import clean
 from .registry import TransportOptions, make_transport
 from .status import Status
 from .transport import (
@@ -81,6 +82,8 @@ EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 _POLICIES = ("retry", "stop", "exit")
+MAX_ERROR_TEXT = 1000
+"""An error or evidence text is cut here, whatever transport made it (see core.redact.clean)."""
 UNEXPECTED = "registrar_unexpected"
 """Set on the log record of an exception a transport raised instead of returning an outcome."""
 REPORT_CHECK_INTERVAL = 1.0
@@ -733,6 +736,8 @@ class Registrar:
             except Exception as exc:
                 outcome = RegisterOutcome(Verdict.RETRY, error=self._unexpected("register", exc))
             duration = time.monotonic() - started
+        if outcome.error:  # any transport's words: one escaped, capped line in logs and status
+            outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
         probe = not scheduled and outcome.refused and outcome.verdict is Verdict.RETRY
         changes: dict[str, Any] = {
             "server_reachable": outcome.reachable,
@@ -968,6 +973,8 @@ class Registrar:
             duration = time.monotonic() - started
         if check is None:
             return None
+        if check.evidence:
+            check = replace(check, evidence=clean(check.evidence, MAX_ERROR_TEXT))
         now = self._clock.time()
         self._update(
             last_check_at=now,
