@@ -208,6 +208,8 @@ def test_asgi_app_under_uvicorn_answers_as_the_wsgi_app(registrars: list) -> Non
         )
         assert raw.headers["Content-Encoding"] == "gzip"
         assert b"registrar_state" in gzip.decompress(raw.raw.read())
+        head = requests.head(f"{asgi}/metrics", timeout=5)
+        assert (head.status_code, head.content) == (200, b"")
         # The same through the WSGI app.
         om = get(f"{wsgi.url}/metrics", headers={"Accept": "application/openmetrics-text"})
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")

@@ -28,6 +28,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .. import __version__
 from ..core.machine import State
+from ..core.redact import clean
 from ..core.status import Status, iso_utc
 from .metrics import RegistrarMetrics, metrics_available
 
@@ -338,7 +339,9 @@ def answer_health(
         return None if method in ("GET", "HEAD") else _not_allowed()
     probe, _, only = path.lstrip("/").partition("/")
     if probe not in _PROBES or (only and only not in _PROBES[probe]) or path.endswith("/"):
-        return _text(404, f"404 not found: {path}; try /readyz, /livez or /health\n")
+        # The client's path, escaped and capped: an answer is no place to reflect raw bytes.
+        asked = clean(path, 100)
+        return _text(404, f"404 not found: {asked}; try /readyz, /livez or /health\n")
     if method not in ("GET", "HEAD"):
         return _not_allowed()
     params = parse_qs(query, keep_blank_values=True)
