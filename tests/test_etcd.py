@@ -5,6 +5,7 @@ under a lease, kept alive, watched, revoked at stop; restarts with and without d
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from etcd_support import EtcdCluster, etcd_binary, etcd_cluster
+from etcd_support import EtcdCluster, b64, etcd_binary, etcd_cluster
 from support import wait_until
 
 from registrar import Registrar, State
@@ -74,25 +75,16 @@ def test_register_then_stop_removes_the_key_at_once(
     assert etcd.leases() == []
 
 
-def _agent(etcd: EtcdCluster, ttl: int, key: str = KEY) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "registrar",
-            "register",
-            "--etcd",
-            etcd.url,
-            "--key",
-            key,
-            "--ttl",
-            str(ttl),
-            "--payload",
-            json.dumps(PAYLOAD),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def _agent(etcd: EtcdCluster, ttl: int, from_env: bool = False) -> subprocess.Popen[bytes]:
+    """`registrar register --etcd ...`, configured by flags or by REGISTRAR_* variables."""
+    settings = {"ETCD": etcd.url, "KEY": KEY, "TTL": str(ttl)}
+    env = dict(os.environ)
+    args = [sys.executable, "-m", "registrar", "register", "--payload", json.dumps(PAYLOAD)]
+    if from_env:
+        env.update({f"REGISTRAR_{name}": value for name, value in settings.items()})
+    else:
+        args += ["--etcd", etcd.url, "--key", KEY, "--ttl", str(ttl)]
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def test_cli_agent_killed_leaves_the_key_until_the_ttl(etcd: EtcdCluster) -> None:
@@ -117,8 +109,8 @@ def test_cli_agent_killed_leaves_the_key_until_the_ttl(etcd: EtcdCluster) -> Non
     assert wait_until(lambda: etcd.leases() == [], 10)
 
 
-def test_cli_agent_terminated_revokes_its_lease(etcd: EtcdCluster) -> None:
-    agent = _agent(etcd, ttl=30)
+def test_cli_agent_from_the_environment_terminated_revokes_its_lease(etcd: EtcdCluster) -> None:
+    agent = _agent(etcd, ttl=30, from_env=True)
     try:
         assert wait_until(lambda: etcd.get(KEY) is not None, 30)
         agent.send_signal(signal.SIGTERM)
@@ -450,3 +442,26 @@ def test_health_and_metrics_work_unchanged(etcd: EtcdCluster, registrars: list[R
         )
     finally:
         health.stop()
+
+
+def test_compacted_history_does_not_churn_the_watch(
+    etcd: EtcdCluster, registrars: list[Registrar]
+) -> None:
+    reg = _registrar(registrars, etcd.url, ttl=60)  # checks 13.3 s apart
+    checks: list[float] = []
+    reg.add_request_listener(lambda e: checks.append(time.monotonic()) if e.kind == "check" else 0)
+    reg.start()
+    assert wait_until(lambda: reg.status().route == "present", 20)
+    for i in range(5):
+        etcd.put(f"/other/{i}", "x")
+    revision = int(etcd.call("/v3/kv/range", {"key": b64("/other/4")})["header"]["revision"])
+    etcd.call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+    etcd.restart(wipe=False)  # the watch breaks and is opened again, after the compaction
+    assert wait_until(lambda: _ours(etcd, reg), 20)
+    time.sleep(1.0)  # the watch is back by now (re-opened within 1.5 s)
+    settled = time.monotonic()
+    time.sleep(3.0)
+    # A watch asking for compacted history would be cancelled, re-opened and checked about
+    # once a second; one that starts where the last check read runs quietly.
+    assert len([at for at in checks if at >= settled]) <= 1, checks
+    assert _ours(etcd, reg)

@@ -735,7 +735,11 @@ class EtcdTransport:
             revision = _int(header.get("revision")) if isinstance(header, Mapping) else 0
             self._seen_revision = revision
             return RouteCheck(Route.MISSING, status_code=status, evidence="the key is not there")
-        self._seen_revision = _int(kv.get("mod_revision"))
+        # The key as of the answer's revision: later changes are what the watch must report
+        # (watching from there, not from the key's own older revision, also keeps clear of
+        # history that compaction removed).
+        revision = _int(header.get("revision")) if isinstance(header, Mapping) else 0
+        self._seen_revision = max(_int(kv.get("mod_revision")), revision)
         lease = _int(kv.get("lease"))
         ours = _unb64(kv.get("value")) == self._value
         if ours and lease == self._lease:
@@ -854,18 +858,16 @@ class EtcdTransport:
             if not isinstance(message, Mapping):
                 continue
             result = message.get("result")
-            if isinstance(result, Mapping) and result.get("created") and not stream.created:
-                stream.created = True
-                if self._stream_broken:
-                    self._stream_broken = False
-                    logger.info("etcd watch at %s is back; checking now", stream.endpoint)
-                    return True
+            result = result if isinstance(result, Mapping) else {}
+            compacted = _int(result.get("compact_revision"))
+            if compacted:
+                # History before it is gone: the next watch starts there (the check that
+                # follows reads the key as it is now).
+                self._seen_revision = max(self._seen_revision, compacted - 1)
             reason = watch_change(
                 message, self._key, self._value, self._lease, self._seen_revision + 1
             )
-            if reason is None:
-                continue
-            if "permission denied" in reason:
+            if reason is not None and "permission denied" in reason:
                 # Checks still renew the lease and read the key; only the early notice is lost.
                 logger.warning(
                     "etcd watch at %s: %s; the key is checked every watch interval only",
@@ -875,10 +877,17 @@ class EtcdTransport:
                 self._drop_stream(broken=False)
                 self._watch_denied = True
                 return None
-            logger.info("etcd watch at %s: %s", stream.endpoint, reason)
-            if reason.startswith("the watch"):  # cancelled or failed: open a new one
-                self._drop_stream(broken=True)
-            return True
+            if reason is not None:
+                logger.info("etcd watch at %s: %s", stream.endpoint, reason)
+                if reason.startswith("the watch"):  # cancelled or failed: open a new one
+                    self._drop_stream(broken=True)
+                return True
+            if result.get("created") and not stream.created:
+                stream.created = True
+                if self._stream_broken:
+                    self._stream_broken = False
+                    logger.info("etcd watch at %s is back; checking now", stream.endpoint)
+                    return True
         return None
 
     def _watch_request(self, index: int) -> bytes:
