@@ -17,19 +17,17 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from socketserver import ThreadingMixIn
 from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .. import __version__
 from ..core.machine import State
 from ..core.redact import clean
 from ..core.status import Status, iso_utc
+from .httpserver import ProbeServer
 from .metrics import RegistrarMetrics, metrics_available
 
 __all__ = [
@@ -497,28 +495,13 @@ async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:
             return
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s %s", self.address_string(), format % args)
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _ThreadingWSGIServer6(_ThreadingWSGIServer):
-    address_family = socket.AF_INET6
-
-
 @dataclass
 class HealthServer:
     """A running health server: `port` is the bound port; `stop()` shuts it down."""
 
     host: str
     port: int
-    _server: WSGIServer
-    _thread: threading.Thread
+    _server: ProbeServer
 
     @property
     def url(self) -> str:
@@ -526,9 +509,7 @@ class HealthServer:
         return f"http://{host}:{self.port}"
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        self._server.stop()
 
     def __enter__(self) -> HealthServer:
         return self
@@ -545,7 +526,8 @@ def start_health_server(
     metrics: RegistrarMetrics | bool | None = None,
     expose_payload: bool = False,
 ) -> HealthServer:
-    """Serve `health_app(registrar)` on `host:port` (0: an ephemeral port) from daemon threads.
+    """Serve `health_app(registrar)` on `host:port` (0: an ephemeral port) from a few daemon
+    threads, whatever the number of connections (see `registrar.surfaces.httpserver`).
 
     `metrics=None` serves `/metrics` when prometheus-client is installed (a new registry fed by
     this registrar); True insists (ImportError naming the extra when it is missing); False
@@ -558,15 +540,8 @@ def start_health_server(
     elif wanted and hasattr(registrar, "add_listener"):
         chosen = RegistrarMetrics().attach(registrar)  # type: ignore[arg-type]
     app = health_app(registrar, metrics=chosen, expose_payload=expose_payload)
-    server_class = _ThreadingWSGIServer6 if ":" in host else _ThreadingWSGIServer
-    server = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
-    thread = threading.Thread(
-        target=server.serve_forever,
-        kwargs={"poll_interval": 0.1},
-        name="registrar-health",
-        daemon=True,
-    )
-    thread.start()
-    bound = server.server_address[1]
-    logger.info("health endpoints on http://%s:%d (/livez /readyz /health)", host, bound)
-    return HealthServer(host, bound, server, thread)
+    # Bounded under probes: a sized backlog, a deadline on every request head, a fixed pool
+    # of worker threads (registrar.surfaces.httpserver; docs/reliability.md has the figures).
+    server = ProbeServer(app, host, port)
+    logger.info("health endpoints on http://%s:%d (/livez /readyz /health)", host, server.port)
+    return HealthServer(host, server.port, server)
