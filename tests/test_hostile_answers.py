@@ -229,3 +229,32 @@ def test_a_check_that_raises_is_undetermined(registrars: list) -> None:
     assert reg.running
     assert len(transport.registered) == 1
 
+
+
+class RaisingIdle(ScriptedTransport):
+    """An idle watcher whose wait raises: the loop must wait on its clock instead."""
+
+    def __init__(self) -> None:
+        super().__init__([accepted()], checks=[route(Route.PRESENT)])
+        self.idle_calls = 0
+
+    def wait_idle(self, timeout: float, waker: Any) -> bool:
+        self.idle_calls += 1
+        raise OSError("idle watch bug")
+
+
+@pytest.mark.unexpected_errors
+def test_an_idle_wait_that_raises_falls_back_to_the_clock(
+    registrars: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    transport = RaisingIdle()
+    reg = Registrar(
+        "http://127.0.0.1:8998", sglang_payload(), transport=transport, watch_interval=0.05
+    )
+    registrars.append(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    # Checks go on at the interval, each wait falling back to the clock.
+    assert wait_until(lambda: transport.checked >= 4 and transport.idle_calls >= 3)
+    assert reg.running
+    assert len([r for r in caplog.records if getattr(r, UNEXPECTED, False)]) == 1

@@ -565,7 +565,13 @@ class Registrar:
             remaining = _IDLE_SLICE if end is None else end - self._clock.monotonic()
             if remaining <= 0:
                 return False
-            if watcher.wait_idle(remaining, self._wake):
+            try:
+                changed = watcher.wait_idle(remaining, self._wake)
+            except Exception as exc:
+                self._unexpected("wait_idle", exc)
+                # This slice is waited on the clock instead; the route checks go on.
+                return None if self._sleep(remaining, interruptible=True) else False
+            if changed:
                 return None if self._stopping else True
 
     def _register(self, first_delay: float) -> bool:
@@ -755,19 +761,20 @@ class Registrar:
 
     def _unexpected(self, call: str, exc: Exception) -> str:
         """The transport broke its contract ("never raises"): this is the one place that holds
-        it for every transport. The exception becomes a failed attempt (or an undetermined
-        check) and the loop goes on; its traceback is logged once per exception type, marked
-        `registrar_unexpected` so the test suite fails on it (tests/conftest.py) instead of
-        a bug hiding behind a retry."""
+        it for every transport. The exception becomes a failed attempt (an undetermined check,
+        a wait on the clock for `wait_idle`) and the loop goes on; its traceback is logged once
+        per exception type, marked `registrar_unexpected` so the test suite fails on it
+        (tests/conftest.py) instead of a bug hiding behind a retry."""
         kind = type(exc).__name__
         if kind not in self._unexpected_seen:
             self._unexpected_seen.add(kind)
+            counted = {"register": "a failed attempt", "check": "an undetermined check"}
             logger.error(
-                "the transport raised %s in %s (a bug: a transport must return an outcome); "
-                "counted as a failed %s, not logged again",
+                "the transport raised %s in %s (a bug: a transport must not raise); "
+                "taken as %s, not logged again",
                 kind,
                 call,
-                "attempt" if call == "register" else "check",
+                counted.get(call, "a wait on the clock"),
                 exc_info=exc,
                 extra={UNEXPECTED: True},
             )
