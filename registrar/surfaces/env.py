@@ -19,6 +19,7 @@ from ..core.registrar import DEFAULT_BACKOFF
 __all__ = [
     "ENV_PREFIX",
     "ENV_VARS",
+    "SGLANG_PLUGIN_ENV_VARS",
     "EnvVar",
     "command_options_from_env",
     "describe_env",
@@ -212,21 +213,37 @@ ENV_VARS: tuple[EnvVar, ...] = (
 )
 
 
+SGLANG_PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        "INIT_WAIT",
+        "init_wait",
+        _seconds_or_zero,
+        "30",
+        "SGLang plugin: seconds a prefill rank's init waits for its first registration (0, the "
+        "default: none; registration goes on in the background either way)",
+    ),
+)
+"""Variables only the SGLang plugin reads, beside the `Registrar` options of `ENV_VARS`."""
+
+
 def options_from_env(
     environ: Mapping[str, str] | None = None,
     *,
     prefix: str = ENV_PREFIX,
     names: Iterable[str] | None = None,
+    table: Iterable[EnvVar] = ENV_VARS,
 ) -> dict[str, Any]:
     """`Registrar` keyword arguments from the variables that are set (unset or empty ones are
     left out, so the library's defaults stand), or `ConfigError` naming the variable.
 
-    `names` restricts the table to some variables (their names after the prefix)."""
+    `names` restricts the table to some variables (their names after the prefix); `table`
+    reads another table instead (e.g. `SGLANG_PLUGIN_ENV_VARS`, whose options are not
+    `Registrar` arguments)."""
     env = os.environ if environ is None else environ
     wanted = None if names is None else frozenset(names)
     options: dict[str, Any] = {}
     backoff: dict[str, Any] = {}
-    for var in ENV_VARS:
+    for var in table:
         if (wanted is not None and var.name not in wanted) or var.option.startswith("cli."):
             continue
         value = _read(var, env, prefix)
@@ -279,6 +296,6 @@ def command_options_from_env(
     return options
 
 
-def describe_env(prefix: str = ENV_PREFIX) -> str:
+def describe_env(prefix: str = ENV_PREFIX, table: Iterable[EnvVar] = ENV_VARS) -> str:
     """One line per variable, for --help texts and docs."""
-    return "\n".join(f"{prefix}{var.name}: {var.help} (e.g. {var.example})" for var in ENV_VARS)
+    return "\n".join(f"{prefix}{var.name}: {var.help} (e.g. {var.example})" for var in table)

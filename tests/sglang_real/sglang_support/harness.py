@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -91,8 +92,10 @@ class Rank:
             except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
                 self.proc.kill()
                 self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 class Server:

@@ -1,0 +1,33 @@
+"""registrar inside SGLang, through SGLang's plugin system: no change to SGLang's source.
+
+`pip install 'registrar[sglang]'` into SGLang's environment registers the entry point
+`registrar = registrar.integrations.sglang:load` in the `sglang.srt.plugins` group; SGLang's
+`load_plugins()` then loads it in every process it starts (the launcher, each scheduler, ...),
+filtered by `SGLANG_PLUGINS` like any plugin. See docs/sglang.md.
+
+Importing this package imports no SGLang: only `load()` (called by SGLang) does.
+"""
+
+from __future__ import annotations
+
+from .plugin import (
+    SUPPORTED_VERSIONS,
+    TARGETS,
+    PluginConfig,
+    load,
+    rank_summary,
+    read_config,
+    table_complete,
+    verify,
+)
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "TARGETS",
+    "PluginConfig",
+    "load",
+    "rank_summary",
+    "read_config",
+    "table_complete",
+    "verify",
+]

@@ -1,0 +1,332 @@
+"""The plugin SGLang loads from the `sglang.srt.plugins` entry-point group.
+
+What it patches, through SGLang's own `HookRegistry` (no change to SGLang's source):
+
+- REPLACE `CommonKVManager._register_topology_row(self, url, payload)`: SGLang keeps building the
+  URL and payload (multi-node host and port sync, every transfer backend); each row starts a
+  `Registrar` kept on the manager, and the rank's init returns at once instead of blocking in
+  the upstream retry loop (optionally after a bounded wait, `REGISTRAR_INIT_WAIT`).
+- BEFORE `role_switch.teardown_disaggregation(scheduler)`: a role switch stops the rank's
+  registrars before SGLang tears its manager down (and process exit stops them too).
+- AROUND `TokenizerManager.is_ready`: `/ready` is false until the node-0 bootstrap server holds
+  every row of its topology.
+- AFTER `SchedulerInternalStateController.get_internal_state`: `/server_info` carries each
+  answering scheduler's registration summary under `internal_states[i]["registrar"]`.
+
+`HookRegistry` only logs a patch that failed, so after SGLang applies the hooks the plugin checks
+each target and logs one ERROR naming what is missing and the supported versions.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+import pkgutil
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.errors import ConfigError
+from ...core.machine import State
+from ...core.registrar import EXIT_CODE, Registrar
+from ...protocols.sglang import rank_of
+from ...surfaces.env import SGLANG_PLUGIN_ENV_VARS, options_from_env
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "TARGETS",
+    "PluginConfig",
+    "load",
+    "rank_summary",
+    "table_complete",
+]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_VERSIONS = ("0.5.23",)
+"""SGLang versions the plugin is tested on (tests/sglang_real)."""
+
+_CONN = "sglang.srt.disaggregation.common.conn"
+REGISTER_ROW = f"{_CONN}.CommonKVManager._register_topology_row"
+TEARDOWN = "sglang.srt.disaggregation.role_switch.teardown_disaggregation"
+IS_READY = "sglang.srt.managers.tokenizer_manager.TokenizerManager.is_ready"
+INTERNAL_STATE = (
+    "sglang.srt.managers.scheduler_components.internal_state."
+    "SchedulerInternalStateController.get_internal_state"
+)
+
+_ROWS = "_registrar_rows"
+"""The attribute on a KV manager that holds its registrars, one per topology row."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """The plugin's settings, read and validated once, at plugin load."""
+
+    registrar: Mapping[str, Any]
+    """Keyword arguments for every `Registrar` the plugin starts."""
+    init_wait: float = 0.0
+
+
+_config: PluginConfig | None = None
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
+    """The settings from `REGISTRAR_*` variables, or `ConfigError` naming the variable."""
+    options = options_from_env(environ)
+    extra = options_from_env(environ, table=SGLANG_PLUGIN_ENV_VARS)
+    return PluginConfig(registrar=options, init_wait=float(extra.get("init_wait", 0.0)))
+
+
+# ------------------------------------------------------------------------ the hooks
+
+
+def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
+    """REPLACE for `_register_topology_row`: start (or restart) this row's registrar."""
+    config = _config if _config is not None else read_config()
+    root = url[: -len("/route")] if url.endswith("/route") else url
+    key = (root, tuple(rank_of(payload).query().values()))
+    rows: dict[tuple[Any, ...], Registrar] = manager.__dict__.setdefault(_ROWS, {})
+    previous = rows.pop(key, None)
+    if previous is not None:
+        previous.stop()
+    options = dict(config.registrar)
+    if options.get("on_failure") == "exit":
+        options["exit"] = _fail_rank
+    registrar = Registrar(root, payload, **options)
+    rows[key] = registrar
+    with _live_lock:
+        _live.add(manager)
+    registrar.start()
+    logger.info(
+        "registering rank %s with %s in the background (registrar %s)",
+        dict(zip(("dp", "cp", "tp", "pp"), key[1], strict=True)),
+        registrar.status().url,
+        registrar.state.value,
+    )
+    if config.init_wait > 0 and not registrar.wait_for(State.REGISTERED, config.init_wait):
+        logger.warning(
+            "not registered within REGISTRAR_INIT_WAIT=%g s (%s); init goes on, registration "
+            "goes on in the background",
+            config.init_wait,
+            registrar.status().last_error,
+        )
+
+
+def _fail_rank(code: int) -> None:
+    """on_failure=exit inside SGLang: fail as a failing scheduler does (run_scheduler_process
+    sends SIGQUIT to its parent, whose handler takes the whole server down), then end."""
+    logger.error(
+        "registrar: this prefill rank could not register with its bootstrap server "
+        "(REGISTRAR_ON_FAILURE=exit); failing the scheduler: SIGQUIT to the parent process %d",
+        os.getppid(),
+    )
+    try:
+        os.kill(os.getppid(), signal.SIGQUIT)
+    except OSError as exc:
+        logger.error("could not signal the parent process: %s", exc)
+    logging.shutdown()
+    os._exit(code or EXIT_CODE)
+
+
+def stop_rows(manager: Any, reason: str) -> int:
+    """Stop every registrar kept on `manager`; how many were running."""
+    rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
+    stopped = 0
+    for registrar in list(rows.values()):
+        if registrar.running:
+            stopped += 1
+        registrar.stop(timeout=2.0)
+    if stopped:
+        logger.info("stopped %d registrar%s: %s", stopped, "" if stopped == 1 else "s", reason)
+    return stopped
+
+
+def before_teardown(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE `teardown_disaggregation`: a role switch ends this rank's registrations (the
+    server has no DELETE; the new role registers anew if it is prefill)."""
+    for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue"):
+        queue = getattr(scheduler, name, None)
+        manager = getattr(queue, "kv_manager", None)
+        if manager is not None:
+            stop_rows(manager, "PD role switch")
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        managers = list(_live)
+    for manager in managers:
+        stop_rows(manager, "process exit")
+
+
+def table_complete(server: Any) -> bool:
+    """Whether a bootstrap server's table holds every (dp, cp, tp, pp) row of its topology (not
+    its count: the real server counts every PUT, so a doubled one would read as complete)."""
+    sizes = [getattr(server, name, None) for name in _SIZES]
+    if not all(isinstance(size, int) and size >= 1 for size in sizes):
+        return False
+    dp, cp, tp, pp = (int(size) for size in sizes)  # type: ignore[arg-type]
+    try:
+        table = server.prefill_port_table
+        for d in range(dp):
+            for c in range(cp):
+                for t in range(tp):
+                    held = table.get(d, {}).get(c, {}).get(t, {})
+                    if any(p not in held for p in range(pp)):
+                        return False
+    except (RuntimeError, AttributeError):  # changed under us by the server's thread
+        return False
+    return True
+
+
+_SIZES = ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")
+
+
+def around_is_ready(original: Callable[..., bool], manager: Any, *args: Any, **kwargs: Any) -> bool:
+    """AROUND `TokenizerManager.is_ready`: also false until the node-0 bootstrap server that
+    this process holds has every row of its topology registered."""
+    if not original(manager, *args, **kwargs):
+        return False
+    server = getattr(manager, "bootstrap_server", None)
+    if server is None or not hasattr(server, "prefill_port_table"):
+        return True  # not the node-0 prefill HTTP process: nothing to wait for here
+    return table_complete(server)
+
+
+def rank_summary(manager: Any) -> dict[str, Any]:
+    """This rank's registrations, one entry per topology row, for `/server_info`."""
+    rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
+    out = []
+    for (_url, rank), registrar in rows.items():
+        status = registrar.status().to_dict()
+        out.append(
+            {
+                "url": status["url"],
+                "rank": dict(zip(("dp", "cp", "tp", "pp"), rank, strict=True)),
+                "running": registrar.running,
+                **{k: v for k, v in status.items() if k != "url"},
+            }
+        )
+    return {"rows": out}
+
+
+def after_internal_state(result: Any, controller: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER the scheduler's `get_internal_state`: add this rank's registration summary."""
+    state = getattr(result, "internal_state", None)
+    scheduler = getattr(controller, "scheduler", None)
+    queue = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
+    manager = getattr(queue, "kv_manager", None)
+    if isinstance(state, dict) and manager is not None:
+        state["registrar"] = rank_summary(manager)
+    return result
+
+
+# ------------------------------------------------------------------------ loading
+
+
+def _hooks() -> list[tuple[str, Callable[..., Any], str]]:
+    return [
+        (REGISTER_ROW, register_row, "REPLACE"),
+        (TEARDOWN, before_teardown, "BEFORE"),
+        (IS_READY, around_is_ready, "AROUND"),
+        (INTERNAL_STATE, after_internal_state, "AFTER"),
+    ]
+
+
+TARGETS = tuple(target for target, _, _ in _hooks())
+
+
+def _applied(target: str, hook: Callable[..., Any]) -> bool:
+    """Whether `hook` is in the wrapper chain now installed at `target`."""
+    try:
+        current = pkgutil.resolve_name(target)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    seen = 0
+    while current is not None and seen < 32:
+        cells = getattr(current, "__closure__", None) or ()
+        if any(_cell(c) is hook for c in cells):
+            return True
+        current = getattr(current, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
+
+
+def verify() -> list[str]:
+    """Check each patch took effect; log one ERROR naming the missing ones. The missing
+    targets."""
+    missing = [target for target, hook, _ in _hooks() if not _applied(target, hook)]
+    if missing:
+        version = _sglang_version()
+        logger.error(
+            "registrar's SGLang plugin could not patch %s in sglang %s (supported: %s); "
+            "those parts are inactive: SGLang's own behaviour stands there",
+            ", ".join(missing),
+            version,
+            ", ".join(SUPPORTED_VERSIONS),
+        )
+    return missing
+
+
+def _sglang_version() -> str:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("sglang")
+    except Exception:
+        return "unknown"
+
+
+def load() -> None:
+    """The entry point: validate the configuration, register the hooks, and check them once
+    SGLang has applied them. A bad variable ends the process with one line naming it."""
+    global _config
+    try:
+        _config = read_config()
+    except ConfigError as exc:
+        logger.error("registrar's SGLang plugin: %s", exc)
+        raise SystemExit(f"registrar's SGLang plugin: {exc}") from None
+    hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
+    for target, hook, kind in _hooks():
+        hooks.HookRegistry.register(target, hook, hooks.HookType[kind])
+    version = _sglang_version()
+    if version not in SUPPORTED_VERSIONS:
+        logger.warning(
+            "registrar's SGLang plugin is tested on sglang %s, not %s",
+            ", ".join(SUPPORTED_VERSIONS),
+            version,
+        )
+    _verify_after_apply(hooks.HookRegistry)
+
+
+def _verify_after_apply(registry: Any) -> None:
+    """Run `verify()` right after SGLang's next `HookRegistry.apply_hooks()` (load_plugins
+    calls it once every plugin has registered), then put the original back."""
+    original = registry.__dict__["apply_hooks"]
+    if getattr(original.__func__, "_registrar_verifies", False):
+        return
+
+    def apply_then_verify(cls: Any) -> None:
+        try:
+            original.__func__(cls)
+        finally:
+            registry.apply_hooks = original
+            verify()
+
+    apply_then_verify._registrar_verifies = True  # type: ignore[attr-defined]
+    registry.apply_hooks = classmethod(apply_then_verify)

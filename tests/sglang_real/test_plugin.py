@@ -1,0 +1,210 @@
+"""registrar's plugin inside SGLang 0.5.23's real code: found by SGLang's own plugin loader, the
+rank's init no longer blocks, a late and a restarted bootstrap server each count every rank
+exactly once, and /ready waits for the whole table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from sglang_support.harness import HERE, child_env, import_quietly, wait_for
+from support import free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+# The upstream loop blocks init at least this long with the server down (test_upstream.py).
+UPSTREAM_LEAST_BLOCKING = 0.75 * (1 + 2 + 4 + 8)
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter of this environment (the stand-in loads first)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(**env),
+        cwd=HERE,
+        check=False,
+    )
+
+
+def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
+    done = run_python(
+        "import json, logging, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from sglang.srt.plugins import load_plugins\n"
+        "load_plugins()\n"
+        "from registrar.integrations.sglang import plugin\n"
+        "print(json.dumps({'missing': plugin.verify(), 'targets': list(plugin.TARGETS)}))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["missing"] == []
+    assert len(result["targets"]) == 4
+    assert "registrar -> registrar.integrations.sglang:load" in done.stderr
+    assert "Loaded plugin registrar from group sglang.srt.plugins" in done.stderr
+    assert "Applied 1 hook(s) to " + "sglang.srt.disaggregation.common.conn" in done.stderr
+
+
+def test_importing_registrar_imports_no_sglang() -> None:
+    done = run_python(
+        "import sys\n"
+        "import registrar, registrar.integrations, registrar.integrations.sglang\n"
+        "from registrar.integrations.sglang import plugin\n"
+        "print(sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_patch_that_cannot_apply_is_reported_loudly() -> None:
+    # As if SGLang had renamed the method: the plugin names the missing target and the versions.
+    done = run_python(
+        "import warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from sglang.srt.disaggregation.common import conn\n"
+        "del conn.CommonKVManager._register_topology_row\n"
+        "from sglang.srt.plugins import load_plugins\n"
+        "load_plugins()\n"
+    )
+    assert done.returncode == 0, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:registrar")]
+    assert len(errors) == 1, done.stderr
+    assert "CommonKVManager._register_topology_row" in errors[0]
+    assert "supported: 0.5.23" in errors[0]
+    assert "TokenizerManager.is_ready" not in errors[0]  # the others took effect
+
+
+def test_a_bad_variable_stops_the_rank_with_one_line_naming_it(spawn_rank) -> None:
+    rank = spawn_rank(free_port(), REGISTRAR_MAX_ATTEMPTS="many")
+    assert rank.proc.wait(120) != 0
+    text = rank.log.read_text()
+    assert "REGISTRAR_MAX_ATTEMPTS='many'" in text
+    assert "Traceback" not in text
+
+
+def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(
+    spawn_rank, bootstrap
+) -> None:
+    port = free_port()
+    rank = spawn_rank(port)
+    init = rank.event("init")
+    assert init["seconds"] < UPSTREAM_LEAST_BLOCKING / 2, init  # no blocking retry loop
+    [row] = rank.status()
+    assert row["state"] in ("registering", "failed")
+    server = bootstrap(port)
+    time.sleep(3)  # the server starts seconds after the rank, as in the startup race
+    server.start()
+    assert wait_for(lambda: server.count >= 1)
+    assert server.rows() == {(0, 0, 0, 0)}
+    time.sleep(2)  # four watch intervals: no second PUT
+    assert server.count == 1
+    [row] = rank.status()
+    assert (row["state"], row["registrations"]) == ("registered", 1)
+
+    # Closed and started again on the same port: forgotten, registered again, counted once.
+    server.close()
+    server = bootstrap(port).start()
+    assert wait_for(lambda: server.count >= 1)
+    time.sleep(2)
+    assert server.count == 1
+    assert server.rows() == {(0, 0, 0, 0)}
+    [row] = rank.status()
+    assert (row["state"], row["registrations"], row["reregistrations"]) == ("registered", 2, 1)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
+    spawn_rank, bootstrap, ranks: int
+) -> None:
+    port = free_port()
+    procs = [spawn_rank(port, rank=r, tp_size=ranks) for r in range(ranks)]
+    for proc in procs:
+        assert proc.event("init", timeout=240)["seconds"] < UPSTREAM_LEAST_BLOCKING / 2
+    everyone = {(0, 0, tp, 0) for tp in range(ranks)}
+    for lifetime in range(2):  # a late start, then a restart on the same port
+        server = bootstrap(port).start()
+        assert wait_for(lambda s=server: s.rows() == everyone, timeout=60), server.rows()
+        time.sleep(2.5)  # five watch intervals
+        assert server.count == ranks, f"lifetime {lifetime}: {server.count} PUTs for {ranks}"
+        server.close()
+    for proc in procs:
+        [row] = proc.status()
+        assert (row["state"], row["registrations"]) == ("registered", 2)
+
+
+def test_a_role_switch_stops_the_ranks_registrars(spawn_rank, bootstrap) -> None:
+    port = free_port()
+    server = bootstrap(port).start()
+    rank = spawn_rank(port)
+    rank.event("init")
+    assert wait_for(lambda: server.count == 1)
+    [row] = rank.command("teardown", "teardown")["rows"]
+    assert (row["running"], row["state"]) == (False, "stopped")
+
+
+def test_ready_is_false_until_the_table_is_complete(spawn_rank, bootstrap) -> None:
+    plugins = import_quietly("sglang.srt.plugins")
+    plugins.load_plugins()  # this process: the AROUND hook on TokenizerManager.is_ready
+    tokenizer = import_quietly("sglang.srt.managers.tokenizer_manager")
+    manager = tokenizer.TokenizerManager.__new__(tokenizer.TokenizerManager)
+    manager.is_pause = False
+    manager.gracefully_exit = False
+    manager.server_status = tokenizer.ServerStatus.Up
+    port = free_port()
+    manager.bootstrap_server = bootstrap(port).start().instance
+    assert manager.is_ready() is False  # nothing registered
+    first = spawn_rank(port, rank=0, tp_size=2)
+    assert wait_for(lambda: manager.bootstrap_server._registered_count == 1, timeout=120)
+    assert manager.is_ready() is False  # one row of two
+    spawn_rank(port, rank=1, tp_size=2)
+    assert wait_for(manager.is_ready, timeout=120)
+    manager.is_pause = True
+    assert manager.is_ready() is False  # SGLang's own answer still counts
+    manager.bootstrap_server = None
+    manager.is_pause = False
+    assert manager.is_ready() is True  # not the prefill node 0: nothing to wait for
+    first.stop()
+
+
+def test_on_failure_exit_fails_the_rank_as_a_failing_scheduler_does(tmp_path, model_dir) -> None:
+    # The rank's parent stands for SGLang's launcher: it records the SIGQUIT a failing
+    # scheduler sends it (run_scheduler_process), instead of taking a server down.
+    log = tmp_path / "parent.log"
+    with log.open("w") as err:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sglang_support.parent",
+                "--bootstrap-port",
+                str(free_port()),
+                "--model",
+                str(model_dir),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=240,
+            env=child_env(
+                REGISTRAR_ON_FAILURE="exit",
+                REGISTRAR_MAX_ATTEMPTS="2",
+                REGISTRAR_BACKOFF_INITIAL="0.1",
+                REGISTRAR_BACKOFF_MAX="0.2",
+            ),
+            cwd=HERE,
+            check=False,
+        )
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {"event": "sigquit"} in events, log.read_text()[-3000:]
+    assert {"event": "child_exit", "code": 3} in events
+    text = log.read_text()
+    assert "REGISTRAR_ON_FAILURE=exit" in text
+    assert "SIGQUIT to the parent process" in text
