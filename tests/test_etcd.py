@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from etcd_support import EtcdCluster, b64, etcd_binary, etcd_cluster
+from etcd_support import EtcdCluster, Tls, b64, etcd_binary, etcd_cluster, make_certificates
 from support import wait_until
 
 from registrar import Registrar, State
@@ -392,7 +392,7 @@ def test_unreachable_is_not_lost_until_the_ttl_has_passed(
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_endpoint_with_ca_bundle(tmp_path: Path, registrars: list[Registrar]) -> None:
     cert, key = _self_signed(tmp_path)
-    with etcd_cluster(tmp_path / "etcd", tls=(cert, key)) as etcd:
+    with etcd_cluster(tmp_path / "etcd", tls=Tls(cert, key, ca=cert)) as etcd:
         assert etcd.url.startswith("https://")
         reg = _registrar(registrars, etcd.url, ttl=60, ca_bundle=cert).start()
         assert wait_until(lambda: reg.status().route == "present", 20)
@@ -465,3 +465,37 @@ def test_compacted_history_does_not_churn_the_watch(
     # once a second; one that starts where the last check read runs quietly.
     assert len([at for at in checks if at >= settled]) <= 1, checks
     assert _ours(etcd, reg)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_client_certificate_required_by_the_cluster(
+    tmp_path: Path, registrars: list[Registrar]
+) -> None:
+    tls = make_certificates(tmp_path)
+    assert tls.client is not None
+    with etcd_cluster(tmp_path / "etcd", tls=tls) as etcd:
+        reg = _registrar(registrars, etcd.url, ttl=60, ca_bundle=tls.ca, cert=tls.client).start()
+        assert wait_until(lambda: reg.status().route == "present", 20)
+        etcd.delete(KEY)  # the watch stream presents the client certificate too
+        assert wait_until(lambda: _ours(etcd, reg), WATCHED)
+        assert reg.status().reregistrations == 1
+        anonymous = _registrar(registrars, etcd.url, key="/services/x", ttl=60, ca_bundle=tls.ca)
+        anonymous.start()
+        assert anonymous.wait_for(State.FAILED, 20)
+        error = anonymous.status().last_error or ""
+        assert "a TLS client certificate is required, and none was given" in error
+        cert, key = tls.client
+        args = ["--etcd", etcd.url, "--key", "/services/cli", "--ca-bundle", tls.ca]
+        args += ["--etcd-cert", cert, "--etcd-cert-key", key, "--payload", "{}"]
+        agent = subprocess.Popen([*_CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert wait_until(lambda: etcd.get("/services/cli") is not None, 30)
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(20) == 0
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait(10)
+            assert agent.stderr is not None
+            agent.stderr.close()
+        assert etcd.get("/services/cli") is None

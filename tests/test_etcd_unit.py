@@ -146,6 +146,8 @@ def test_watch_interval_keeps_renewals_on_time() -> None:
         ({"keepalive_fraction": 0.9}, "keepalive_fraction"),
         ({"username": "u"}, "give both or neither"),
         ({"ttl": 2, "timeout": 2.0}, "must be shorter than"),
+        ({"cert": ("/no/such.pem", "/no/such.key")}, "cert must be a"),
+        ({"max_message_bytes": 10}, "max_message_bytes must be"),
     ],
 )
 def test_construction_errors_name_the_option(kwargs: dict[str, Any], error: str) -> None:

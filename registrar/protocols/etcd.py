@@ -30,7 +30,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -153,7 +153,9 @@ class EtcdAnswer:
         return self.status_code >= 500
 
 
-def parse_answer(endpoint: str, result: HttpResult, describe: Any) -> EtcdAnswer:
+def parse_answer(
+    endpoint: str, result: HttpResult, describe: Callable[[BaseException], str]
+) -> EtcdAnswer:
     """Classify one exchange with the gateway (pure: unit-tested without a server)."""
     if result.error is not None:
         return EtcdAnswer(
@@ -385,8 +387,9 @@ class EtcdTransport:
     not answer or says it cannot (no leader, timed out, unavailable). `username`/`password`
     enable etcd's auth: the token is fetched with `/v3/auth/authenticate` and fetched again when
     etcd says it is invalid (expired, or the member restarted). `verify` is True (system CAs),
-    False, or the path of a CA bundle for `https://` endpoints. `timeout` is one request's
-    deadline on one endpoint.
+    False, or the path of a CA bundle for `https://` endpoints; `cert` a (certificate, key)
+    pair of files for clusters that require client certificates (`--client-cert-auth`).
+    `timeout` is one request's deadline on one endpoint.
     """
 
     def __init__(
@@ -400,8 +403,9 @@ class EtcdTransport:
         password: str | None = None,
         timeout: Timeout = DEFAULT_TIMEOUT,
         verify: bool | str = True,
+        cert: tuple[str, str] | None = None,
         max_message_bytes: int = MAX_WATCH_MESSAGE,
-        rng: Any = None,
+        rng: Callable[[], float] | None = None,
     ) -> None:
         self._endpoints = _endpoints(endpoints)
         if not isinstance(key, str) or not key or "\n" in key or "\r" in key:
@@ -444,9 +448,10 @@ class EtcdTransport:
         if isinstance(verify, str) and not verify:
             raise ConfigError("verify must be True, False or the path of a CA bundle")
         self._verify = verify
+        self._cert = _check_cert(cert)
         self._secrets = Secrets.of((password,))
         self._http = [
-            HttpTransport(url, path="/", timeout=self._timeout, verify=verify)
+            HttpTransport(url, path="/", timeout=self._timeout, verify=verify, cert=cert)
             for url in self._endpoints
         ]
         self._shown = [redact_url(url) for url in self._endpoints]
@@ -458,6 +463,14 @@ class EtcdTransport:
         self._closing = False
         self._abort_lock = threading.Lock()
         self._rng = rng if rng is not None else random.random
+        if (
+            isinstance(max_message_bytes, bool)
+            or not isinstance(max_message_bytes, int)
+            or max_message_bytes < 1024
+        ):
+            raise ConfigError(
+                f"max_message_bytes must be an integer >= 1024, got {max_message_bytes!r}"
+            )
         self._limit = max_message_bytes
         self._value = b""
         self._lease = 0
@@ -648,6 +661,16 @@ class EtcdTransport:
         code = answer.code
         if answer.status_code is None:
             fatal = isinstance(answer.error, requests.exceptions.SSLError)
+            alert = answer.message.upper()
+            if fatal and ("ALERT_BAD_CERTIFICATE" in alert or "CERTIFICATE_REQUIRED" in alert):
+                # The server's alert is about our certificate, not its own.
+                given = "was refused" if self._cert else "is required, and none was given"
+                text = clean(
+                    f"{answer.endpoint}: a TLS client certificate {given} ({answer.message}); "
+                    "pass cert=(certificate file, key file) signed by a CA the cluster trusts",
+                    400,
+                    self._secrets,
+                )
             return RegisterOutcome(
                 Verdict.FATAL if fatal else Verdict.RETRY,
                 error=text,
@@ -923,6 +946,8 @@ class EtcdTransport:
                 context = ssl.create_default_context(cafile=self._verify)
             else:
                 context = ssl.create_default_context()
+            if self._cert is not None:
+                context.load_cert_chain(*self._cert)
             self._context = context
         return self._context
 
@@ -989,6 +1014,20 @@ def _endpoints(value: object) -> list[str]:
     return urls
 
 
+def _check_cert(cert: object) -> tuple[str, str] | None:
+    if cert is None:
+        return None
+    if (
+        isinstance(cert, tuple)
+        and len(cert) == 2
+        and all(isinstance(path, str) and os.path.isfile(path) for path in cert)
+    ):
+        return (cert[0], cert[1])
+    raise ConfigError(
+        f"cert must be a (certificate file, key file) pair of readable files, got {cert!r}"
+    )
+
+
 def _encode_value(payload: Mapping[str, Any]) -> bytes:
     """The stored value: compact JSON with sorted keys, so the same payload is the same bytes
     in every life of the process (readers comparing values see no change)."""
@@ -1007,6 +1046,7 @@ def etcd_registrar(
     timeout: Timeout = DEFAULT_TIMEOUT,
     verify: bool = True,
     ca_bundle: str | None = None,
+    cert: tuple[str, str] | None = None,
     watch_interval: float | None = None,
     **options: Any,
 ) -> Registrar:
@@ -1026,6 +1066,7 @@ def etcd_registrar(
         password=password,
         timeout=timeout,
         verify=ca_bundle if ca_bundle is not None else bool(verify),
+        cert=cert,
     )
     longest = transport.watch_interval
     if watch_interval is None:

@@ -375,6 +375,7 @@ class HttpTransport:
         timeout: Timeout = 5.0,
         verify: bool | str = True,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        cert: tuple[str, str] | None = None,
     ) -> None:
         self._url = validate_url(url)
         if not callable(token):
@@ -413,6 +414,8 @@ class HttpTransport:
         self._session = requests.Session()
         self._session.trust_env = False
         self._session.verify = verify
+        if cert is not None:
+            self._session.cert = cert  # a client certificate (mutual TLS), e.g. for etcd
         adapter = _CountingAdapter(self._counter)
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)

@@ -251,6 +251,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --etcd: the etcd user; its password from $REGISTRAR_ETCD_PASSWORD",
     )
+    add(
+        "--etcd-cert",
+        metavar="FILE",
+        help="with --etcd: a TLS client certificate (clusters with --client-cert-auth)",
+    )
+    add("--etcd-cert-key", metavar="FILE", help="with --etcd: the client certificate's key")
     add("--ca-bundle", metavar="FILE", help="CA bundle to verify an https server")
     add("--health-host", metavar="H", help="address for the health server (default: 127.0.0.1)")
     add(
@@ -435,6 +441,11 @@ def _etcd_registrar(
     if user and not password:
         raise UsageError("--etcd-user needs the password in $REGISTRAR_ETCD_PASSWORD")
     options = {k: v for k, v in options.items() if k != "protocol"}
+    cert, cert_key = flags.get("etcd_cert"), flags.get("etcd_cert_key")
+    if (cert is None) != (cert_key is None):
+        raise UsageError("--etcd-cert and --etcd-cert-key go together")
+    if cert is not None:
+        options["cert"] = (cert, cert_key)
     if "ttl" in flags:
         options["ttl"] = flags["ttl"]
     return etcd_registrar(
@@ -476,7 +487,9 @@ def _cmd_register(args: argparse.Namespace) -> int:
     if etcd:
         # The etcd options may come from their variables too (REGISTRAR_ETCD, _KEY, ...).
         given: dict[str, Any] = {
-            k: chosen[k] for k in ("etcd", "key", "ttl", "etcd_user") if k in chosen
+            k: chosen[k]
+            for k in ("etcd", "key", "ttl", "etcd_user", "etcd_cert", "etcd_cert_key")
+            if k in chosen
         }
         reg = _etcd_registrar({**flags, **given}, payload, token, options)
     else:

@@ -206,6 +206,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("KEY", "cli.key", _text, "/services/prefill/rank0", "with ETCD: the key"),
     EnvVar("TTL", "cli.ttl", _seconds, "10", "with ETCD: the lease TTL, seconds"),
     EnvVar("ETCD_USER", "cli.etcd_user", _text, "registrar", "with ETCD: the etcd user"),
+    EnvVar("ETCD_CERT", "cli.etcd_cert", _text, "/etc/etcd/client.pem", "with ETCD: client cert"),
+    EnvVar("ETCD_CERT_KEY", "cli.etcd_cert_key", _text, "/etc/etcd/client.key", "its key file"),
     EnvVar("HEALTH_HOST", "cli.health_host", _text, "0.0.0.0", "address of the health server"),
     EnvVar("HEALTH_PORT", "cli.health_port", parse_port, "8081", "port of the health server"),
     EnvVar("EXPOSE_PAYLOAD", "cli.expose_payload", _flag, "false", "show the payload in /health"),
