@@ -16,6 +16,7 @@ import random
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -93,6 +94,24 @@ REPORT_LOG_INTERVAL = 60.0
 """At most one warning per this many seconds says that reports were contradicted by the server."""
 _IDLE_SLICE = 3600.0
 """With no watch interval, an idle watcher is asked to wait this long at a time."""
+
+
+_REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
+"""Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
+
+
+def _before_fork() -> None:
+    for registrar in list(_REGISTRARS):
+        registrar._running_at_fork = registrar.running
+
+
+def _after_fork_in_child() -> None:
+    for registrar in list(_REGISTRARS):
+        registrar._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -285,6 +304,10 @@ class Registrar:
         self._ever_registered = False
         self._lost_after_put = 0  # the loop thread's alone
         self._unexpected_seen: set[str] = set()  # the loop thread's alone
+        self._pid = os.getpid()
+        self._forked_from: int | None = None
+        self._running_at_fork = False
+        _REGISTRARS.add(self)
         self._fleet = _fleet_size(transport, payload)
 
     # ----------------------------------------------------------------- public API
@@ -340,6 +363,12 @@ class Registrar:
                 raise StateError(
                     "this Registrar was stopped and cannot start again; create a new one"
                 )
+            if self._forked_from is not None:
+                raise StateError(
+                    f"this Registrar runs in pid {self._forked_from}, of which this process is "
+                    "a fork; a second thread would register the same route again: create and "
+                    "start Registrars after forking, one per route"
+                )
             if self._thread is not None:
                 return self
             thread = threading.Thread(target=self._run, name="registrar", daemon=True)
@@ -362,7 +391,7 @@ class Registrar:
             self._stopping = True
             thread = self._thread
         self._wake.set()
-        if isinstance(self._transport, Abortable):
+        if self._forked_from is None and isinstance(self._transport, Abortable):
             # A request in flight need not run to its deadline: its answer no longer matters.
             self._transport.abort()
         self._transition(Trigger.STOP)
@@ -413,6 +442,38 @@ class Registrar:
     async def __aexit__(self, *exc_info: object) -> None:
         # stop() may wait for a request in flight: in a worker thread, not on the loop.
         await asyncio.to_thread(self.stop)
+
+    def _after_fork(self) -> None:
+        """In a forked child (gunicorn --preload, multiprocessing "fork"): only the thread that
+        forked exists here. Locks another thread held are re-made, and a registrar whose
+        thread was running says so: this copy of its status would otherwise answer health
+        from the moment of the fork, for ever. No thread is started here: the parent's thread
+        still holds the registration, and a second one would PUT the same route again (a PUT
+        is not idempotent)."""
+        parent, self._pid = self._pid, os.getpid()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._gate = threading.Lock()
+        self._wake = Waker()
+        self._machine, self._model = build_machine(self._status.state)
+        self._pending.clear()
+        self._deliverer = None
+        self._draining = False
+        if not self._running_at_fork:
+            return  # never started, or already ended: the copy is as true here as there
+        self._forked_from = parent
+        self._status = replace(
+            self._status,
+            thread_died=True,
+            retrying=False,
+            next_attempt_at=None,
+            last_error=(
+                f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
+                "registrar's thread runs; this copy cannot know the registration: start the "
+                "Registrar in this process, or serve health from the parent "
+                "(docs/operations.md)"
+            ),
+        )
 
     # ----------------------------------------------------------------- state and listeners
 
