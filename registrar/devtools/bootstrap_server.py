@@ -87,20 +87,70 @@ class Fault:
 
 @dataclass
 class _Table:
-    """The server's memory: lost on every restart."""
+    """The server's memory, kept field for field as SGLang's `CommonKVBootstrapServer` keeps it
+    (first writer wins for the topology, last writer for a rank), lost on every restart.
+    Values are stored as the payload gave them, so a wrongly typed one fails later exactly where
+    it fails on the real server."""
 
-    topology: dict[str, Any] | None = None
-    ranks: dict[tuple[int, int, int, int], dict[str, Any]] = field(default_factory=dict)
+    attn_tp_size: Any = None
+    attn_cp_size: Any = None
+    dp_size: Any = None
+    pp_size: Any = None
+    page_size: Any = None
+    kv_cache_dtype: Any = None
+    kv_layout: Any = None
+    dsv41_spec_layout: Any = None
+    follow_bootstrap_room: bool | None = None
+    enable_dsa_cache_layer_split: bool | None = None
+    enable_kv_cache_sharding: bool | None = None
+    prefill_http_port: int | None = None
+    decode_allocation_policy: Any = "early"
+    ranks: dict[tuple[Any, Any, Any, Any], dict[str, Any]] = field(default_factory=dict)
     count: int = 0
 
-    def required(self) -> int:
-        if self.topology is None:
-            return 1
-        t = self.topology
-        return int(t["dp_size"] * t["attn_cp_size"] * t["attn_tp_size"] * t["pp_size"])
-
     def ready(self) -> bool:
-        return self.topology is not None and self.count >= self.required()
+        """The real `_is_ready`: raises TypeError, as it does, on wrongly typed sizes."""
+        sizes = (self.attn_tp_size, self.attn_cp_size, self.pp_size, self.dp_size)
+        if any(size is None for size in sizes):
+            return False
+        return bool(self.count >= self.expected())
+
+    def expected(self) -> Any:
+        return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
+
+    def info(self) -> dict[str, Any]:
+        """The answer to the all-`-1` query: `PrefillServerInfo` as the real server sends it."""
+        info: dict[str, Any] = {
+            "attn_tp_size": int(self.attn_tp_size),
+            "attn_cp_size": int(self.attn_cp_size),
+            "dp_size": int(self.dp_size),
+            "pp_size": int(self.pp_size),
+            "page_size": int(self.page_size) if self.page_size is not None else None,
+            "kv_cache_dtype": str(self.kv_cache_dtype) if self.kv_cache_dtype is not None else None,
+            "follow_bootstrap_room": bool(
+                self.follow_bootstrap_room if self.follow_bootstrap_room is not None else True
+            ),
+            "enable_dsa_cache_layer_split": bool(self.enable_dsa_cache_layer_split),
+            "dsv41_spec_layout": self.dsv41_spec_layout,
+            "kv_layout": self.kv_layout,
+            "decode_allocation_policy": self.decode_allocation_policy,
+            "enable_kv_cache_sharding": bool(self.enable_kv_cache_sharding),
+            "prefill_http_port": self.prefill_http_port,
+            "target_tp_rank": None,
+            "target_tp_ranks": None,
+            "target_cp_ranks": None,
+            "target_pp_ranks": None,
+            "required_dst_info_num": None,
+            "required_prefill_response_num": None,
+        }
+        for optional in ("dsv41_spec_layout", "kv_layout"):
+            if info[optional] is None:
+                del info[optional]
+        return info
+
+
+_CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
+"""aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -305,7 +355,10 @@ class BootstrapServer:
     @property
     def ready(self) -> bool:
         with self._lock:
-            return self._table.ready()
+            try:
+                return self._table.ready()
+            except TypeError:  # a wrongly typed size: the real server answers 500 to everything
+                return False
 
     def routes(self) -> dict[tuple[int, int, int, int], dict[str, Any]]:
         """(dp, cp, tp, pp) -> {"rank_ip", "rank_port"}."""
@@ -449,85 +502,103 @@ class BootstrapServer:
     def _answer(self, h: _Handler, method: str, body: bytes) -> tuple[int, str, str, int | None]:
         path = urlsplit(h.path).path
         if path == "/health":
-            if method != "GET":
-                return 405, "Method Not Allowed", "text/plain", None
+            if method != "GET":  # aiohttp's own answers for a route it does not serve
+                return 405, "405: Method Not Allowed", "text/plain", None
             return 200, "OK", "text/plain", None
         if path != "/route":
-            return 404, "Not Found", "text/plain", None
+            return 404, "404: Not Found", "text/plain", None
         if method == "PUT":
-            return self._put(h, body)
+            if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
+                return 401, "Unauthorized", "text/plain", None
+            try:
+                return self._put(body)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                return 500, _CRASH, "text/plain", None
         if method == "GET":
-            status, text, ctype = self._get(h)
+            try:
+                status, text, ctype = self._get(h)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                return 500, _CRASH, "text/plain", None
             return status, text, ctype, None
-        return 405, "Method Not Allowed", "text/plain", None
+        return 405, "Method not allowed", "application/json", None
 
-    def _put(self, h: _Handler, body: bytes) -> tuple[int, str, str, int | None]:
-        if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
-            return 401, "Unauthorized", "text/plain", None
-        try:
-            data = json.loads(body)
-            fields = {name: data[name] for name in _REQUIRED}
-            rank_port = int(fields["rank_port"])
-            int(fields["page_size"])
-        except (ValueError, TypeError, KeyError):
-            # The real server lets these escape its handler: a bare 500.
-            return (
-                500,
-                "500 Internal Server Error\n\nServer got itself in trouble",
-                "text/plain",
-                None,
-            )
-        dp_size = (
-            fields["system_dp_size"] if fields["system_dp_size"] > 1 else fields["attn_dp_size"]
-        )
-        dp = fields["system_dp_rank"] if fields["system_dp_size"] > 1 else fields["attn_dp_rank"]
-        key = (
-            int(dp),
-            int(fields["attn_cp_rank"]),
-            int(fields["attn_tp_rank"]),
-            int(fields["pp_rank"]),
-        )
-        policy = data.get("decode_allocation_policy")
+    def _put(self, body: bytes) -> tuple[int, str, str, int | None]:
+        """SGLang's `_handle_route_put`, step for step: the same reads, checks and order, so the
+        same payload fails the same way (an exception is a bare 500, sometimes after the table
+        has changed, as on the real server)."""
+        data = json.loads(body)
+        fields = {name: data[name] for name in _REQUIRED}
+        rank_port = int(fields["rank_port"])
+        page_size = int(fields["page_size"])
+        kv_layout = data.get("kv_layout")
+        prefill_http_port = data.get("prefill_http_port")
+        dsv41_spec_layout = data.get("dsv41_spec_layout")
         with self._lock:
-            table = self._table
-            if table.topology is None:
-                table.topology = {
-                    "attn_tp_size": fields["attn_tp_size"],
-                    "attn_cp_size": fields["attn_cp_size"],
-                    "dp_size": dp_size,
-                    "pp_size": fields["pp_size"],
-                    "page_size": int(fields["page_size"]),
-                    "kv_cache_dtype": fields["kv_cache_dtype"],
-                    "decode_allocation_policy": policy,
-                }
-            elif policy is not None and table.topology.get("decode_allocation_policy") not in (
-                None,
-                policy,
-            ):
-                return 400, "Inconsistent decode_allocation_policy", "text/plain", rank_port
-            table.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
-            table.count += 1
+            t = self._table
+            if t.count and t.dsv41_spec_layout != dsv41_spec_layout:
+                text = "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+                return 400, text, "text/plain", rank_port
+            policy = data.get("decode_allocation_policy", "early")
+            if t.count and t.decode_allocation_policy != policy:
+                return 400, "Inconsistent prefill allocation policies", "text/plain", rank_port
+            t.dsv41_spec_layout = dsv41_spec_layout
+            t.decode_allocation_policy = policy
+            single = fields["system_dp_size"] == 1
+            if t.attn_tp_size is None:
+                t.attn_tp_size = fields["attn_tp_size"]
+            if t.attn_cp_size is None:
+                t.attn_cp_size = fields["attn_cp_size"]
+            if t.dp_size is None:
+                t.dp_size = fields["attn_dp_size"] if single else fields["system_dp_size"]
+            if t.pp_size is None:
+                t.pp_size = fields["pp_size"]
+            if t.page_size is None:
+                t.page_size = page_size
+            if t.kv_cache_dtype is None and fields["kv_cache_dtype"] is not None:
+                t.kv_cache_dtype = fields["kv_cache_dtype"]
+            if t.kv_layout is None and kv_layout is not None:
+                t.kv_layout = kv_layout
+            if t.prefill_http_port is None and prefill_http_port is not None:
+                t.prefill_http_port = int(prefill_http_port)
+            if t.follow_bootstrap_room is None:
+                method = data.get("load_balance_method", "follow_bootstrap_room")
+                t.follow_bootstrap_room = method == "follow_bootstrap_room"
+            if t.enable_dsa_cache_layer_split is None:
+                t.enable_dsa_cache_layer_split = bool(
+                    data.get("enable_dsa_cache_layer_split", False)
+                )
+            if t.enable_kv_cache_sharding is None:
+                t.enable_kv_cache_sharding = bool(data.get("enable_kv_cache_sharding", False))
+            dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
+            key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
+            t.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
+            t.count += 1
+            t.expected()  # computed for a log line after the count: a bad size fails here
         return 200, "OK", "text/plain", rank_port
 
     def _get(self, h: _Handler) -> tuple[int, str, str]:
+        """SGLang's `_handle_route_get`, step for step (the first value of a repeated
+        parameter; an empty one counts as missing; int() only where the real one calls it)."""
         query = parse_qs(urlsplit(h.path).query)
-        try:
-            values = [int(query[name][-1]) for name in _RANK_QUERY]
-        except (KeyError, ValueError):
+        values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
+        if not all(values):
             return 400, "Missing inputs for bootstrap server.", "text/plain"
+        dp, cp, tp, pp = values
         with self._lock:
-            table = self._table
-            not_ready = (
-                f"Prefill server not fully registered yet ({table.count} workers registered)."
-            )
-            if not table.ready():
+            t = self._table
+            not_ready = f"Prefill server not fully registered yet ({t.count} workers registered)."
+            if int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1:
+                if not t.ready():
+                    return 503, not_ready, "text/plain"
+                return 200, json.dumps(t.info()), "application/json"
+            if not t.ready():
                 return 503, not_ready, "text/plain"
-            assert table.topology is not None
-            if all(v == -1 for v in values):
-                info = {k: v for k, v in table.topology.items() if v is not None}
-                return 200, json.dumps(info), "application/json"
-            dp, cp, tp, pp = values
-            found = table.ranks.get((dp, cp, tp, pp))
+            # Keys are the payload's values; the real nested lookup by int finds the same ones.
+            found = t.ranks.get((int(dp), int(cp), int(tp), int(pp)))
         if found is None:
-            return 404, "Bootstrap info not Found", "text/plain"
+            text = (
+                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} "
+                f"pp_rank={pp}"
+            )
+            return 404, text, "text/plain"
         return 200, json.dumps(found), "application/json"

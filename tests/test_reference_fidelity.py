@@ -1,0 +1,69 @@
+"""The reference server answers as SGLang 0.5.23's CommonKVBootstrapServer does, in the cases
+where it used to differ (tests/sglang_real/test_differential.py checks every answer against the
+real server; these keep the core suite honest where SGLang is not installed)."""
+
+from __future__ import annotations
+
+import requests
+from support import sglang_payload
+
+from registrar.devtools.bootstrap_server import BootstrapServer
+
+CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
+RANK0 = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
+
+
+def test_a_wrongly_typed_size_is_accepted_then_every_lookup_is_a_500() -> None:
+    # The real server stores "1" as the size, then fails comparing its count with it.
+    with BootstrapServer() as server:
+        put = requests.put(f"{server.url}/route", json=sglang_payload(tp_size="1"), timeout=5)
+        assert (put.status_code, put.text) == (200, "OK")
+        for _ in range(2):
+            answer = requests.get(server.url + RANK0, timeout=5)
+            assert (answer.status_code, answer.text) == (500, CRASH)
+        assert server.registered_count == 1
+        assert server.ready is False
+
+
+def test_a_null_size_is_a_500_after_the_row_is_counted() -> None:
+    with BootstrapServer() as server:
+        put = requests.put(f"{server.url}/route", json=sglang_payload(tp_size=None), timeout=5)
+        assert (put.status_code, put.text) == (500, CRASH)
+        assert server.registered_count == 1  # counted before the real server fails
+
+
+def test_policy_absent_then_prefill_complete_is_a_400() -> None:
+    with BootstrapServer() as server:
+        first = sglang_payload(tp_rank=0, tp_size=2)
+        second = sglang_payload(tp_rank=1, tp_size=2, decode_allocation_policy="prefill_complete")
+        assert requests.put(f"{server.url}/route", json=first, timeout=5).status_code == 200
+        answer = requests.put(f"{server.url}/route", json=second, timeout=5)
+        assert answer.status_code == 400
+        assert answer.text == "Inconsistent prefill allocation policies"
+
+
+def test_a_differing_dsv41_layout_is_a_400() -> None:
+    with BootstrapServer() as server:
+        first = sglang_payload(tp_rank=0, tp_size=2, dsv41_spec_layout={"k": 1})
+        second = sglang_payload(tp_rank=1, tp_size=2, dsv41_spec_layout={"k": 2})
+        assert requests.put(f"{server.url}/route", json=first, timeout=5).status_code == 200
+        answer = requests.put(f"{server.url}/route", json=second, timeout=5)
+        assert answer.status_code == 400
+        assert answer.text == "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+
+
+def test_404_and_405_bodies() -> None:
+    with BootstrapServer() as server:
+        requests.put(f"{server.url}/route", json=sglang_payload(tp_size=2), timeout=5)
+        requests.put(f"{server.url}/route", json=sglang_payload(tp_size=2, port=1), timeout=5)
+        rank1 = RANK0.replace("target_tp_rank=0", "target_tp_rank=1")
+        missing = requests.get(server.url + rank1, timeout=5)
+        assert (missing.status_code, missing.text) == (
+            404,
+            "Bootstrap info not found for dp_rank=0 cp_rank=0 tp_rank=1 pp_rank=0",
+        )
+        post = requests.post(f"{server.url}/route", json={}, timeout=5)
+        assert (post.status_code, post.text) == (405, "Method not allowed")
+        assert post.headers["Content-Type"].startswith("application/json")
+        other = requests.get(f"{server.url}/elsewhere", timeout=5)
+        assert (other.status_code, other.text) == (404, "404: Not Found")
