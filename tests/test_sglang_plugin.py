@@ -9,11 +9,13 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from support import ScriptedTransport, accepted, sglang_payload
 
-from registrar import ConfigError
+from registrar import ConfigError, Registrar, State
 from registrar.integrations.sglang import (
     SUPPORTED_VERSIONS,
     TARGETS,
+    plugin,
     read_config,
     table_complete,
 )
@@ -100,3 +102,24 @@ def test_the_targets_and_versions_are_named() -> None:
     assert SUPPORTED_VERSIONS == ("0.5.23",)
     assert any(t.endswith("CommonKVManager._register_topology_row") for t in TARGETS)
     assert any(t.endswith("TokenizerManager.is_ready") for t in TARGETS)
+
+
+def test_server_info_gets_the_ranks_registrations(registrars: list) -> None:
+    payload = sglang_payload(tp_rank=1, tp_size=2)
+    reg = Registrar("http://127.0.0.1:8998", payload, transport=ScriptedTransport([accepted()]))
+    registrars.append(reg)
+    manager = SimpleNamespace(_registrar_rows={("http://127.0.0.1:8998", (0, 0, 1, 0)): reg})
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    controller = SimpleNamespace(
+        scheduler=SimpleNamespace(
+            disagg_prefill_bootstrap_queue=SimpleNamespace(kv_manager=manager)
+        )
+    )
+    result = SimpleNamespace(internal_state={"world_size": 2})
+    assert plugin.after_internal_state(result, controller, None) is result
+    [row] = result.internal_state["registrar"]["rows"]
+    assert row["rank"] == {"dp": 0, "cp": 0, "tp": 1, "pp": 0}
+    assert (row["state"], row["registrations"], row["running"]) == ("registered", 1, True)
+    assert plugin.stop_rows(manager, "test") == 1
+    assert plugin.rank_summary(manager)["rows"][0]["state"] == "stopped"
