@@ -9,6 +9,7 @@ import gc
 import json
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -250,3 +251,20 @@ def test_status_command_keeps_its_timeout() -> None:
     assert "request deadline of 1 s" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert elapsed < 1 + 10  # the interpreter's start-up included
+
+
+
+def test_an_aborted_request_says_so(transport_for: list[HttpTransport]) -> None:
+    with HostileServer(trickle_headers(0.2)) as server:
+        transport = HttpTransport(server.url, timeout=60.0)
+        transport_for.append(transport)
+        timer = threading.Timer(0.5, transport.abort)
+        timer.start()
+        try:
+            started = time.monotonic()
+            result = transport.send("GET", "/route")
+        finally:
+            timer.join()
+    assert isinstance(result.error, DeadlineExceeded)
+    assert str(result.error) == "request abandoned: stopping"
+    assert time.monotonic() - started < SLACK

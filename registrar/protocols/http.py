@@ -157,12 +157,15 @@ class _Watchdog:
         self._at: float | None = None
         self._fired = False
         self._closed = False
+        self.by_abort = False
+        """The request's end came from `fire()` (a stop), not from its deadline."""
         self._sockets: set[socket.socket] = set()
         self._thread: threading.Thread | None = None
 
     def begin(self, seconds: float) -> None:
         with self._cond:
             self._at = time.monotonic() + seconds
+            self.by_abort = False
             self._fired = False
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
@@ -178,9 +181,11 @@ class _Watchdog:
             return self._fired
 
     def fire(self) -> None:
-        """End the request in flight now (from any thread)."""
+        """End the request in flight now, if any (from any thread). Not the next one: a
+        transport may still have requests to make as it closes (etcd revokes its lease)."""
         with self._cond:
             if self._at is not None:
+                self.by_abort = True
                 self._at = time.monotonic()
                 self._cond.notify()
 
@@ -658,7 +663,9 @@ class HttpTransport:
             # even pass for a complete answer), it ran out of time.
             self._kept_alive = False
             exceeded = DeadlineExceeded(
-                f"no complete answer within the request deadline of {self._deadline:g} s"
+                "request abandoned: stopping"
+                if self._watchdog.by_abort
+                else f"no complete answer within the request deadline of {self._deadline:g} s"
             )
             return HttpResult(None, {}, "", exceeded, reconnected=False)
         if error is not None or response is None:
