@@ -30,6 +30,7 @@ from support import (
 
 from registrar import Backoff, RegisterOutcome, Registrar, Route, RouteCheck, State, Verdict
 from registrar.core.backoff import PROBE_PERIOD, probe_period
+from registrar.core.registrar import MAX_BROKEN_CHECKS
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.protocols.http import MAX_HARMLESS_CLOSES
 
@@ -298,3 +299,22 @@ def test_max_elapsed_bounds_the_probes_too(clock: FakeClock, registrars: list[Re
     # Probes until the next one would start past 2 s, and none after.
     assert 2.0 - 1.5 * PROBE_PERIOD <= clock.now - clock.start <= 2.0
     assert len(transport.registered) > 5
+
+
+def test_a_check_whose_connection_broke_is_retried_soon_a_few_times(
+    clock: FakeClock, registrars: list[Registrar]
+) -> None:
+    """A reset while the server goes away (its dying process accepted the connection) is a
+    sign like a refusal: look again at the probe cadence, but only MAX_BROKEN_CHECKS times
+    before the interval applies again."""
+    broken = RouteCheck(Route.UNREACHABLE, evidence="[Errno 104] Connection reset", broken=True)
+    checks = [route(Route.PRESENT), *[broken] * (MAX_BROKEN_CHECKS + 1), route(Route.PRESENT)]
+    transport = ScriptedTransport([accepted()], checks=checks)
+    reg = _start(registrars, transport, clock, watch_interval=60.0)
+    assert wait_until(lambda: transport.checked >= MAX_BROKEN_CHECKS + 3)
+    waits = clock.waits
+    assert waits[0] >= 30.0  # the first regular check: broken
+    soon = waits[1 : 1 + MAX_BROKEN_CHECKS]
+    assert all(w <= 1.5 * PROBE_PERIOD for w in soon), waits
+    assert waits[1 + MAX_BROKEN_CHECKS] >= 0.8 * 60.0  # then the interval again
+    assert reg.status().registrations == 1

@@ -62,6 +62,9 @@ class RouteCheck:
     refused: bool = False
     """UNREACHABLE because the connection was refused: the server is down, and the loop probes
     at a short cadence to see it back at once."""
+    broken: bool = False
+    """UNREACHABLE because the kept-alive connection broke under the check (reset, closed): the
+    server process is going away or was replaced; the loop looks again soon, a few times."""
 
     @property
     def reachable(self) -> bool:

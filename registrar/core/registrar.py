@@ -78,7 +78,11 @@ Listener = Callable[[State, State, Status], None]
 
 DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
 """The upstream schedule capped at 5 s (see docs/benchmarks.md for the figures behind it)."""
-DEFAULT_WATCH_INTERVAL = 5.0
+DEFAULT_WATCH_INTERVAL = 15.0
+"""Seconds between route checks. A restart is noticed on the idle connection, not by this
+timer, which remains for what sends no close (a partition, a host that vanished): 15 s costs
+about 0.01 % of a core and 4 requests a minute per registrar and recovers from a partition
+within 1.2 intervals + 1 s (docs/benchmarks.md)."""
 EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
@@ -92,6 +96,9 @@ REPORT_CHECK_INTERVAL = 1.0
 often it is called (a decode failing every transfer calls it ~1000 times a second)."""
 REPORT_LOG_INTERVAL = 60.0
 """At most one warning per this many seconds says that reports were contradicted by the server."""
+MAX_BROKEN_CHECKS = 3
+"""Route checks in a row whose connection broke that are retried at the probe cadence before
+the loop falls back to the watch interval."""
 _IDLE_SLICE = 3600.0
 """With no watch interval, an idle watcher is asked to wait this long at a time."""
 
@@ -931,8 +938,9 @@ class Registrar:
         check_now = True
         checks = 0
         refused = False  # the last check was refused: the server is down, probe it soon
+        broken = 0  # checks in a row whose connection broke (reset): the server is restarting
         while True:
-            if refused:
+            if refused or broken:
                 if self._sleep(probe_delay(self._fleet, self._rng()), interruptible=True):
                     return None
             elif not check_now:
@@ -981,6 +989,18 @@ class Registrar:
                     refused = True
                     continue
                 refused = False
+                if check.broken and broken < MAX_BROKEN_CHECKS:
+                    # A reset while a server goes away (a connection accepted by the dying
+                    # process): look again soon, as for a refusal, a few times at most.
+                    broken += 1
+                    logger.info(
+                        "route check at %s failed: %s; checking again in ~%.2f s",
+                        self._status.url,
+                        check.evidence,
+                        probe_delay(self._fleet, 0.5),
+                    )
+                    continue
+                broken = 0
                 logger.warning(
                     "route check at %s failed: %s; checking again at the next interval",
                     self._status.url,
@@ -988,6 +1008,7 @@ class Registrar:
                 )
                 continue
             refused = False
+            broken = 0
             if check.route is Route.MISSING:
                 # Lost again right after our own PUT: the streak survives re-registration, so
                 # the window before the next PUT keeps growing instead of PUTting in a loop.

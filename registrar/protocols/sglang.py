@@ -282,6 +282,7 @@ class SGLangTransport(HttpTransport):
                 Route.UNREACHABLE,
                 evidence=self.describe_error(result.error),
                 refused=result.refused,
+                broken=result.reconnected,
             )
         assert code is not None
         body = self.excerpt(result)

@@ -225,7 +225,7 @@ def _parser() -> argparse.ArgumentParser:
         "--watch-interval",
         type=_table("WATCH_INTERVAL"),
         metavar="S",
-        help="seconds between route checks; 'off' for none (0 is refused) (default: 5)",
+        help="seconds between route checks; 'off' for none (0 is refused) (default: 15)",
     )
     add(
         "--timeout",

@@ -165,7 +165,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "WATCH_INTERVAL",
         "watch_interval",
         _seconds_or_off,
-        "5",
+        "15",
         "seconds between route checks once registered (off: no periodic check)",
     ),
     EnvVar("TIMEOUT", "timeout", _timeout, "5", "request timeout: seconds, or connect,read"),
