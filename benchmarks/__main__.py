@@ -1,115 +1,115 @@
-"""`python -m benchmarks [--quick] [--out DIR]`: every scenario, registrar's defaults beside the
-upstream loop in the same run, written as JSON, a markdown report and PNG plots."""
+"""`python -m benchmarks [--quick] [--out DIR] [--release-python PATH]`: startup races,
+restarts, a partition and idle cost against SGLang's real bootstrap server and the reference
+server, each with this registrar, the release before it (`--release-python`: an interpreter
+where that release is installed) and the upstream SGLang loop, plus the simulation for fleets
+too large to run; written as JSON, a markdown report and PNG plots."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import logging
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from registrar import DEFAULT_BACKOFF, Backoff
+from registrar import DEFAULT_BACKOFF
+from registrar.core.backoff import ACCEPT_RATE
 from registrar.core.registrar import DEFAULT_WATCH_INTERVAL
 
-from . import real, sim
-from .overhead import overhead
+from . import race, sim
 from .report import write_report
+from .server import sglang_available
 
-FULL = {
-    "real_startup_n": (1, 100),
-    "real_startup_t": (0.5, 3.0, 10.0, 20.0),
-    "sim_n": (1, 100, 1000),
-    "sim_t": (0.5, 3.0, 10.0, 20.0, 60.0, 600.0),
-    "real_restart_n": (1, 100),
-    "restart_d": (0.0, 2.0, 10.0),
-    "sim_restart_n": (100, 1000),
-    "overhead_n": (1, 100),
-    "overhead_s": 30.0,
-    "idle_s": 10.0,
-    "tradeoff_caps": (2.0, 4.0, 5.0, 10.0, 30.0),
+FULL: dict[str, Any] = {
+    "n": 200,
+    "startup_t": (3.0, 30.0),
+    "restart_d": (0.5, 5.0),
+    "partition_n": 200,
+    "partition_d": 5.0,
+    "idle_n": 100,
+    "idle_s": 60.0,
+    "sim_n": (200, 1000),
+    "sim_t": (3.0, 30.0, 600.0),
+    "sim_d": (0.5, 5.0),
 }
-QUICK = {
-    "real_startup_n": (1, 3),
-    "real_startup_t": (0.5,),
-    "sim_n": (1, 100),
-    "sim_t": (0.5, 10.0, 600.0),
-    "real_restart_n": (3,),
-    "restart_d": (0.0,),
-    "sim_restart_n": (100,),
-    "overhead_n": (1,),
-    "overhead_s": 1.0,
-    "idle_s": 1.0,
-    "tradeoff_caps": (5.0, 30.0),
+QUICK: dict[str, Any] = {
+    "n": 20,
+    "startup_t": (1.0,),
+    "restart_d": (0.5,),
+    "partition_n": 0,
+    "partition_d": 1.0,
+    "idle_n": 10,
+    "idle_s": 3.0,
+    "sim_n": (200,),
+    "sim_t": (3.0,),
+    "sim_d": (0.5,),
 }
 
 
-def _sim_startup(n: int, t: float, backoff: Backoff, seed: int) -> dict[str, Any]:
-    fleets = {
-        "registrar": sim.startup_registrar(n, t, sim.registrar_strategy(backoff), seed),
-        "baseline": sim.startup_baseline(n, t, seed),
-    }
-    return {name: _figures(fleet, n, t) for name, fleet in fleets.items()}
+def _contenders(release_python: str | None) -> tuple[list[race.Contender], list[str]]:
+    notes = []
+    found = [race.Contender("registrar", "registrar", sys.executable)]
+    if release_python:
+        found.append(race.Contender("release", "registrar", release_python))
+    else:
+        notes.append("the release before this one was not measured (no --release-python)")
+    found.append(race.Contender("upstream", "upstream", sys.executable))
+    return found, notes
 
 
-def _figures(fleet: sim.Fleet, n: int, up: float) -> dict[str, Any]:
+def _sim(sizes: dict[str, Any], seed: int) -> dict[str, Any]:
+    backoff, interval = DEFAULT_BACKOFF, DEFAULT_WATCH_INTERVAL
+    out: dict[str, Any] = {"startup": {}, "restart": {}, "spread": []}
+    for n in sizes["sim_n"]:
+        for t in sizes["sim_t"]:
+            fleets = {
+                "registrar": sim.startup_registrar(n, t, backoff, seed),
+                "release": sim.startup_registrar(n, t, backoff, seed, probing=False),
+                "upstream": sim.startup_upstream(n, t, seed),
+            }
+            out["startup"][f"{n}/{t:g}"] = {k: _sim_figures(f, n, t) for k, f in fleets.items()}
+        for d in sizes["sim_d"]:
+            down_at = 10.0
+            fleets = {
+                "registrar": sim.restart_registrar(n, down_at, d, backoff, interval, seed),
+                "release": sim.restart_registrar(n, down_at, d, backoff, 5.0, seed, eof=False),
+            }
+            out["restart"][f"{n}/{d:g}"] = {
+                k: _sim_figures(f, n, down_at + d) for k, f in fleets.items()
+            }
+    n = max(sizes["sim_n"])
+    for hint in (1, n // 2, n, 2 * n):
+        fleet = sim.startup_registrar(n, 30.0, backoff, seed, fleet_hint=hint)
+        row = _sim_figures(fleet, n, 30.0)
+        row["fleet_hint"] = hint
+        out["spread"].append(row)
+    out["n_spread"] = n
+    return out
+
+
+def _sim_figures(fleet: sim.Fleet, n: int, up: float) -> dict[str, Any]:
     after = [r - up for r in fleet.registered if r is not None]
-    down = sum(1 for r in fleet.requests if r < up)
     return {
         "registered_fraction": len(after) / n,
-        "p50": real.quantile(after, 0.5),
-        "p99": real.quantile(after, 0.99),
-        "last": max(after) if len(after) == n else None,
-        "requests_while_down_per_client": down / n,
-        "rate_while_down_per_client": down / n / up,
-        "peak_rate": sim.peak_rate(fleet.requests, up, up + 3600),
+        "p50": race.quantile(after, 0.5),
+        "p99": race.quantile(after, 0.99),
+        "max": max(after) if len(after) == n else None,
+        "overflows": fleet.overflows,
     }
 
 
-def _tradeoff(caps: tuple[float, ...], n: int, seed: int) -> list[dict[str, Any]]:
-    rows = []
-    for cap in caps:
-        backoff = Backoff(initial=1.0, multiplier=2.0, maximum=cap, jitter=0.25)
-        strategies = {
-            "proportional 0.25": sim.registrar_strategy(backoff),
-            "full": sim.full_jitter(backoff),
-            "decorrelated": sim.decorrelated_jitter(backoff),
-        }
-        for name, strategy in strategies.items():
-            row: dict[str, Any] = {"cap": cap, "jitter": name}
-            for t in (10.0, 60.0, 600.0):
-                fleet = sim.startup_registrar(n, t, strategy, seed)
-                figures = _figures(fleet, n, t)
-                row[f"p99_T{t:g}"] = figures["p99"]
-                row[f"rate_T{t:g}"] = figures["rate_while_down_per_client"]
-                row[f"peak_T{t:g}"] = figures["peak_rate"]
-            rows.append(row)
-    return rows
-
-
-def _sim_restart(n: int, d: float, backoff: Backoff, interval: float, seed: int) -> dict[str, Any]:
-    down_at = 10.0
-    fleet = sim.restart_registrar(n, down_at, d, backoff, interval, seed)
-    back = down_at + d
-    done = [r - back for r in fleet.registered if r is not None]
-    return {
-        "recovered_fraction": len(done) / n,
-        "time_to_all_back": max(done) if done else None,
-        "peak_rate": sim.peak_rate(fleet.requests, back, back + 60),
-        "peak_put_rate": sim.peak_rate(fleet.puts, back, back + 60),
-        "requests_per_client": fleet.recovery_requests / n,
-        "timeline": _timeline(fleet, down_at - 5, back + 2 * interval + 5),
-    }
-
-
-def _timeline(fleet: sim.Fleet, start: float, end: float) -> dict[str, list[float]]:
-    seconds = [start + i * 0.5 for i in range(int((end - start) / 0.5))]
-    counts = [sum(1 for r in fleet.requests if s <= r < s + 0.5) * 2 for s in seconds]
-    puts = [sum(1 for r in fleet.puts if s <= r < s + 0.5) * 2 for s in seconds]
-    return {"t": seconds, "rate": counts, "put_rate": puts}
+def _guard(name: str, run: Any) -> Any:
+    """One scenario; a failure is recorded instead of ending the whole run."""
+    print(name, flush=True)
+    try:
+        return run()
+    except Exception as exc:  # a benchmark run reports what it could measure
+        print(f"  failed: {exc!r}", flush=True)
+        return {"error": repr(exc)}
 
 
 def main() -> int:
@@ -117,57 +117,92 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for CI")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--release-python", help="an interpreter with the previous registrar release installed"
+    )
+    parser.add_argument(
+        "--no-netns", action="store_true", help="run on this namespace's loopback (no isolation)"
+    )
     args = parser.parse_args()
-    # The figures are the output; thousands of retry warnings are not.
-    logging.getLogger("registrar").setLevel(logging.CRITICAL)
-    logging.getLogger("transitions").setLevel(logging.CRITICAL)
     sizes = QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
-    backoff, interval = DEFAULT_BACKOFF, DEFAULT_WATCH_INTERVAL
     started = time.monotonic()
+    contenders, notes = _contenders(args.release_python)
+    kinds = ["sglang", "reference"]
+    missing = sglang_available()
+    if missing is not None:
+        kinds = ["reference"]
+        notes.append(f"SGLang's real server was not measured: {missing}")
+    load = os.getloadavg()
     results: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
-            "processor": platform.processor() or "unknown",
+            "load_before": load,
         },
         "quick": args.quick,
-        "defaults": {"watch_interval": interval},
-        "startup_real": {},
-        "startup_sim": {},
-        "restart_real": {},
-        "restart_sim": {},
+        "defaults": {
+            "watch_interval": DEFAULT_WATCH_INTERVAL,
+            "accept_rate": ACCEPT_RATE,
+            "backoff": dataclasses.asdict(DEFAULT_BACKOFF),
+        },
+        "notes": notes,
+        "sizes": {k: v for k, v in sizes.items()},
+        "limit": {},
+        "startup": {},
+        "restart": {},
+        "partition": {},
+        "idle": {},
     }
-    results["defaults"]["backoff"] = {
-        "initial": backoff.initial,
-        "multiplier": backoff.multiplier,
-        "maximum": backoff.maximum,
-        "jitter": backoff.jitter,
-    }
-    for n in sizes["real_startup_n"]:
-        for t in sizes["real_startup_t"]:
-            print(f"startup race, real: N={n} T={t:g} s", flush=True)
-            results["startup_real"][f"{n}/{t:g}"] = real.startup_race(n, t)
-    for n in sizes["sim_n"]:
-        for t in sizes["sim_t"]:
-            results["startup_sim"][f"{n}/{t:g}"] = _sim_startup(n, t, backoff, args.seed)
-    for n in sizes["real_restart_n"]:
-        for d in sizes["restart_d"]:
-            print(f"restart, real: N={n} D={d:g} s", flush=True)
-            results["restart_real"][f"{n}/{d:g}"] = real.restart(n, d)
-    for n in sizes["sim_restart_n"]:
-        for d in sizes["restart_d"]:
-            results["restart_sim"][f"{n}/{d:g}"] = _sim_restart(n, d, backoff, interval, args.seed)
-    tradeoff_n = 100 if args.quick else 1000
-    print(f"trade-off (simulated, N={tradeoff_n})", flush=True)
-    results["tradeoff_n"] = tradeoff_n
-    results["tradeoff"] = _tradeoff(sizes["tradeoff_caps"], tradeoff_n, args.seed)
-    print("overhead", flush=True)
-    results["overhead"] = overhead(sizes["overhead_n"], sizes["overhead_s"], sizes["idle_s"])
+    n = sizes["n"]
+    limit = race.Contender("limit", "limit", sys.executable)
+    with race.network(isolate=not args.no_netns) as net:
+        results["isolated"] = net.isolated
+        if not net.isolated:
+            notes.append("no network namespace: overflow counts are the whole machine's")
+        for kind in kinds:
+            results["limit"][kind] = _guard(
+                f"limit, {kind}: N={n}", lambda kind=kind: race.limit(kind, limit, n, net)
+            )
+            for t in sizes["startup_t"]:
+                for c in contenders:
+                    key = f"{kind}/{t:g}/{c.name}"
+                    results["startup"][key] = _guard(
+                        f"startup race, {kind}: N={n} T={t:g} s, {c.name}",
+                        lambda kind=kind, c=c, t=t: race.startup_race(kind, c, n, t, net),
+                    )
+            for d in sizes["restart_d"]:
+                for c in contenders:
+                    key = f"{kind}/{d:g}/{c.name}"
+                    results["restart"][key] = _guard(
+                        f"restart, {kind}: N={n} down {d:g} s, {c.name}",
+                        lambda kind=kind, c=c, d=d: race.restart(kind, c, n, d, net),
+                    )
+        kind = kinds[0]
+        for c in contenders:
+            if c.who == "upstream":
+                continue
+            results["idle"][c.name] = _guard(
+                f"idle, {kind}: N={sizes['idle_n']} for {sizes['idle_s']:g} s, {c.name}",
+                lambda c=c: race.idle(kind, c, sizes["idle_n"], sizes["idle_s"], net),
+            )
+    if sizes["partition_n"] and results["isolated"]:
+        for c in contenders:
+            if c.who == "upstream":
+                continue
+            results["partition"][c.name] = _guard(
+                f"partition, {kinds[0]}: N={sizes['partition_n']}, {c.name}",
+                lambda c=c: race.partition(kinds[0], c, sizes["partition_n"], sizes["partition_d"]),
+            )
+    results["load_after"] = os.getloadavg()
+    print("simulation", flush=True)
+    results["sim"] = _sim(sizes, args.seed)
     results["elapsed_s"] = time.monotonic() - started
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     report = write_report(results, args.out)
+    for note in notes:
+        print(f"note: {note}")
     print(f"wrote {args.out / 'results.json'}, {report} in {results['elapsed_s']:.0f} s")
     return 0
 

@@ -1,4 +1,4 @@
-"""The markdown report and PNG plots of a benchmark run (plots need the `bench` extra)."""
+"""The markdown report of a benchmark run (`results.md` beside `results.json`)."""
 
 from __future__ import annotations
 
@@ -9,199 +9,177 @@ from typing import Any
 def _f(value: Any, digits: int = 2) -> str:
     if value is None:
         return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
+    if isinstance(value, list):
+        return ", ".join(_f(v, digits) for v in value) or "—"
     return str(value)
 
 
-def _startup_table(rows: dict[str, Any], title: str) -> list[str]:
+def _failed(r: Any) -> bool:
+    return not isinstance(r, dict) or "error" in r
+
+
+def _limit(results: dict[str, Any], n: int) -> list[str]:
     lines = [
-        f"### {title}",
+        f"### Physical limit (N = {n}, server already up, each client PUT + one check at once)",
         "",
-        "| N | T (s) | who | registered | p50 after up (s) | p99 after up (s) | last (s) "
-        "| requests while down / client | rate while down / client (1/s) "
-        "| peak rate at server (1/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for key, result in rows.items():
-        n, t = key.split("/")
-        for who in ("registrar", "baseline"):
-            r = result[who]
-            lines.append(
-                f"| {n} | {t} | {who} | {r['registered_fraction']:.0%} | {_f(r['p50'])} "
-                f"| {_f(r['p99'])} | {_f(r['last'])} "
-                f"| {_f(r['requests_while_down_per_client'], 1)} "
-                f"| {_f(r['rate_while_down_per_client'], 3)} | {_f(r['peak_rate'], 0)} |"
-            )
-    return [*lines, ""]
-
-
-def _restart_table(rows: dict[str, Any], title: str, with_baseline: bool) -> list[str]:
-    lines = [
-        f"### {title}",
-        "",
-        "| N | down (s) | who | back | time to all back (s) | peak rate (1/s) "
-        "| peak PUT rate (1/s) | requests / client |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for key, result in rows.items():
-        n, d = key.split("/")
-        pairs = (
-            [("registrar", result["registrar"]), ("baseline", result["baseline"])]
-            if (with_baseline)
-            else [("registrar", result)]
-        )
-        for who, r in pairs:
-            lines.append(
-                f"| {n} | {d} | {who} | {r['recovered_fraction']:.0%} "
-                f"| {_f(r['time_to_all_back'])} | {_f(r['peak_rate'], 0)} "
-                f"| {_f(r.get('peak_put_rate'), 0)} | {_f(r['requests_per_client'], 1)} |"
-            )
-    return [*lines, ""]
-
-
-def _tradeoff_table(rows: list[dict[str, Any]], n: int) -> list[str]:
-    lines = [
-        f"### Trade-off: backoff cap and jitter strategy (simulated, N = {n})",
-        "",
-        "| cap (s) | jitter | p99 after up, T=10 / 60 / 600 (s) "
-        "| rate while down / client, T=10 / 60 / 600 (1/s) | peak at server, T=10 / 600 |",
+        "| server | p50 (s) | p99 (s) | last (s) | listen overflows |",
         "|---|---|---|---|---|",
     ]
-    for r in rows:
+    for kind, r in results["limit"].items():
+        if _failed(r):
+            lines.append(f"| {kind} | failed: {r.get('error')} | | | |")
+            continue
         lines.append(
-            f"| {r['cap']:g} | {r['jitter']} | {_f(r['p99_T10'])} / {_f(r['p99_T60'])} / "
-            f"{_f(r['p99_T600'])} | {_f(r['rate_T10'], 3)} / {_f(r['rate_T60'], 3)} / "
-            f"{_f(r['rate_T600'], 3)} | {_f(r['peak_T10'], 0)} / {_f(r['peak_T600'], 0)} |"
+            f"| {kind} | {_f(r['p50'])} | {_f(r['p99'])} | {_f(r['max'])} | {r['overflows']} |"
         )
     return [*lines, ""]
 
 
-def _overhead_table(o: dict[str, Any]) -> list[str]:
+def _startup(results: dict[str, Any], n: int) -> list[str]:
     lines = [
-        "### Overhead (real, in a child process)",
+        f"### Startup race (real, N = {n} in one process; server up T s after the fleet starts)",
         "",
-        "| registrars | CPU s / minute | % of one core per registrar | stop() p50 (ms) "
-        "| stop() max (ms) | memory per registrar (KiB) | process RSS (MiB) |",
-        "|---|---|---|---|---|---|---|",
+        "| server | T (s) | who | registered | p50 after up (s) | p99 after up (s) | last (s) "
+        "| listen overflows | requests / client at the live server | PUTs per rank |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for n, r in o["watching"].items():
+    for key, r in results["startup"].items():
+        kind, t, who = key.split("/")
+        if _failed(r):
+            lines.append(f"| {kind} | {t} | {who} | failed: {r.get('error')} | | | | | | |")
+            continue
         lines.append(
-            f"| {n} | {_f(r['cpu_seconds_per_minute'], 3)} "
-            f"| {_f(r['core_percent_per_registrar'], 4)} | {_f(r['stop_p50_ms'], 3)} "
-            f"| {_f(r['stop_max_ms'], 3)} | {_f(r['memory_kib_per_registrar'], 0)} "
-            f"| {_f(r['process_rss_mib'], 1)} |"
+            f"| {kind} | {t} | {who} | {r['registered_fraction']:.0%} | {_f(r['p50'])} "
+            f"| {_f(r['p99'])} | {_f(r['max'])} | {r['overflows']} "
+            f"| {_f(r['requests_per_client'], 1)} | {r['puts_per_rank_max']} |"
         )
-    idle = o["idle"]
+    return [*lines, ""]
+
+
+def _restart(results: dict[str, Any], n: int) -> list[str]:
+    lines = [
+        f"### Restart (real, N = {n}: the server process killed, a new one up after D s)",
+        "",
+        "| server | D (s) | who | back | every route back after up (s) | p50 (s) "
+        "| PUTs per rank | requests / client at the new server | listen overflows |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, r in results["restart"].items():
+        kind, d, who = key.split("/")
+        if _failed(r):
+            lines.append(f"| {kind} | {d} | {who} | failed: {r.get('error')} | | | | | |")
+            continue
+        lines.append(
+            f"| {kind} | {d} | {who} | {r['recovered_fraction']:.0%} "
+            f"| {_f(r['time_to_all_back'])} | {_f(r['p50_back'])} | {_f(r['puts_per_rank'])} "
+            f"| {_f(r['requests_per_client'], 1)} | {r['overflows']} |"
+        )
+    return [*lines, ""]
+
+
+def _partition(results: dict[str, Any], sizes: dict[str, Any]) -> list[str]:
+    if not results["partition"]:
+        return ["(partition not measured: it needs root and network namespaces)", ""]
+    lines = [
+        f"### Partition (real, N = {sizes['partition_n']}: no EOF; the server process replaced "
+        f"during a {sizes['partition_d']:g} s partition)",
+        "",
+        "| who | watch interval (s) | back | every route back after the heal (s) | p50 (s) "
+        "| PUTs per rank |",
+        "|---|---|---|---|---|---|",
+    ]
+    for who, r in results["partition"].items():
+        if _failed(r):
+            lines.append(f"| {who} | | failed: {r.get('error')} | | | |")
+            continue
+        interval = results["defaults"]["watch_interval"] if who == "registrar" else 5.0
+        lines.append(
+            f"| {who} | {interval:g} | {r['recovered_fraction']:.0%} "
+            f"| {_f(r['time_to_all_back'])} | {_f(r['p50_back'])} | {_f(r['puts_per_rank'])} |"
+        )
+    return [*lines, ""]
+
+
+def _idle(results: dict[str, Any], sizes: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### Idle (real, N = {sizes['idle_n']} registered, for {sizes['idle_s']:g} s, defaults)",
+        "",
+        "| who | % of one core per registrar | requests / client / minute at the server "
+        "| stop() p50 (ms) | stop() max (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for who, r in results["idle"].items():
+        if _failed(r):
+            lines.append(f"| {who} | failed: {r.get('error')} | | | |")
+            continue
+        lines.append(
+            f"| {who} | {_f(r['core_percent_per_registrar'], 4)} "
+            f"| {_f(r['server_requests_per_client_per_minute'], 1)} "
+            f"| {_f(r['stop_p50_ms'])} | {_f(r['stop_max_ms'])} |"
+        )
+    return [*lines, ""]
+
+
+def _sim(results: dict[str, Any]) -> list[str]:
+    s = results["sim"]
+    lines = [
+        "### Simulation (listen queue of 128 served at 1400 new connections / s)",
+        "",
+        "| scenario | N | T or D (s) | who | p50 (s) | p99 (s) | last (s) | listen overflows |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, table in (("startup", s["startup"]), ("restart", s["restart"])):
+        for key, rows in table.items():
+            n, t = key.split("/")
+            for who, r in rows.items():
+                lines.append(
+                    f"| {name} | {n} | {t} | {who} | {_f(r['p50'])} | {_f(r['p99'])} "
+                    f"| {_f(r['max'])} | {r['overflows']} |"
+                )
     lines += [
         "",
-        f"Idle between checks (one registrar, watch interval 3600 s): "
-        f"{idle['cpu_seconds'] * 1000:.2f} ms of CPU in {idle['seconds']:.1f} s.",
-        f"`import registrar`: {o['import_registrar_s'] * 1000:.0f} ms "
-        f"(`import requests` alone: {o['import_requests_s'] * 1000:.0f} ms), "
-        "median of 5 fresh interpreters.",
+        f"### Spread: how large a fleet the clients assume (simulated startup, N = "
+        f"{s['n_spread']}, T = 30 s)",
         "",
+        "| fleet assumed | p50 after up (s) | p99 (s) | last (s) | listen overflows |",
+        "|---|---|---|---|---|",
     ]
-    return lines
-
-
-def _plots(results: dict[str, Any], out: Path) -> list[str]:
-    try:
-        import matplotlib  # noqa: PLC0415 - the bench extra is optional
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        return ["(plots skipped: install the bench extra, `pip install -e '.[bench]'`)", ""]
-    made = []
-    sims = results["startup_sim"]
-    n_max = max(int(k.split("/")[0]) for k in sims)
-    ts = sorted({float(k.split("/")[1]) for k in sims})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for who, style in (("registrar", "o-"), ("baseline", "s--")):
-        p99 = [sims[f"{n_max}/{t:g}"][who]["p99"] for t in ts]
-        frac = [sims[f"{n_max}/{t:g}"][who]["registered_fraction"] for t in ts]
-        left.plot(ts, [p if p is not None else float("nan") for p in p99], style, label=who)
-        right.plot(ts, frac, style, label=who)
-    left.set(
-        xscale="log",
-        xlabel="server up at T (s)",
-        ylabel="p99 after up (s)",
-        title=f"Startup race, N={n_max} (simulated)",
-    )
-    right.set(
-        xscale="log",
-        xlabel="server up at T (s)",
-        ylabel="fraction registered",
-        title="Registered in the end",
-    )
-    left.legend()
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(out / "startup.png", dpi=100)
-    plt.close(fig)
-    made.append("startup.png")
-
-    fig, ax = plt.subplots(figsize=(10, 4))
-    n_big = max(int(k.split("/")[0]) for k in results["restart_sim"])
-    for key, result in results["restart_sim"].items():
-        if int(key.split("/")[0]) != n_big:
-            continue
-        line = result["timeline"]
-        ax.plot(line["t"], line["rate"], label=f"all requests, down {key.split('/')[1]} s")
-        ax.plot(line["t"], line["put_rate"], ":", label=f"PUTs, down {key.split('/')[1]} s")
-    ax.axvline(10.0, color="grey", linewidth=0.8)
-    ax.set(
-        xlabel="time (s); the server restarts at 10 s",
-        ylabel="requests / s",
-        title=f"Restart (simulated, N={n_big}): request rate at the server",
-    )
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "restart.png", dpi=100)
-    plt.close(fig)
-    made.append("restart.png")
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for jitter in sorted({r["jitter"] for r in results["tradeoff"]}):
-        rows = [r for r in results["tradeoff"] if r["jitter"] == jitter]
-        ax.plot([r["rate_T600"] for r in rows], [r["p99_T600"] for r in rows], "o-", label=jitter)
-        for r in rows:
-            ax.annotate(f"cap {r['cap']:g}", (r["rate_T600"], r["p99_T600"]), fontsize=7)
-    ax.set(
-        xlabel="requests / s / client while down (T = 600 s)",
-        ylabel="p99 after up (s)",
-        title="Trade-off (simulated)",
-    )
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "tradeoff.png", dpi=100)
-    plt.close(fig)
-    made.append("tradeoff.png")
-    return [f"![{name}]({name})" for name in made] + [""]
+    for r in s["spread"]:
+        lines.append(
+            f"| {r['fleet_hint']} | {_f(r['p50'])} | {_f(r['p99'])} | {_f(r['max'])} "
+            f"| {r['overflows']} |"
+        )
+    return [*lines, ""]
 
 
 def write_report(results: dict[str, Any], out: Path) -> Path:
     m = results["machine"]
-    b = results["defaults"]["backoff"]
+    n = results["sizes"]["n"]
     lines = [
         "# Benchmark results",
         "",
-        f"Machine: {m['platform']}, Python {m['python']}, {m['cpus']} CPUs. "
-        f"Run took {results['elapsed_s']:.0f} s{' (quick mode)' if results['quick'] else ''}.",
+        f"Machine: {m['platform']}, Python {m['python']}, {m['cpus']} CPUs; load average "
+        f"{m['load_before'][0]:.1f} before, {results['load_after'][0]:.1f} after (the machine "
+        "is shared). "
+        f"Run took {results['elapsed_s']:.0f} s{' (quick mode)' if results['quick'] else ''}. "
+        f"Own network namespace: {_f(results.get('isolated'))}.",
         "",
-        f"registrar defaults: Backoff(initial={b['initial']:g}, multiplier={b['multiplier']:g}, "
-        f"maximum={b['maximum']:g}, jitter={b['jitter']:g}), "
-        f"watch interval {results['defaults']['watch_interval']:g} s.",
+        f"registrar defaults: watch interval {results['defaults']['watch_interval']:g} s, "
+        f"accept rate assumed {results['defaults']['accept_rate']:g} new connections / s.",
         "",
     ]
-    lines += _startup_table(results["startup_real"], "Startup race (real threads and HTTP)")
-    lines += _startup_table(results["startup_sim"], "Startup race (simulated)")
-    lines += _restart_table(results["restart_real"], "Restart (real threads and HTTP)", True)
-    lines += _restart_table(results["restart_sim"], "Restart (simulated)", False)
-    lines += _tradeoff_table(results["tradeoff"], results.get("tradeoff_n", 1000))
-    lines += _overhead_table(results["overhead"])
-    lines += _plots(results, out)
+    lines += [f"Note: {note}." for note in results["notes"]]
+    lines += [""] if results["notes"] else []
+    lines += _limit(results, n)
+    lines += _startup(results, n)
+    lines += _restart(results, n)
+    lines += _partition(results, results["sizes"])
+    lines += _idle(results, results["sizes"])
+    lines += _sim(results)
     path = out / "results.md"
     path.write_text("\n".join(lines))
     return path

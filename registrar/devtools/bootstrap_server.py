@@ -157,6 +157,9 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
+    request_queue_size = 128
+    """The listen backlog of SGLang's server (aiohttp's default), not socketserver's 5: a fleet
+    that overflows one overflows the other."""
 
     def __init__(self, owner: BootstrapServer, address: tuple[str, int], family: int) -> None:
         self.address_family = family
