@@ -121,6 +121,11 @@ def main() -> int:
         "--release-python", help="an interpreter with the previous registrar release installed"
     )
     parser.add_argument(
+        "--sglang-python",
+        default=sys.executable,
+        help="an interpreter with sglang 0.5.23 and aiohttp (scripts/sglang-venv.sh builds one)",
+    )
+    parser.add_argument(
         "--no-netns", action="store_true", help="run on this namespace's loopback (no isolation)"
     )
     args = parser.parse_args()
@@ -129,7 +134,8 @@ def main() -> int:
     started = time.monotonic()
     contenders, notes = _contenders(args.release_python)
     kinds = ["sglang", "reference"]
-    missing = sglang_available()
+    race.SERVER_PYTHON["sglang"] = args.sglang_python
+    missing = sglang_available(args.sglang_python)
     if missing is not None:
         kinds = ["reference"]
         notes.append(f"SGLang's real server was not measured: {missing}")

@@ -76,6 +76,10 @@ class Net:
             self.name = None
 
 
+SERVER_PYTHON: dict[str, str] = {"sglang": sys.executable, "reference": sys.executable}
+"""The interpreter each kind of server runs in (SGLang's: one where sglang and aiohttp are
+installed, e.g. the environment scripts/sglang-venv.sh builds)."""
+
 _next_port = [20000 + os.getpid() % 20000]
 
 
@@ -89,9 +93,8 @@ def _port() -> int:
 class ServerProc:
     """A bootstrap server in its own process (`benchmarks.server`)."""
 
-    def __init__(
-        self, kind: str, port: int, net: Net, host: str = "127.0.0.1", python: str = sys.executable
-    ) -> None:
+    def __init__(self, kind: str, port: int, net: Net, host: str = "127.0.0.1") -> None:
+        python = SERVER_PYTHON[kind]
         self.records_path = Path(tempfile.mkstemp(prefix="perf-records-", suffix=".json")[1])
         self.proc = subprocess.Popen(
             [

@@ -14,7 +14,8 @@ without importing the package, parses it, and executes only the three class defi
 server uses (`PrefillServerInfo`, `PrefillRankInfo`, `CommonKVBootstrapServer`), unchanged, in a
 module that supplies their imports (aiohttp's `web`, asyncio, dataclasses, ...; the abstract
 base class becomes `object`, `envs` one setting with SGLang's default). Install it with
-`pip install --no-deps sglang==0.5.23 aiohttp`.
+`pip install --no-deps sglang==0.5.23 aiohttp`, or pass the environment that
+scripts/sglang-venv.sh builds (`--sglang-python`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -49,12 +51,25 @@ def sglang_conn_path() -> Path | None:
     return path if path.is_file() else None
 
 
-def sglang_available() -> str | None:
-    """None when SGLang's server can run here, else why not."""
-    if sglang_conn_path() is None:
-        return "sglang is not installed (pip install --no-deps sglang==0.5.23)"
-    if importlib.util.find_spec("aiohttp") is None:
-        return "aiohttp is not installed"
+def sglang_available(python: str = sys.executable) -> str | None:
+    """None when SGLang's server can run under `python`, else why not."""
+    probe = (
+        "import importlib.util as u, sys; sys.path.insert(0, sys.argv[1]); "
+        "from benchmarks.server import sglang_conn_path as p; "
+        "print('' if p() and u.find_spec('aiohttp') else 'missing')"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        found = subprocess.run(
+            [python, "-c", probe, root], capture_output=True, text=True, timeout=60, check=False
+        ).stdout.strip()
+    except OSError as exc:
+        return f"{python} cannot run: {exc}"
+    if found:
+        return (
+            f"sglang 0.5.23 and aiohttp are not both installed for {python} "
+            "(pass --sglang-python, e.g. the environment scripts/sglang-venv.sh builds)"
+        )
     return None
 
 
