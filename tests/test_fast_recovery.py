@@ -33,6 +33,7 @@ from registrar.core.backoff import PROBE_PERIOD, probe_period
 from registrar.core.registrar import MAX_BROKEN_CHECKS
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.protocols.http import MAX_HARMLESS_CLOSES
+from registrar.protocols.sglang import SGLangTransport
 
 REFUSED = RegisterOutcome(Verdict.RETRY, error="[Errno 111] Connection refused", refused=True)
 CHECK_REFUSED = RouteCheck(
@@ -318,3 +319,17 @@ def test_a_check_whose_connection_broke_is_retried_soon_a_few_times(
     assert all(w <= 1.5 * PROBE_PERIOD for w in soon), waits
     assert waits[1 + MAX_BROKEN_CHECKS] >= 0.8 * 60.0  # then the interval again
     assert reg.status().registrations == 1
+
+
+def test_the_sglang_fleet_is_the_topology_size() -> None:
+    """The herd the SGLang transport spreads for: every rank of the topology registers with
+    the same server (dp from system_dp_size when it is > 1, else attn_dp_size)."""
+    transport = SGLangTransport("http://127.0.0.1:1")
+    try:
+        assert transport.fleet_size(sglang_payload()) == 1
+        big = sglang_payload(tp_size=4, attn_dp_size=2, pp_size=2, attn_cp_size=3)
+        assert transport.fleet_size(big) == 4 * 2 * 2 * 3
+        system = sglang_payload(tp_size=2, attn_dp_size=2, system_dp_size=8, system_dp_rank=1)
+        assert transport.fleet_size(system) == 2 * 8
+    finally:
+        transport.close()

@@ -482,7 +482,8 @@ class HttpTransport:
         deadline = time.monotonic() + timeout
         try:
             wake = waker.fileno()
-        except ValueError:  # closed: the registrar is ending
+        except ValueError:  # closed: the registrar is ending; still wait, never spin
+            waker.wait(timeout)
             return False
         sock = self._idle_socket()
         try:
