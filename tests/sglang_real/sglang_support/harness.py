@@ -117,7 +117,16 @@ class Server:
 
     def close(self) -> None:
         if self.instance is not None:
-            self.instance.close()
+            server = self.instance
+            loop = getattr(server, "_loop", None)
+            if loop is not None and loop.is_running():
+                # SGLang's close() stops the loop with its cleanup task still pending, which
+                # asyncio reports at exit ("Task was destroyed but it is pending!"): cancel it
+                # first; the loop's own cleanup then lets it finish.
+                loop.call_soon_threadsafe(
+                    lambda: [task.cancel() for task in list(server._background_tasks)]
+                )
+            server.close()
             self.instance = None
 
     @property
