@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -70,49 +71,38 @@ def test_token_never_appears_in_any_output(
 
 
 def _agent_output(url: str, tmp_path: Path) -> str:
+    def ready(port: int) -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/readyz", timeout=2).ok
+        except requests.RequestException:
+            return False
+
+    return _run_agent(url, tmp_path, TOKEN, ready, "--watch-interval", "0.2")
+
+
+def _run_agent(
+    url: str, tmp_path: Path, token: str, until: Callable[[int], bool], *args: str
+) -> str:
+    """A `registrar register -v` agent with its token in the environment, run until `until`
+    (given its health port) holds: its whole output, its /metrics, and `registrar status`'s."""
     payload = tmp_path / "p.json"
     payload.write_text(json.dumps(sglang_payload(port=20009)))
     port = free_port()
-    env = {**os.environ, "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN": TOKEN}
+    env = {**os.environ, "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN": token}
+    command = ["register", "--url", url, "--payload", f"@{payload}", "--health-port", str(port)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "registrar",
-            "register",
-            "--url",
-            url,
-            "--payload",
-            f"@{payload}",
-            "--health-port",
-            str(port),
-            "-v",
-            "--watch-interval",
-            "0.2",
-        ],
+        [sys.executable, "-m", "registrar", *command, "-v", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
     try:
-
-        def ready() -> bool:
-            try:
-                return requests.get(f"http://127.0.0.1:{port}/readyz", timeout=2).ok
-            except requests.RequestException:
-                return False
-
-        assert wait_until(ready, timeout=20)
+        assert wait_until(lambda: until(port), timeout=20)
+        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        health_url = f"http://127.0.0.1:{port}"
         status = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "registrar",
-                "status",
-                "--health-url",
-                f"http://127.0.0.1:{port}",
-            ],
+            [sys.executable, "-m", "registrar", "status", "--health-url", health_url],
             capture_output=True,
             text=True,
             timeout=30,
@@ -125,7 +115,7 @@ def _agent_output(url: str, tmp_path: Path) -> str:
             proc.kill()
             proc.communicate(timeout=10)
     assert proc.returncode == 0
-    return out + err + status.stdout + status.stderr
+    return out + err + metrics + status.stdout + status.stderr
 
 
 def _self_signed(tmp_path: Path) -> tuple[str, str]:
@@ -284,62 +274,15 @@ def test_no_secret_reaches_any_channel_in_any_encoding(
 
 
 def _agent_channels(url: str, tmp_path: Path) -> str:
-    """A `registrar register -v` agent against the echoing server (token from the environment)
-    and a `registrar status` reading it: their whole output, and its /metrics."""
-    payload = tmp_path / "p.json"
-    payload.write_text(json.dumps(sglang_payload(port=20009)))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "registrar",
-            "register",
-            "--url",
-            url,
-            "--payload",
-            f"@{payload}",
-            "--health-port",
-            str(port),
-            "-v",
-            "--max-attempts",
-            "none",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    """The agent against the echoing server, run until it has failed (503, 503, 401)."""
 
-        def health() -> str:
-            try:
-                return requests.get(f"http://127.0.0.1:{port}/health", timeout=2).text
-            except requests.RequestException:
-                return ""
+    def failed(port: int) -> bool:
+        try:
+            return "failed" in requests.get(f"http://127.0.0.1:{port}/health", timeout=2).text
+        except requests.RequestException:
+            return False
 
-        assert wait_until(lambda: "failed" in health(), timeout=20)  # after 503, 503, 401
-        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        status = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "registrar",
-                "status",
-                "--health-url",
-                f"http://127.0.0.1:{port}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-    return out + err + metrics + status.stdout + status.stderr
+    return _run_agent(url, tmp_path, SECRET_TOKEN, failed, "--max-attempts", "none")
 
 
 @pytest.mark.parametrize(
