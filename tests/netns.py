@@ -219,7 +219,10 @@ class Link:
     """A client namespace and a server namespace joined by one veth pair, with a static ARP
     entry on each side so a dead link is a silent black hole (no "host unreachable")."""
 
-    def __init__(self) -> None:
+    def __init__(self, impaired: tuple[float, float] | None = None) -> None:
+        """`impaired=(delay, loss)`: instead of a veth pair, a pair of tun devices joined by a
+        user-space forwarder (tests/netns_impair.py) that delays every packet by `delay`
+        seconds and drops each with probability `loss`, in both directions."""
         tag = f"{os.getpid() % 100000}x{next(_counter)}"
         self.client = f"rgc{tag}"
         self.server = f"rgs{tag}"
@@ -227,8 +230,12 @@ class Link:
         self.server_dev = f"rgs{tag}"
         self.servers: list[ServerProcess] = []
         self._made: list[str] = []
+        self._forwarder: subprocess.Popen[str] | None = None
         try:
-            self._build()
+            if impaired is None:
+                self._build()
+            else:
+                self._build_impaired(*impaired)
         except BaseException:
             self.close()
             raise
@@ -278,6 +285,38 @@ class Link:
                 dev,
             )
 
+    def _build_impaired(self, delay: float, loss: float) -> None:
+        for namespace in (self.client, self.server):
+            _ip("netns", "add", namespace)
+            self._made.append(namespace)
+        for namespace, dev, ip, peer in (
+            (self.client, self.client_dev, CLIENT_IP, SERVER_IP),
+            (self.server, self.server_dev, SERVER_IP, CLIENT_IP),
+        ):
+            _ip("-n", namespace, "tuntap", "add", "dev", dev, "mode", "tun")
+            _ip("-n", namespace, "addr", "add", ip, "peer", peer, "dev", dev)
+            _ip("-n", namespace, "link", "set", "lo", "up")
+            _ip("-n", namespace, "link", "set", dev, "up")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns_impair.py")
+        self._forwarder = subprocess.Popen(
+            [
+                sys.executable,
+                script,
+                self.client,
+                self.client_dev,
+                self.server,
+                self.server_dev,
+                str(delay),
+                str(loss),
+                "7",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._forwarder.stdout is not None
+        if self._forwarder.stdout.readline().strip() != "ready":
+            raise RuntimeError("the impairing forwarder did not start")
+
     @property
     def url(self) -> str:
         return f"http://{SERVER_IP}:{SERVER_PORT}"
@@ -320,6 +359,13 @@ class Link:
     def close(self) -> None:
         for server in self.servers:
             server.kill()
+        if self._forwarder is not None:
+            if self._forwarder.poll() is None:
+                self._forwarder.kill()
+            self._forwarder.wait(10)
+            if self._forwarder.stdout is not None:
+                self._forwarder.stdout.close()
+            self._forwarder = None
         for namespace in reversed(self._made):
             _ip("netns", "del", namespace, check=False)  # takes the veth pair with it
         self._made.clear()

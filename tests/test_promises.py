@@ -26,10 +26,12 @@ from support import (
 from registrar import (
     EXIT_CODE,
     Backoff,
+    RegisterOutcome,
     Registrar,
     Route,
     State,
     Status,
+    Verdict,
 )
 from registrar.core.registrar import REPORT_CHECK_INTERVAL
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -389,3 +391,33 @@ def test_reports_are_coalesced_into_bounded_checks_and_lines(
     assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
     time.sleep(0.3)
     assert server.registered_count == 1
+
+
+# ----------------------------------------------------------------- an answer lost on the way
+
+
+def test_an_unanswered_attempt_is_looked_for_before_it_is_sent_again(
+    registrars: list[Registrar],
+) -> None:
+    """A PUT whose answer was lost (a deadline, a reset after sending) may have been counted:
+    the route is looked for first, and found there, it is not sent again."""
+    lost = retry(code=None, error="no complete answer within the request deadline of 1 s")
+    transport = ScriptedTransport([lost, accepted()], checks=[route(Route.PRESENT)])
+    reg = make(registrars, transport, watch_interval=None)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    assert len(transport.registered) == 1  # sent once, found there, not sent again
+    assert reg.status().registrations == 1
+
+
+def test_a_refused_or_answered_attempt_is_sent_again_without_a_look(
+    registrars: list[Registrar],
+) -> None:
+    refused = RegisterOutcome(Verdict.RETRY, error="[Errno 111] Connection refused", refused=True)
+    transport = ScriptedTransport([refused, retry(503), accepted()], checks=[])
+    reg = make(registrars, transport, watch_interval=None)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    assert len(transport.registered) == 3
+    assert transport.looked == 1  # the startup look only
+    assert transport.checked == 1  # the check after the PUT

@@ -99,6 +99,9 @@ REPORT_LOG_INTERVAL = 60.0
 MAX_BROKEN_CHECKS = 3
 """Route checks in a row whose connection broke that are retried at the probe cadence before
 the loop falls back to the watch interval."""
+_LOOKS_AFTER_UNANSWERED = 3
+"""Looks (route checks) made after an attempt that may have reached the server unanswered,
+before it is sent again; each lost look waits the backoff."""
 _IDLE_SLICE = 3600.0
 """With no watch interval, an idle watcher is asked to wait this long at a time."""
 
@@ -658,18 +661,32 @@ class Registrar:
         # Look before the first registration until the server has answered a look once; not
         # right after a refused attempt (nothing listened: there is nothing to look at).
         looked = refused = False
+        # Looks still owed after an attempt that may have reached the server unanswered (a lost
+        # answer, a deadline): a server that counts every PUT must not count this one twice.
+        unanswered = 0
         while True:
             if delay > 0:
                 self._update(next_attempt_at=self._clock.time() + delay, retrying=True)
                 if self._sleep(delay):
                     return False
-            if startup and not looked and not refused:
-                adopted = self._look_first()
+            if (startup and not looked and not refused) or unanswered:
+                adopted = self._look_first(ours=unanswered > 0)
                 if adopted is None:
                     return False
                 if adopted:
                     return True
-                looked = self._status.server_reachable is True
+                reached = self._status.server_reachable is True
+                looked = looked or reached
+                if unanswered and not reached:
+                    # The look was lost too: look again after the backoff (a few times) before
+                    # sending what the server may already hold.
+                    unanswered -= 1
+                    if unanswered:
+                        delay = retry_delay(
+                            self._backoff, max(streak, 1), self._rng(), None, self._max_retry_after
+                        )
+                        continue
+                unanswered = 0
             counted = due is None or self._clock.monotonic() >= due
             outcome = self._attempt(streak + 1, counted)
             if outcome is None:
@@ -678,6 +695,8 @@ class Registrar:
                 self._on_accepted(streak + 1)
                 return True
             refused = outcome.refused and outcome.verdict is Verdict.RETRY
+            if outcome.verdict is Verdict.RETRY and not refused and outcome.status_code is None:
+                unanswered = _LOOKS_AFTER_UNANSWERED
             probe_wait = probe_delay(self._fleet, self._rng()) if refused else 0.0
             if refused and not counted:
                 delay = probe_wait
@@ -746,11 +765,12 @@ class Registrar:
                 delay,
             )
 
-    def _look_first(self) -> bool | None:
+    def _look_first(self, ours: bool = False) -> bool | None:
         """Before a first registration, look: the route may be there already (the runtime's own
         registration, a rank restarted under a live server, a role switched back), and a server
         that counts every registration (SGLang's) would count a second one. True when the route
-        was adopted without registering, False to register, None when stopping."""
+        was adopted without registering, False to register, None when stopping. `ours`: the
+        look follows our own attempt whose answer was lost; a route found is that attempt's."""
         check = self._check()
         if self._stopping:
             return None
@@ -758,9 +778,12 @@ class Registrar:
             return False
         if check.route is Route.PRESENT:
             logger.info(
-                "%s already holds our route (%s): adopted without registering again",
+                "%s already holds our route (%s): %s",
                 self._status.url,
                 check.evidence,
+                "our last attempt arrived though its answer was lost; not sent again"
+                if ours
+                else "adopted without registering again",
             )
             self._ever_registered = True
             self._transition(
@@ -770,6 +793,7 @@ class Registrar:
                 last_success_at=self._clock.time(),
                 next_attempt_at=None,
                 retrying=False,
+                registrations=self._status.registrations + (1 if ours else 0),
             )
             return True
         if check.route is Route.CONFLICT:

@@ -26,6 +26,7 @@ import os
 import re
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -226,6 +227,10 @@ class _Watchdog:
 
 
 def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        # Reset when closed, not closed gracefully: a request given up at its deadline must not
+        # reach the server later from the send queue (a PUT counted after a look found nothing).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):  # already closed by its peer or its connection
         sock.shutdown(socket.SHUT_RDWR)
 
