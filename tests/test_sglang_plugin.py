@@ -15,6 +15,7 @@ from registrar import ConfigError, Registrar, State
 from registrar.integrations.sglang import (
     SUPPORTED_VERSIONS,
     TARGETS,
+    bootstrap_summary,
     plugin,
     read_config,
     table_complete,
@@ -123,3 +124,12 @@ def test_server_info_gets_the_ranks_registrations(registrars: list) -> None:
     assert (row["state"], row["registrations"], row["running"]) == ("registered", 1, True)
     assert plugin.stop_rows(manager, "test") == 1
     assert plugin.rank_summary(manager)["rows"][0]["state"] == "stopped"
+
+
+def test_server_info_lists_the_rows_the_bootstrap_server_misses() -> None:
+    assert bootstrap_summary(_server((None, None, None, None), []))["missing_rows"] is None
+    half = bootstrap_summary(_server((1, 1, 2, 1), [(0, 0, 0, 0)]))
+    assert (half["complete"], half["expected_rows"], half["missing_count"]) == (False, 2, 1)
+    assert half["missing_rows"] == [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}]
+    whole = bootstrap_summary(_server((1, 1, 2, 1), [(0, 0, 0, 0), (0, 0, 1, 0)]))
+    assert (whole["complete"], whole["missing_rows"], whole["registered_count"]) == (True, [], 2)

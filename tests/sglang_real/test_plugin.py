@@ -8,6 +8,9 @@ import json
 import subprocess
 import sys
 import time
+import warnings
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from sglang_support.harness import HERE, child_env, import_quietly, wait_for
@@ -45,7 +48,7 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["missing"] == []
-    assert len(result["targets"]) == 4
+    assert len(result["targets"]) == 5
     assert "registrar -> registrar.integrations.sglang:load" in done.stderr
     assert "Loaded plugin registrar from group sglang.srt.plugins" in done.stderr
     assert "Applied 1 hook(s) to " + "sglang.srt.disaggregation.common.conn" in done.stderr
@@ -150,9 +153,22 @@ def test_a_role_switch_stops_the_ranks_registrars(spawn_rank, bootstrap) -> None
     assert (row["running"], row["state"]) == (False, "stopped")
 
 
-def test_ready_is_false_until_the_table_is_complete(spawn_rank, bootstrap) -> None:
+def server_info(manager: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What SGLang's build_server_info (patched) gives /server_info in the node-0 process."""
+    http_server = import_quietly("sglang.srt.entrypoints.http_server")
+    monkeypatch.setattr(http_server, "_global_state", SimpleNamespace(tokenizer_manager=manager))
+    args = SimpleNamespace(
+        resolved_dict=dict, launch_command="sglang", kv_events_config=None, page_size=None
+    )
+    info: dict[str, Any] = http_server.build_server_info(args, {})
+    return info
+
+
+def test_ready_is_false_until_the_table_is_complete(spawn_rank, bootstrap, monkeypatch) -> None:
     plugins = import_quietly("sglang.srt.plugins")
-    plugins.load_plugins()  # this process: the AROUND hook on TokenizerManager.is_ready
+    with warnings.catch_warnings():  # applying the hooks imports more of SGLang
+        warnings.simplefilter("ignore")
+        plugins.load_plugins()  # this process: the AROUND hook on TokenizerManager.is_ready
     tokenizer = import_quietly("sglang.srt.managers.tokenizer_manager")
     manager = tokenizer.TokenizerManager.__new__(tokenizer.TokenizerManager)
     manager.is_pause = False
@@ -164,8 +180,13 @@ def test_ready_is_false_until_the_table_is_complete(spawn_rank, bootstrap) -> No
     first = spawn_rank(port, rank=0, tp_size=2)
     assert wait_for(lambda: manager.bootstrap_server._registered_count == 1, timeout=120)
     assert manager.is_ready() is False  # one row of two
+    summary = server_info(manager, monkeypatch)["registrar_bootstrap"]
+    assert summary["complete"] is False
+    assert summary["missing_rows"] == [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}]
     spawn_rank(port, rank=1, tp_size=2)
     assert wait_for(manager.is_ready, timeout=120)
+    summary = server_info(manager, monkeypatch)["registrar_bootstrap"]
+    assert (summary["complete"], summary["missing_rows"], summary["expected_rows"]) == (True, [], 2)
     manager.is_pause = True
     assert manager.is_ready() is False  # SGLang's own answer still counts
     manager.bootstrap_server = None

@@ -12,6 +12,8 @@ What it patches, through SGLang's own `HookRegistry` (no change to SGLang's sour
   every row of its topology.
 - AFTER `SchedulerInternalStateController.get_internal_state`: `/server_info` carries each
   answering scheduler's registration summary under `internal_states[i]["registrar"]`.
+- AFTER `build_server_info`: in the node-0 HTTP process, `/server_info` also carries the
+  bootstrap server's missing rows under `registrar_bootstrap`.
 
 `HookRegistry` only logs a patch that failed, so after SGLang applies the hooks the plugin checks
 each target and logs one ERROR naming what is missing and the supported versions.
@@ -25,6 +27,7 @@ import logging
 import os
 import pkgutil
 import signal
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -41,6 +44,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "TARGETS",
     "PluginConfig",
+    "bootstrap_summary",
     "load",
     "rank_summary",
     "table_complete",
@@ -59,6 +63,10 @@ INTERNAL_STATE = (
     "sglang.srt.managers.scheduler_components.internal_state."
     "SchedulerInternalStateController.get_internal_state"
 )
+SERVER_INFO = "sglang.srt.utils.common.build_server_info"
+_HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+_MAX_LISTED = 64
+"""At most this many missing rows are listed in /server_info (the count is always there)."""
 
 _ROWS = "_registrar_rows"
 """The attribute on a KV manager that holds its registrars, one per topology row."""
@@ -232,12 +240,55 @@ def after_internal_state(result: Any, controller: Any, *args: Any, **kwargs: Any
 # ------------------------------------------------------------------------ loading
 
 
+def bootstrap_summary(server: Any) -> dict[str, Any]:
+    """What a node-0 bootstrap server holds: its count, whether every row of its topology is
+    there, and which rows are missing (dp, cp, tp, pp)."""
+    sizes = [getattr(server, name, None) for name in _SIZES]
+    summary: dict[str, Any] = {
+        "registered_count": getattr(server, "_registered_count", None),
+        "complete": table_complete(server),
+    }
+    if not all(isinstance(size, int) and size >= 1 for size in sizes):
+        summary["missing_rows"] = None  # no rank has registered yet: the topology is unknown
+        return summary
+    dp, cp, tp, pp = (int(size) for size in sizes)  # type: ignore[arg-type]
+    try:
+        table = server.prefill_port_table
+        missing = [
+            {"dp": d, "cp": c, "tp": t, "pp": p}
+            for d in range(dp)
+            for c in range(cp)
+            for t in range(tp)
+            for p in range(pp)
+            if p not in table.get(d, {}).get(c, {}).get(t, {})
+        ]
+    except (RuntimeError, AttributeError):  # changed under us by the server's thread
+        missing = []
+    summary["expected_rows"] = dp * cp * tp * pp
+    summary["missing_count"] = len(missing)
+    summary["missing_rows"] = missing[:_MAX_LISTED]
+    return summary
+
+
+def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server,
+    /server_info also says which rows the server is missing (`registrar_bootstrap`)."""
+    http_server = sys.modules.get(_HTTP_SERVER)
+    state = getattr(http_server, "_global_state", None)
+    manager = getattr(state, "tokenizer_manager", None)
+    server = getattr(manager, "bootstrap_server", None)
+    if isinstance(result, dict) and hasattr(server, "prefill_port_table"):
+        result["registrar_bootstrap"] = bootstrap_summary(server)
+    return result
+
+
 def _hooks() -> list[tuple[str, Callable[..., Any], str]]:
     return [
         (REGISTER_ROW, register_row, "REPLACE"),
         (TEARDOWN, before_teardown, "BEFORE"),
         (IS_READY, around_is_ready, "AROUND"),
         (INTERNAL_STATE, after_internal_state, "AFTER"),
+        (SERVER_INFO, after_server_info, "AFTER"),
     ]
 
 
