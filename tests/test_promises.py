@@ -28,6 +28,7 @@ from registrar import (
     Backoff,
     RegisterOutcome,
     Registrar,
+    RequestEvent,
     Route,
     State,
     Status,
@@ -421,3 +422,30 @@ def test_a_refused_or_answered_attempt_is_sent_again_without_a_look(
     assert len(transport.registered) == 3
     assert transport.looked == 1  # the startup look only
     assert transport.checked == 1  # the check after the PUT
+
+
+def test_reports_while_the_server_is_down_keep_the_probe_cadence(
+    server: BootstrapServer, registrars: list[Registrar]
+) -> None:
+    """Refused checks are probed again every ~0.15 s; a flood of reports must not turn that
+    into a loop of connection attempts."""
+    checks: list[RequestEvent] = []
+    reg = Registrar(server.url, sglang_payload(), watch_interval=3600)
+    reg.add_request_listener(lambda event: checks.append(event) if event.kind == "check" else None)
+    registrars.append(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=10)
+    server.stop()
+    reg.report_route_missing()
+    assert wait_until(lambda: reg.status().server_reachable is False, timeout=10)
+    before = len(checks)
+    began = time.monotonic()
+    reports = 0
+    while time.monotonic() - began < 2.0:
+        reg.report_route_missing()
+        reports += 1
+        time.sleep(0.001)
+    made = len(checks) - before
+    took = time.monotonic() - began
+    assert reports > 500
+    assert made <= took / 0.075 + 3, made  # the fastest probe cadence, not the report rate

@@ -965,7 +965,9 @@ class Registrar:
         broken = 0  # checks in a row whose connection broke (reset): the server is restarting
         while True:
             if refused or broken:
-                if self._sleep(probe_delay(self._fleet, self._rng()), interruptible=True):
+                # Probing already: a report cannot make it sooner, and must not make it a loop
+                # (reports may come a thousand times a second).
+                if self._sleep(probe_delay(self._fleet, self._rng())):
                     return None
             elif not check_now:
                 delay = None
