@@ -238,10 +238,14 @@ def test_a_server_closing_every_connection_does_not_make_a_check_loop(
         wait_until(lambda: len(handler.requests) > seen, timeout=1.0)
         # The look before registering, the PUT and its check; for HTTP/1.1 (watched) at most
         # MAX_HARMLESS_CLOSES more checks, after which the transport knows this server closes
-        # connections on its own.
-        assert handler.requests[:2] == ["GET", "PUT"]
+        # connections on its own. A first PUT sent on the connection the server was closing
+        # gets no answer and is looked for again before it is sent: GETs only, never two PUTs.
+        assert handler.requests.count("PUT") == 1
+        put_at = handler.requests.index("PUT")
+        assert 1 <= put_at <= 2
+        assert set(handler.requests[:put_at]) == {"GET"}
         assert len(handler.requests) == seen
-        limit = 3 if version == "HTTP/1.0" else 3 + MAX_HARMLESS_CLOSES
+        limit = put_at + 2 if version == "HTTP/1.0" else put_at + 2 + MAX_HARMLESS_CLOSES
         assert seen <= limit
         assert reg.status().registrations == 1
     finally:
