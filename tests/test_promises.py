@@ -150,6 +150,9 @@ def test_stop_racing_the_loop_never_leaves_a_schedule(registrars: list[Registrar
             max_attempts=None,
             watch_interval=0.01,
             rng=lambda: 0.5,
+            # Past 5 virtual seconds the loop parks instead of spinning: a spinning loop held
+            # the GIL and made each round take ~0.3 s, too few rounds on a loaded machine.
+            clock=FakeClock(horizon=5.0),
         )
 
         def watch(old: State, new: State, status: Status) -> None:
