@@ -4,6 +4,8 @@ real server; these keep the core suite honest where SGLang is not installed)."""
 
 from __future__ import annotations
 
+import socket
+
 import requests
 from support import sglang_payload
 
@@ -67,3 +69,15 @@ def test_404_and_405_bodies() -> None:
         assert post.headers["Content-Type"].startswith("application/json")
         other = requests.get(f"{server.url}/elsewhere", timeout=5)
         assert (other.status_code, other.text) == (404, "404: Not Found")
+
+
+def test_an_answer_leaves_in_one_write_on_a_kept_alive_connection() -> None:
+    """Headers and body written apart meet the client's delayed ACK (Nagle holds the body
+    back ~40 ms per request on a kept-alive connection): each answer must arrive whole in
+    the first read, request after request."""
+    with BootstrapServer() as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        for _ in range(5):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = s.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200"), first
+            assert first.endswith(b"\r\n\r\nOK"), first
