@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-import requests
 
 from registrar import ConfigError
 from registrar.protocols.etcd import (
@@ -20,7 +19,7 @@ from registrar.protocols.etcd import (
     watch_change,
     watch_interval_for,
 )
-from registrar.protocols.http import HttpResult
+from registrar.protocols.http import HttpResult, TlsError
 
 KEY, VALUE, LEASE = b"/k", b'{"a":1}', 7
 
@@ -126,7 +125,7 @@ def test_parse_answer_unwraps_stream_results_and_errors() -> None:
     assert parse_answer("e", _result(503, "<html>busy</html>"), str).member_trouble
     refused = parse_answer("e", _result(None, error=ConnectionRefusedError("refused")), str)
     assert refused.member_trouble
-    tls = parse_answer("e", _result(None, error=requests.exceptions.SSLError("bad cert")), str)
+    tls = parse_answer("e", _result(None, error=TlsError("bad cert")), str)
     assert not tls.member_trouble  # every member would fail the same way
 
 

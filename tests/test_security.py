@@ -171,6 +171,36 @@ def test_tls_verification_on_by_default(registrars: list, tmp_path: Path) -> Non
         assert wait_until(lambda: trusted.status().registrations == 2)
 
 
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_a_rotated_ca_bundle_is_read_again_on_the_next_connection(
+    registrars: list, tmp_path: Path
+) -> None:
+    """The server comes back with a certificate from another CA and the bundle file was
+    rotated meanwhile: the new connection verifies against the bundle as it is now (a context
+    kept from the first connection would fail the registration for good)."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old_cert, old_key = _self_signed(tmp_path / "old")
+    new_cert, new_key = _self_signed(tmp_path / "new")
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_text(Path(old_cert).read_text())
+    port = free_port()
+    with BootstrapServer(port=port, certfile=old_cert, keyfile=old_key) as server:
+        reg = Registrar(
+            server.url, sglang_payload(), ca_bundle=str(bundle), backoff=FAST, watch_interval=0.2
+        )
+        registrars.append(reg)
+        reg.start()
+        assert reg.wait_for(State.REGISTERED, timeout=10)
+    bundle.write_text(Path(new_cert).read_text())
+    stamp = bundle.stat().st_mtime + 2  # a new stamp even on a coarse-grained file system
+    os.utime(bundle, (stamp, stamp))
+    with BootstrapServer(port=port, certfile=new_cert, keyfile=new_key) as server:
+        assert wait_until(lambda: reg.status().registrations == 2, timeout=20)
+        assert server.registered_count == 1
+
+
 # ----------------------------------------------------------------- every secret, every channel
 
 SECRET_TOKEN = "s3cr3t/T0k+en=~x"

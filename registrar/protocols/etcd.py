@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
-
 from .. import __version__
 from ..core.errors import ConfigError, describe_exception
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
@@ -44,7 +42,7 @@ from ..core.redact import Secrets, clean, redact_url
 from ..core.registrar import Registrar
 from ..core.transport import Timeout, Waker, validate_timeout, validate_url
 from ..core.untrusted import load_json
-from .http import HttpResult, HttpTransport
+from .http import HttpResult, HttpTransport, TlsError
 
 __all__ = [
     "DEFAULT_KEEPALIVE_FRACTION",
@@ -147,7 +145,7 @@ class EtcdAnswer:
         if self.ok:
             return False
         if self.status_code is None:
-            return not isinstance(self.error, requests.exceptions.SSLError)
+            return not isinstance(self.error, TlsError)
         if self.code is not None:
             return self.code in _MEMBER_TROUBLE
         return self.status_code >= 500
@@ -660,7 +658,7 @@ class EtcdTransport:
         text = self._failure_text(answer, failures)
         code = answer.code
         if answer.status_code is None:
-            fatal = isinstance(answer.error, requests.exceptions.SSLError)
+            fatal = isinstance(answer.error, TlsError)
             alert = answer.message.upper()
             if fatal and ("ALERT_BAD_CERTIFICATE" in alert or "CERTIFICATE_REQUIRED" in alert):
                 # The server's alert is about our certificate, not its own.
