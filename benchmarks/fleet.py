@@ -3,9 +3,9 @@
 Run as a script (`python benchmarks/fleet.py WHO URL N [WATCH]`) by any interpreter: the
 current registrar, the release measured beside it (installed in another virtual environment),
 or the upstream SGLang loop (`WHO=upstream`, needs only requests), or the physical limit
-(`WHO=limit`: each client sends its PUT and one check at once, nothing else). It imports
-nothing from the benchmarks package, and of registrar only what every release has
-(`Registrar`, `State`), so the same script drives every contender.
+(`WHO=limit`: each client sends its PUT and one check at once through a bare socket,
+nothing else). It imports nothing from the benchmarks package, and of registrar only what every
+release has (`Registrar`, `State`), so the same script drives every contender.
 
 Commands, one per line; each is answered with one JSON line:
   start  -> {"t": monotonic}          start every client
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -87,14 +88,48 @@ class Upstream:
 
 
 class Limit(Upstream):
-    """The physical limit: one PUT and its check, at once, nothing else (the server is up)."""
+    """The physical limit: one PUT and its check, at once, nothing else (the server is up),
+    on one connection through bare sockets with the requests' bytes made in advance: the
+    least CPU a Python client can spend on them, so no client can do better."""
+
+    def __init__(self, url: str, body: dict[str, Any], on_done: Any) -> None:
+        super().__init__(url, body, on_done)
+        host, port = url.split("//", 1)[1].rsplit(":", 1)
+        self.address = (host, int(port))
+        data = json.dumps(body).encode()
+        head = f"Host: {host}:{port}\r\n"
+        self.put = (
+            f"PUT /route HTTP/1.1\r\n{head}Content-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode() + data
+        query = (
+            "prefill_dp_rank=0&prefill_cp_rank=0&target_pp_rank=0"
+            f"&target_tp_rank={body['attn_tp_rank']}"
+        )
+        self.get = f"GET /route?{query} HTTP/1.1\r\n{head}\r\n".encode()
+
+    @staticmethod
+    def exchange(sock: socket.socket, request: bytes) -> bytes:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(body) < length:
+            body += sock.recv(65536)
+        return head
 
     def run(self) -> None:
-        with requests.Session() as session:
-            session.put(self.url, json=self.body, timeout=30)
-            query = {"prefill_dp_rank": 0, "prefill_cp_rank": 0, "target_pp_rank": 0}
-            session.get(self.url, params={**query, "target_tp_rank": self.body["attn_tp_rank"]})
-            self.on_done()
+        with socket.create_connection(self.address, timeout=30) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.exchange(sock, self.put)
+            self.exchange(sock, self.get)
+        self.on_done()
 
 
 def main() -> int:
