@@ -156,6 +156,7 @@ def main() -> int:
         "notes": notes,
         "sizes": {k: v for k, v in sizes.items()},
         "limit": {},
+        "cost": {},
         "startup": {},
         "restart": {},
         "partition": {},
@@ -171,6 +172,13 @@ def main() -> int:
             results["limit"][kind] = _guard(
                 f"limit, {kind}: N={n}", lambda kind=kind: race.limit(kind, limit, n, net)
             )
+            for c in [limit, *contenders]:
+                if c.who == "upstream":
+                    continue
+                results["cost"][f"{kind}/{c.name}"] = _guard(
+                    f"cost, {kind}: N={n}, {c.name}",
+                    lambda kind=kind, c=c: race.cost(kind, c, n, net),
+                )
             for t in sizes["startup_t"]:
                 for c in contenders:
                     key = f"{kind}/{t:g}/{c.name}"

@@ -389,6 +389,28 @@ def partition(
     }
 
 
+def cost(kind: str, contender: Contender, n: int, net: Net, settle: float = 1.0) -> dict[str, Any]:
+    """CPU the fleet's process spends registering `n` clients with a server already up: from
+    before the start until every client is registered and `settle` seconds more (the check
+    after each PUT), per client, with the requests the server saw meanwhile. The clients'
+    threads start inside the window; constructing them does not count."""
+    port = _port()
+    server = ServerProc(kind, port, net)
+    fleet = FleetProc(contender, f"http://127.0.0.1:{port}", n, net)
+    before = fleet.ask("cpu")
+    fleet.ask("start")
+    registered = fleet.wait_count("once", n, 30.0)
+    time.sleep(settle)
+    after = fleet.ask("cpu")
+    fleet.stop()
+    records = server.stop()
+    return {
+        "registered": registered,
+        "cpu_ms_per_client": 1000 * (after["cpu"] - before["cpu"]) / n,
+        "requests_per_client": sum(1 for r in records if r[0] <= after["t"]) / n,
+    }
+
+
 def limit(kind: str, contender: Contender, n: int, net: Net) -> dict[str, Any]:
     """The physical limit of this machine: the server already up, the fleet's clients each
     send their PUT and its check at once (`who="limit"` in fleet.py). Time from the start to

@@ -39,6 +39,33 @@ def _limit(results: dict[str, Any], n: int) -> list[str]:
     return [*lines, ""]
 
 
+def _cost(results: dict[str, Any], n: int) -> list[str]:
+    lines = [
+        f"### CPU per registration (N = {n} in one process, server already up)",
+        "",
+        "| server | who | CPU per client (ms) | against the limit | requests / client |",
+        "|---|---|---|---|---|",
+    ]
+    found = results.get("cost", {})
+    for key, r in found.items():
+        kind, who = key.split("/")
+        if _failed(r):
+            lines.append(f"| {kind} | {who} | failed: {r.get('error')} | | |")
+            continue
+        floor = found.get(f"{kind}/limit")
+        ratio = (
+            r["cpu_ms_per_client"] / floor["cpu_ms_per_client"]
+            if not _failed(floor) and floor["cpu_ms_per_client"] > 0
+            else None
+        )
+        lines.append(
+            f"| {kind} | {who} | {_f(r['cpu_ms_per_client'])} "
+            f"| {_f(ratio, 1) + ' x' if ratio is not None else '—'} "
+            f"| {_f(r['requests_per_client'], 1)} |"
+        )
+    return [*lines, ""]
+
+
 def _startup(results: dict[str, Any], n: int) -> list[str]:
     lines = [
         f"### Startup race (real, N = {n} in one process; server up T s after the fleet starts)",
@@ -175,6 +202,7 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
     lines += [f"Note: {note}." for note in results["notes"]]
     lines += [""] if results["notes"] else []
     lines += _limit(results, n)
+    lines += _cost(results, n)
     lines += _startup(results, n)
     lines += _restart(results, n)
     lines += _partition(results, results["sizes"])
