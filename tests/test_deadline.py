@@ -268,3 +268,41 @@ def test_an_aborted_request_says_so(transport_for: list[HttpTransport]) -> None:
     assert isinstance(result.error, DeadlineExceeded)
     assert str(result.error) == "request abandoned: stopping"
     assert time.monotonic() - started < SLACK
+
+
+def test_a_sooner_deadline_armed_after_a_later_one_is_kept(
+    transport_for: list[HttpTransport],
+) -> None:
+    """One deadline thread serves every transport: a short request that starts while a long
+    one is waiting must be ended at its own deadline, not the long one's."""
+    with HostileServer(silence(), silence()) as server:
+        slow = HttpTransport(server.url, timeout=(5.0, 30.0))
+        quick = HttpTransport(server.url, timeout=0.3)
+        transport_for += [slow, quick]
+        results: list[object] = []
+        first = threading.Thread(target=lambda: results.append(slow.send("GET", "/a")))
+        first.start()
+        assert wait_until(lambda: server.connections >= 1)
+        started = time.monotonic()
+        second = quick.send("GET", "/b")
+        took = time.monotonic() - started
+        slow.abort()
+        first.join(10)
+    assert isinstance(second.error, DeadlineExceeded)
+    assert took < 0.3 + SLACK / 2  # the slow request's deadline is 35 s away
+    assert not first.is_alive()
+    assert len(results) == 1
+
+
+def test_one_deadline_thread_serves_every_registrar() -> None:
+    with HostileServer(*[answer(200, "OK")] * 40) as server:
+        regs = [Registrar(server.url, sglang_payload(port=20000 + i)) for i in range(8)]
+        try:
+            for reg in regs:
+                reg.start()
+            assert all(reg.wait_for(State.REGISTERED, timeout=20) for reg in regs)
+            names = [t.name for t in threading.enumerate()]
+            assert names.count("registrar-deadline") == 1
+        finally:
+            for reg in regs:
+                reg.stop()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
 import http
 import http.client
 import json as _json
@@ -161,84 +162,120 @@ class TokenUnavailable(RuntimeError):
     not sent and is retried like a network failure."""
 
 
+class _Deadlines:
+    """One helper thread for the whole process that ends requests past their deadline.
+
+    Each transport's `_Watchdog` arms it per request. A thread per transport cost a thread
+    per registrar and a wake-up of it per request (about a tenth of a registration's CPU in a
+    fleet of 200); this one sleeps until the earliest deadline and is woken only when a sooner
+    one is armed. Entries of requests that ended are dropped when they come due. After a fork
+    the child starts afresh (the parent's thread does not exist there)."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Watchdog]] = []
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, watchdog: _Watchdog, at: float) -> None:
+        """Called with `cond` held."""
+        self._count += 1
+        soonest = self._heap[0][0] if self._heap else None
+        heapq.heappush(self._heap, (at, self._count, watchdog))
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="registrar-deadline", daemon=True
+            )
+            self._thread.start()
+        elif soonest is None or at < soonest:
+            self.cond.notify()
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                if not self._heap:
+                    self.cond.wait()
+                    continue
+                at, _, watchdog = self._heap[0]
+                if watchdog.at != at:  # that request ended (or was re-armed) meanwhile
+                    heapq.heappop(self._heap)
+                    continue
+                left = at - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                    continue
+                heapq.heappop(self._heap)
+                watchdog.expire()
+
+
+_DEADLINES = _Deadlines()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_DEADLINES._reset)
+
+
 class _Watchdog:
     """Bounds each request of one transport in wall-clock time.
 
-    A helper thread shuts the transport's sockets down when the request in flight outlives its
-    deadline: that wakes a blocked connect, TLS handshake or read at once, where a socket
-    timeout would wait again after every byte. Sockets are duplicates of the connections' own,
-    so the shutdown reaches a TLS socket during its handshake too; the thread starts with the
-    first request and ends in `close()`."""
+    When the request in flight outlives its deadline, the process's deadline thread
+    (`_Deadlines`) shuts the transport's sockets down: that wakes a blocked connect, TLS
+    handshake or read at once, where a socket timeout would wait again after every byte.
+    Sockets are duplicates of the connections' own, so the shutdown reaches a TLS socket
+    during its handshake too."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._at: float | None = None
+        self.at: float | None = None
+        """When the request in flight is due to end; None between requests."""
         self._fired = False
-        self._closed = False
         self.by_abort = False
         """The request's end came from `fire()` (a stop), not from its deadline."""
         self._sockets: set[socket.socket] = set()
-        self._thread: threading.Thread | None = None
 
     def begin(self, seconds: float) -> None:
-        with self._cond:
-            self._at = time.monotonic() + seconds
+        with _DEADLINES.cond:
+            self.at = time.monotonic() + seconds
             self.by_abort = False
             self._fired = False
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(
-                    target=self._run, name="registrar-deadline", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+            _DEADLINES.arm(self, self.at)
 
     def end(self) -> bool:
         """Disarm; whether the deadline fired during the request."""
-        with self._cond:
-            self._at = None
+        with _DEADLINES.cond:
+            self.at = None
             return self._fired
 
     def fire(self) -> None:
         """End the request in flight now, if any (from any thread). Not the next one: a
         transport may still have requests to make as it closes (etcd revokes its lease)."""
-        with self._cond:
-            if self._at is not None:
+        with _DEADLINES.cond:
+            if self.at is not None:
                 self.by_abort = True
-                self._at = time.monotonic()
-                self._cond.notify()
+                self.at = time.monotonic()
+                _DEADLINES.arm(self, self.at)
+
+    def expire(self) -> None:
+        """The deadline passed (called by the deadline thread, with its lock held)."""
+        self._fired = True
+        self.at = None
+        for sock in self._sockets:
+            _shutdown(sock)
 
     def track(self, sock: socket.socket) -> None:
-        with self._cond:
+        with _DEADLINES.cond:
             self._sockets.add(sock)
             if self._fired:  # opened after the deadline passed, within the same request
                 _shutdown(sock)
 
     def untrack(self, sock: socket.socket) -> None:
-        with self._cond:
+        with _DEADLINES.cond:
             self._sockets.discard(sock)
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                if self._at is None:
-                    self._cond.wait()
-                    continue
-                left = self._at - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self._fired = True
-                self._at = None
-                for sock in self._sockets:
-                    _shutdown(sock)
+        """Nothing to end: the deadline thread is the process's, and holds no socket of a
+        transport between its requests."""
+        self.end()
 
 
 def _shutdown(sock: socket.socket) -> None:
