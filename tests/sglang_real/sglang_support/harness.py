@@ -16,13 +16,16 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 BOOT = HERE / "sglang_support" / "boot"
+ROOT = HERE.parent.parent
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a process the suite starts: the torchvision stand-in loads first."""
+    """The environment of a process the suite starts: the torchvision stand-in loads first,
+    and registrar is this checkout's (the shared SGLang environment's editable install points
+    at whichever checkout built or refreshed it last)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(BOOT), str(HERE), env.get("PYTHONPATH", "")) if p
+        p for p in (str(BOOT), str(HERE), str(ROOT), env.get("PYTHONPATH", "")) if p
     )
     env.update(extra)
     return env
