@@ -42,7 +42,7 @@ from ..core.redact import Secrets, clean, redact_url
 from ..core.registrar import Registrar
 from ..core.transport import Timeout, Waker, validate_timeout, validate_url
 from ..core.untrusted import load_json
-from .http import HttpResult, HttpTransport, TlsError
+from .http import HttpResult, HttpTransport, TlsError, TlsFiles
 
 __all__ = [
     "DEFAULT_KEEPALIVE_FRACTION",
@@ -481,7 +481,7 @@ class EtcdTransport:
         self._stream_broken = False
         self._watch_denied = False
         self._next_stream_try = 0.0
-        self._context: ssl.SSLContext | None = None
+        self._tls = TlsFiles(verify, self._cert)
 
     # ----------------------------------------------------------------- properties
 
@@ -933,21 +933,10 @@ class EtcdTransport:
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
     def _ssl_context(self) -> ssl.SSLContext | None:
+        """The same TLS context the unary calls' transport uses (built from the same files)."""
         if not self._endpoints[self._current].startswith("https://"):
             return None
-        if self._context is None:
-            if self._verify is False:
-                context = ssl.create_default_context()
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            elif isinstance(self._verify, str):
-                context = ssl.create_default_context(cafile=self._verify)
-            else:
-                context = ssl.create_default_context()
-            if self._cert is not None:
-                context.load_cert_chain(*self._cert)
-            self._context = context
-        return self._context
+        return self._tls.context()
 
     def _connect_timeout(self) -> float:
         return self._timeout[0] if isinstance(self._timeout, tuple) else self._timeout

@@ -61,6 +61,7 @@ __all__ = [
     "HttpTransport",
     "ReadTimeout",
     "TlsError",
+    "TlsFiles",
     "TokenUnavailable",
     "parse_retry_after",
     "validate_token",
@@ -287,10 +288,12 @@ def _shutdown(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-class _Tls:
-    """How this transport speaks TLS: the context is built when a connection opens and kept
-    while the files it was built from are unchanged (a rotated CA bundle or client
-    certificate is read again; one missing for now fails that attempt, which is retried)."""
+class TlsFiles:
+    """The TLS context for `verify` (True: the system's CAs; False: no verification; a path:
+    that CA bundle or folder) and an optional client certificate (`cert`: certificate file,
+    key file). `context()` builds it when a connection opens and keeps it while those files
+    are unchanged: a rotated CA bundle or certificate is read again, and one missing for now
+    fails that connection (`OSError`, retried) instead of the registrar."""
 
     def __init__(self, verify: bool | str, cert: tuple[str, str] | None) -> None:
         self._verify = verify
@@ -345,7 +348,7 @@ class _Link:
     restarted), and watched: a duplicate of its socket goes to the watchdog, whose shutdown
     then reaches it even inside a TLS handshake."""
 
-    def __init__(self, host: str, port: int, tls: _Tls | None, watchdog: _Watchdog) -> None:
+    def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: _Watchdog) -> None:
         self.host = host
         self.port = port
         self.tls = tls
@@ -524,7 +527,7 @@ class HttpTransport:
         self._address = (parts.hostname or "", parts.port or default_port)
         # A client certificate (mutual TLS) is for etcd; proxies from the environment are not
         # followed (the bootstrap server is on the cluster's own network).
-        tls = _Tls(verify, cert) if parts.scheme == "https" else None
+        tls = TlsFiles(verify, cert) if parts.scheme == "https" else None
         self._link = _Link(self._address[0], self._address[1], tls, self._watchdog)
         self._prefix = parts.path.rstrip("/")
         self._headers = {
