@@ -279,6 +279,16 @@ class _Watchdog:
         self.end()
 
 
+def _ready(fds: list[int], timeout: float, write: bool = False) -> set[int]:
+    """The descriptors among `fds` ready to read (or to write) within `timeout` seconds, or
+    closed, reset or in error. `poll()`, not `select()`: a fleet of registrars in one process
+    holds thousands of descriptors, and `select()` refuses any numbered 1024 or above."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    return {fd for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000)))}
+
+
 def _shutdown(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         # Reset when closed, not closed gracefully: a request given up at its deadline must not
@@ -369,9 +379,9 @@ class _Link:
         sock = self.sock
         if sock is not None:
             try:
-                readable, _, _ = select.select([sock], [], [], 0)
+                readable = _ready([sock.fileno()], 0)
             except (OSError, ValueError):
-                readable = [sock]
+                readable = {-1}
             if not readable:
                 return
         self.close()
@@ -593,11 +603,11 @@ class HttpTransport:
             waker.wait(timeout)
             return False
         sock = self._idle_socket()
+        if sock is None:
+            waker.wait(timeout)
+            return False
         try:
-            if sock is None:
-                select.select([wake], [], [], timeout)
-                return False
-            readable, _, _ = select.select([sock.fileno(), wake], [], [], timeout)
+            readable = _ready([sock.fileno(), wake], timeout)
         except (OSError, ValueError):
             waker.wait(max(0.0, deadline - time.monotonic()))
             return False
@@ -618,10 +628,7 @@ class HttpTransport:
         self._kept_alive = False
         remaining = deadline - time.monotonic()
         if remaining > 0:
-            try:
-                select.select([wake], [], [], remaining)
-            except (OSError, ValueError):
-                waker.wait(remaining)
+            waker.wait(remaining)
         return False
 
     def settle_idle_signal(self, route_survived: bool) -> None:
@@ -666,7 +673,7 @@ class HttpTransport:
             sock.setblocking(False)
             code = sock.connect_ex(address)
             if code in (errno.EINPROGRESS, errno.EWOULDBLOCK):
-                _, ready, _ = select.select([], [sock], [], self._connect_timeout())
+                ready = _ready([sock.fileno()], self._connect_timeout(), write=True)
                 code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if ready else -1
         except OSError:
             sock.close()

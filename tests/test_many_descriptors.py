@@ -1,0 +1,64 @@
+"""A fleet of registrars in one process holds thousands of descriptors (a connection, its
+duplicate for the deadline thread, a probe, a waker pair each). Every wait of the transport
+must take descriptors numbered 1024 and above, which `select()` refuses with a ValueError: that
+once failed 719 of 1000 registrars in one process at their first probe, and made the check of
+a kept-alive connection re-open it every time (false evidence of a restart, a PUT each)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from support import free_port, sglang_payload, wait_until
+
+from registrar import Registrar, State
+from registrar.devtools.bootstrap_server import BootstrapServer
+
+FILLERS = 1100
+
+
+@pytest.fixture
+def high_descriptors() -> Iterator[None]:
+    """Hold FILLERS descriptors, so every socket opened meanwhile is numbered above 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = FILLERS + 200
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"this machine allows {hard} open descriptors per process, {need} needed")
+    if soft != resource.RLIM_INFINITY and soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(FILLERS)]
+    try:
+        yield
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.timeout(60)
+def test_probing_watching_and_reusing_above_descriptor_1024(
+    high_descriptors: None, registrars: list[Registrar]
+) -> None:
+    with socket.socket() as probe:
+        assert probe.fileno() > 1024
+    port = free_port()
+    reg = Registrar(f"http://127.0.0.1:{port}", sglang_payload(), watch_interval=60.0)
+    registrars.append(reg)
+    reg.start()
+    time.sleep(0.5)  # refused: the registrar probes with non-blocking connects meanwhile
+    with BootstrapServer(port=port) as server:
+        assert reg.wait_for(State.REGISTERED, timeout=10)
+        assert server.registered_count == 1
+        # Idle on its kept-alive connection: only the connection's close (watched with poll)
+        # can bring it back before the 60 s watch interval.
+        server.restart(down_for=0.3)
+        assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
+        assert server.registered_count == 1  # one PUT in the new lifetime
+        time.sleep(1.0)
+        assert reg.status().registrations == 2  # no false evidence, no further PUT
+        assert server.registered_count == 1
+    assert not reg.thread_died
