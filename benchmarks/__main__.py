@@ -26,6 +26,7 @@ from .server import sglang_available
 
 FULL: dict[str, Any] = {
     "n": 200,
+    "n_large": 1000,
     "startup_t": (3.0, 30.0),
     "restart_d": (0.5, 5.0),
     "partition_n": 200,
@@ -38,6 +39,7 @@ FULL: dict[str, Any] = {
 }
 QUICK: dict[str, Any] = {
     "n": 20,
+    "n_large": 0,
     "startup_t": (1.0,),
     "restart_d": (0.5,),
     "partition_n": 0,
@@ -157,6 +159,7 @@ def main() -> int:
         "sizes": {k: v for k, v in sizes.items()},
         "limit": {},
         "cost": {},
+        "large": {},
         "startup": {},
         "restart": {},
         "partition": {},
@@ -194,6 +197,24 @@ def main() -> int:
                         lambda kind=kind, c=c, d=d: race.restart(kind, c, n, d, net),
                     )
         kind = kinds[0]
+        big = sizes["n_large"]
+        if big:
+            # A fleet the size the simulation extrapolates to, real, in one process: the
+            # check that the simulation's figures hold where both exist.
+            results["large"] = {
+                "n": big,
+                "limit": _guard(
+                    f"limit, {kind}: N={big}", lambda: race.limit(kind, limit, big, net)
+                ),
+                "startup": _guard(
+                    f"startup race, {kind}: N={big} T=3 s, registrar",
+                    lambda: race.startup_race(kind, contenders[0], big, 3.0, net),
+                ),
+                "restart": _guard(
+                    f"restart, {kind}: N={big} down 0.5 s, registrar",
+                    lambda: race.restart(kind, contenders[0], big, 0.5, net),
+                ),
+            }
         for c in contenders:
             if c.who == "upstream":
                 continue

@@ -151,6 +151,41 @@ def _idle(results: dict[str, Any], sizes: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _large(results: dict[str, Any]) -> list[str]:
+    large = results.get("large") or {}
+    if not large:
+        return []
+    n = large["n"]
+    sim = results["sim"]
+    sim_up = sim["startup"].get(f"{n}/3", {}).get("registrar")
+    sim_back = sim["restart"].get(f"{n}/0.5", {}).get("registrar")
+    lines = [
+        f"### A real fleet of N = {n} in one process (SGLang's server), beside the simulation",
+        "",
+        "| scenario | real p50 (s) | real p99 (s) | real last (s) | simulated p99 (s) "
+        "| simulated last (s) | listen overflows | PUTs per rank |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    rows = (
+        ("limit (server up, from the start)", large.get("limit"), None),
+        ("startup race, T = 3 s (after up)", large.get("startup"), sim_up),
+        ("restart, down 0.5 s (every route back after up)", large.get("restart"), sim_back),
+    )
+    for name, r, simulated in rows:
+        if r is None or _failed(r):
+            lines.append(f"| {name} | failed: {(r or {}).get('error')} | | | | | | |")
+            continue
+        p50 = r.get("p50", r.get("p50_back"))
+        last = r.get("max", r.get("time_to_all_back"))
+        puts = r.get("puts_per_rank_max", r.get("puts_per_rank", "—"))
+        lines.append(
+            f"| {name} | {_f(p50)} | {_f(r.get('p99'))} | {_f(last)} "
+            f"| {_f(simulated['p99']) if simulated else '—'} "
+            f"| {_f(simulated['max']) if simulated else '—'} | {r['overflows']} | {_f(puts)} |"
+        )
+    return [*lines, ""]
+
+
 def _sim(results: dict[str, Any]) -> list[str]:
     s = results["sim"]
     lines = [
@@ -207,6 +242,7 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
     lines += _restart(results, n)
     lines += _partition(results, results["sizes"])
     lines += _idle(results, results["sizes"])
+    lines += _large(results)
     lines += _sim(results)
     path = out / "results.md"
     path.write_text("\n".join(lines))
