@@ -887,6 +887,9 @@ class Registrar:
             next_attempt_at=None,
             registrations=status.registrations + 1,
             retrying=False,
+            # What a check found before this PUT says nothing about the route now: the server
+            # just accepted it. Not checked since (the check right after the PUT says).
+            route=None,
         )
         logger.info(
             "%s with %s after %d attempt%s",
