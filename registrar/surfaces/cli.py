@@ -34,6 +34,7 @@ from .env import ENV_PREFIX, ENV_VARS, command_options_from_env, options_from_en
 from .health import start_health_server
 
 __all__ = [
+    "EXIT_BROKEN_PIPE",
     "EXIT_INTERRUPTED",
     "EXIT_NOT_REGISTERED",
     "EXIT_OK",
@@ -54,6 +55,9 @@ EXIT_UNREACHABLE = 4
 """`registrar status`: no usable answer from the agent (nothing listens, not a registrar)."""
 EXIT_INTERRUPTED = 130
 """A second Ctrl-C (SIGINT) or SIGTERM while stopping: ended at once."""
+EXIT_BROKEN_PIPE = 141
+"""The reader of the output went away before it was written (`registrar diagram | head -1`),
+as a shell reports a writer ended by SIGPIPE. `status` answers what it found instead."""
 EXIT_STATUSES = {
     EXIT_OK: "success (register: stopped cleanly on SIGTERM/SIGINT; status: registered)",
     EXIT_NOT_REGISTERED: "status: the agent is not registered",
@@ -61,6 +65,8 @@ EXIT_STATUSES = {
     EXIT_CODE: "register --on-failure exit: the startup budget was spent",
     EXIT_UNREACHABLE: "status: the agent cannot be reached, or is not a registrar",
     EXIT_INTERRUPTED: "interrupted a second time while stopping",
+    EXIT_BROKEN_PIPE: "the reader of the output went away (128 + SIGPIPE); "
+    "status still answers 0, 1 or 4",
 }
 
 _EXIT_TEXT = "exit status:\n" + "\n".join(
@@ -576,8 +582,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     outcome = EXIT_OK if registered else EXIT_NOT_REGISTERED
     if args.json:
         # The document as the agent sent it (parsed and re-encoded: valid JSON, one line).
-        print(json.dumps(document, sort_keys=False))
-        return outcome
+        return _answer([json.dumps(document, sort_keys=False)], outcome)
 
     def field(source: dict[str, Any], name: str, default: str = "") -> str:
         # The agent's text, escaped and capped: a health document is no licence to draw on
@@ -585,27 +590,42 @@ def _cmd_status(args: argparse.Namespace) -> int:
         value = source.get(name)
         return clean(value, 200) if value not in (None, "") else default
 
-    print(
+    lines = [
         f"registration: {field(check, 'observedValue')} ({field(document, 'status')})"
-        f" since {field(check, 'since')}"
-    )
-    print(f"bootstrap:    {field(check, 'url')}")
-    print(
+        f" since {field(check, 'since')}",
+        f"bootstrap:    {field(check, 'url')}",
         f"route:        {field(check, 'route', 'not checked yet')}"
         f" (last check {field(check, 'lastCheckAt', 'never')},"
-        f" server reachable: {field(check, 'serverReachable')})"
-    )
-    print(
+        f" server reachable: {field(check, 'serverReachable')})",
         f"attempts:     {field(check, 'attemptsTotal')} sent, "
         f"{field(check, 'registrations')} accepted, "
-        f"{field(check, 'reregistrations')} re-registrations"
-    )
-    print(f"last success: {field(check, 'lastSuccessAt', 'never')}")
+        f"{field(check, 'reregistrations')} re-registrations",
+        f"last success: {field(check, 'lastSuccessAt', 'never')}",
+    ]
     if check.get("nextAttemptAt"):
-        print(f"next attempt: {field(check, 'nextAttemptAt')}")
+        lines.append(f"next attempt: {field(check, 'nextAttemptAt')}")
     if document.get("output"):
-        print(f"problem:      {field(document, 'output')}")
+        lines.append(f"problem:      {field(document, 'output')}")
+    return _answer(lines, outcome)
+
+
+def _answer(lines: list[str], outcome: int) -> int:
+    """Write the answer; a reader that closed early (`registrar status | head -c 400`) cuts
+    the output, not the answer: the exit status still says what was found."""
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
     return outcome
+
+
+def _stdout_to_devnull() -> None:
+    """Python's recipe for a reader gone (SIGPIPE, docs of the `signal` module): point stdout
+    at devnull, so the interpreter's last flush at exit cannot fail again with a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -638,6 +658,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `registrar` and `python -m registrar`."""
     args = _parser().parse_args(argv)
+    try:
+        code = _dispatch(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of the output went away (`registrar diagram | head -1`): no traceback;
+        # the status a shell reports for a writer ended by SIGPIPE.
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         if args.command == "register":
             return _cmd_register(args)
