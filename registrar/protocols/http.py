@@ -223,8 +223,8 @@ class _Watchdog:
     When the request in flight outlives its deadline, the process's deadline thread
     (`_Deadlines`) shuts the transport's sockets down: that wakes a blocked connect, TLS
     handshake or read at once, where a socket timeout would wait again after every byte.
-    Sockets are duplicates of the connections' own, so the shutdown reaches a TLS socket
-    during its handshake too."""
+    Sockets are the connections' own (a TLS socket is handed over before its handshake), so
+    the shutdown reaches a handshake too."""
 
     def __init__(self) -> None:
         self.at: float | None = None
@@ -295,7 +295,9 @@ def _shutdown(sock: socket.socket) -> None:
         # reach the server later from the send queue (a PUT counted after a look found nothing).
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):  # already closed by its peer or its connection
-        sock.shutdown(socket.SHUT_RDWR)
+        # The plain socket's shutdown, on a TLS socket too: `SSLSocket.shutdown` would also
+        # unwrap it under the thread that is reading it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class TlsFiles:
@@ -355,8 +357,8 @@ class _Link:
 
     Opened on demand (on the socket a probe already connected, when there is one), counted
     (a kept-alive connection that had to be opened again is evidence that the server
-    restarted), and watched: a duplicate of its socket goes to the watchdog, whose shutdown
-    then reaches it even inside a TLS handshake."""
+    restarted), and watched: its socket goes to the watchdog, whose shutdown then reaches it
+    even inside a TLS handshake."""
 
     def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: _Watchdog) -> None:
         self.host = host
@@ -393,22 +395,36 @@ class _Link:
                 fresh.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except TimeoutError as exc:
             raise ConnectTimeout(f"connect timed out after {connect_timeout:g} s") from exc
-        self.watched = fresh.dup()
-        self.watchdog.track(self.watched)
         conn = http.client.HTTPConnection(self.host, self.port)
         conn.sock = fresh
         self.conn = conn
+        self._watch(fresh)
         if self.tls is None:
             return
         fresh.settimeout(connect_timeout)
         try:
-            conn.sock = self.tls.context().wrap_socket(fresh, server_hostname=self.host)
+            # Wrapped first, shaken hands after: the watchdog then holds the TLS socket (the
+            # same descriptor; `fresh` is detached by the wrap) during the handshake too.
+            wrapped = self.tls.context().wrap_socket(
+                fresh, server_hostname=self.host, do_handshake_on_connect=False
+            )
+            conn.sock = wrapped
+            self._watch(wrapped)
+            wrapped.do_handshake()
         except TimeoutError as exc:
             raise ConnectTimeout(f"TLS handshake timed out after {connect_timeout:g} s") from exc
         except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
             raise  # the server closed the connection: a broken connection, not a TLS verdict
         except (ssl.SSLError, ssl.CertificateError) as exc:
             raise TlsError(describe_exception(exc)) from exc
+
+    def _watch(self, sock: socket.socket) -> None:
+        """Hand the connection's own socket to the watchdog (no duplicate: one descriptor
+        per connection, so a fleet of registrars in one process stays within its limit)."""
+        if self.watched is not None:
+            self.watchdog.untrack(self.watched)
+        self.watched = sock
+        self.watchdog.track(sock)
 
     def take_probe(self) -> socket.socket | None:
         sock, self.probe = self.probe, None
@@ -420,13 +436,14 @@ class _Link:
             sock.close()
 
     def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.close()
+        # Untracked before it is closed: the deadline thread never shuts down a descriptor
+        # that may have been closed and numbered again for another connection.
         watched, self.watched = self.watched, None
         if watched is not None:
             self.watchdog.untrack(watched)
-            watched.close()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
 
 
 def _decoder(encoding: str) -> Any:
