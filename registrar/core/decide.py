@@ -7,8 +7,8 @@ and answers a `Decision`: the next state, the one `Action` to perform (wait, pro
 check, fail, stop), the trigger to fire on the state machine, and the lines to log. It reads no
 clock (the time is given), draws no random number of its own (`draw` is given), sends nothing
 and sleeps nowhere; `registrar.core.runner` performs what it answers. A test can therefore drive
-it through every state without threads, sockets or clocks (`tests/test_explorer.py` explores it
-against a model of SGLang's counting server).
+it through every state without threads, sockets or clocks (`tests/test_decide_explorer.py` explores
+it against a model of SGLang's counting server).
 """
 
 from __future__ import annotations
@@ -187,6 +187,8 @@ def _looked(
         )
     reached = state.reachable is True
     state = replace(state, looked=state.looked or reached)
+    if state.unanswered and check is not None and _may_hold_ours(check):
+        return _hold(config, state, check, now, draw, notes)
     if state.unanswered and not reached:
         # The look was lost too: look again after the backoff (a few times) before sending
         # what the server may already hold.
@@ -198,6 +200,38 @@ def _looked(
             return _after(state, now, delay, notes)
     decision = _send(replace(state, unanswered=0), now)
     return replace(decision, notes=notes)
+
+
+def _may_hold_ours(check: RouteCheck) -> bool:
+    """Whether a look after our unanswered attempt cannot rule out that it arrived: a server
+    that is not ready names no rank (SGLang's 503), and whatever else it counts, any count
+    above 0 may be ours. Only a count of 0 (nothing registered, whatever the lifetime) or a
+    404 from a ready server proves it absent; the evidence that a route was forgotten since
+    an earlier registration (a refusal, a re-opened connection) says nothing about this one."""
+    return check.status_code == 503 and (check.count is None or check.count > 0)
+
+
+def _hold(
+    config: LoopConfig,
+    state: LoopState,
+    check: RouteCheck,
+    now: float,
+    draw: Draw,
+    notes: tuple[Note, ...],
+) -> Decision:
+    """Look again later instead of sending: a second arrival would be counted twice, and a
+    topology that looks ready one rank early fails every request to the missing one. The
+    wait ends when the server is ready (200: ours arrived; 404: send) or empty (0: send)."""
+    delay = retry_delay(config.backoff, max(state.streak, 1), draw(), None, config.max_retry_after)
+    note = Note(
+        logging.WARNING,
+        "our last attempt to %s went unanswered and the server now says %s; it names no rank "
+        "before the topology is ready, so the attempt may have arrived: not sending it again, "
+        "looking again in %.2f s",
+        (config.url, check.evidence, delay),
+    )
+    held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
+    return _after(held, now, delay, (*notes, note))
 
 
 def _adopted(config: LoopConfig, state: LoopState, check: RouteCheck, now: float) -> Decision:

@@ -329,9 +329,7 @@ class SGLangTransport(HttpTransport):
         reasons = self._evidence.reasons_forgotten(count)
         self._evidence.highest_count = max(self._evidence.highest_count, count)
         if reasons:
-            return RouteCheck(
-                Route.MISSING, 503, f"503 with {count} workers registered: " + "; ".join(reasons)
-            )
-        return RouteCheck(
-            Route.UNDETERMINED, 503, f"503 with {count} workers registered (other ranks missing)"
-        )
+            text = f"503 with {count} workers registered: " + "; ".join(reasons)
+            return RouteCheck(Route.MISSING, 503, text, count=count)
+        text = f"503 with {count} workers registered (other ranks missing)"
+        return RouteCheck(Route.UNDETERMINED, 503, text, count=count)
