@@ -106,16 +106,21 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         if len(text.lstrip("0")) > len(str(int(RETRY_AFTER_CEILING))):
             return RETRY_AFTER_CEILING
         return min(float(int(text)), RETRY_AFTER_CEILING)
-    try:
-        moment = parsedate_tz(text)
-        if moment is None:
-            return None
-        seconds = float(mktime_tz(moment)) - now
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
-    if not math.isfinite(seconds):
+    seconds = _seconds_until(text, now)
+    if seconds is None or not math.isfinite(seconds):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CEILING)
+
+
+def _seconds_until(date: str, now: float) -> float | None:
+    """Seconds from `now` to an HTTP-date, None when it is not one (or overflows)."""
+    try:
+        moment = parsedate_tz(date)
+        if moment is None:
+            return None
+        return float(mktime_tz(moment)) - now
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -751,9 +756,49 @@ class HttpTransport:
             and self._last_end is not None
             and started - self._last_end < KEEPALIVE_WINDOW
         )
+        prepared = self._prepare(method, path, json, params, headers)
+        if isinstance(prepared, HttpResult):
+            return prepared
+        target, data, sent = prepared
         response: http.client.HTTPResponse | None = None
         error: BaseException | None = None
         body, complete = b"", False
+        self._watchdog.begin(self._deadline)
+        try:
+            self._link.ensure(self._connect_timeout())
+            response, body, complete = self._exchange(method, target, data, sent, limit)
+        except _EXCHANGE_ERRORS as exc:
+            error = exc
+        finally:
+            fired = self._watchdog.end()
+        self._last_end = time.monotonic()
+        self._refused = False
+        if fired:
+            return self._abandoned()
+        if error is not None or response is None:
+            return self._failed(error, was_alive)
+        # Only an answer read whole leaves its connection reusable: one cut at the cap is
+        # closed here, and re-opening it is our own doing, not evidence of a restart.
+        self._kept_alive = complete and response.version == 11 and not response.will_close
+        if not self._kept_alive:
+            self._link.close()
+        reconnected = was_alive and self._link.opened > opened_before
+        text = body.decode("utf-8", "replace")
+        answer_headers: Mapping[str, str] = response.headers  # type: ignore[assignment]
+        return HttpResult(
+            response.status, answer_headers, text, None, reconnected, complete=complete
+        )
+
+    def _prepare(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        params: Mapping[str, str | int] | None,
+        headers: Mapping[str, str] | None,
+    ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
+        """The request's target, body and headers, or the result of a request that cannot be
+        made (a token provider that failed, a payload that is not JSON)."""
         try:
             auth = self._auth_header()
         except Exception as exc:  # a provider that fails fails this request, like the network
@@ -775,51 +820,34 @@ class HttpTransport:
         target = f"{self._prefix}{path}"
         if params:
             target = f"{target}?{urlencode(params)}"
-        self._watchdog.begin(self._deadline)
-        try:
-            self._link.ensure(self._connect_timeout())
-            response, body, complete = self._exchange(method, target, data, sent, limit)
-        except _EXCHANGE_ERRORS as exc:
-            error = exc
-        finally:
-            fired = self._watchdog.end()
-        self._last_end = time.monotonic()
-        self._refused = False
-        if fired:
-            # Whatever the shutdown made the exchange look like (an EOF inside the headers can
-            # even pass for a complete answer), it ran out of time.
-            self._kept_alive = False
-            self._link.close()
-            exceeded = DeadlineExceeded(
-                "request abandoned: stopping"
-                if self._watchdog.by_abort
-                else f"no complete answer within the request deadline of {self._deadline:g} s"
-            )
-            return HttpResult(None, {}, "", exceeded, reconnected=False)
-        if error is not None or response is None:
-            self._kept_alive = False
-            self._link.close()
-            # A kept-alive connection that breaks under a request was closed by the server: the
-            # same evidence of a restart as having to open it again.
-            broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
-                error, TimeoutError | TlsError | _LocalError
-            )
-            # A refusal is evidence of its own; this is about the connection we had.
-            refused = isinstance(error, ConnectionRefusedError)
-            lost = was_alive and broken and not refused
-            self._refused = refused
-            return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
-        # Only an answer read whole leaves its connection reusable: one cut at the cap is
-        # closed here, and re-opening it is our own doing, not evidence of a restart.
-        self._kept_alive = complete and response.version == 11 and not response.will_close
-        if not self._kept_alive:
-            self._link.close()
-        reconnected = was_alive and self._link.opened > opened_before
-        text = body.decode("utf-8", "replace")
-        answer_headers: Mapping[str, str] = response.headers  # type: ignore[assignment]
-        return HttpResult(
-            response.status, answer_headers, text, None, reconnected, complete=complete
+        return target, data, sent
+
+    def _abandoned(self) -> HttpResult:
+        """The deadline (or a stop) ended the request: whatever the shutdown made the exchange
+        look like (an EOF inside the headers can even pass for a complete answer), it ran out
+        of time."""
+        self._kept_alive = False
+        self._link.close()
+        exceeded = DeadlineExceeded(
+            "request abandoned: stopping"
+            if self._watchdog.by_abort
+            else f"no complete answer within the request deadline of {self._deadline:g} s"
         )
+        return HttpResult(None, {}, "", exceeded, reconnected=False)
+
+    def _failed(self, error: BaseException | None, was_alive: bool) -> HttpResult:
+        self._kept_alive = False
+        self._link.close()
+        # A kept-alive connection that breaks under a request was closed by the server: the
+        # same evidence of a restart as having to open it again.
+        broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
+            error, TimeoutError | TlsError | _LocalError
+        )
+        # A refusal is evidence of its own; this is about the connection we had.
+        refused = isinstance(error, ConnectionRefusedError)
+        lost = was_alive and broken and not refused
+        self._refused = refused
+        return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
 
     def _exchange(
         self,

@@ -669,18 +669,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _cmd_diagram(args: argparse.Namespace) -> int:
+    sys.stdout.write(mermaid_diagram())
+    return EXIT_OK
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "register": _cmd_register,
+        "status": _cmd_status,
+        "diagram": _cmd_diagram,
+        "bootstrap": _cmd_bootstrap,
+    }
     try:
-        if args.command == "register":
-            return _cmd_register(args)
-        if args.command == "status":
-            return _cmd_status(args)
-        if args.command == "diagram":
-            sys.stdout.write(mermaid_diagram())
-            return EXIT_OK
-        if args.command == "bootstrap":
-            return _cmd_bootstrap(args)
-        return _cmd_demo(args)
+        return commands.get(args.command, _cmd_demo)(args)
     except (UsageError, ConfigError) as exc:
         print(f"registrar: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
