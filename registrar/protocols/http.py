@@ -763,6 +763,7 @@ class HttpTransport:
         response: http.client.HTTPResponse | None = None
         error: BaseException | None = None
         body, complete = b"", False
+        due = time.monotonic() + self._deadline
         self._watchdog.begin(self._deadline)
         try:
             self._link.ensure(self._connect_timeout())
@@ -773,7 +774,9 @@ class HttpTransport:
             fired = self._watchdog.end()
         self._last_end = time.monotonic()
         self._refused = False
-        if fired:
+        # A socket timeout as long as the deadline can end the request a moment before the
+        # deadline thread does (a busy machine): it ran out of the same time.
+        if fired or (isinstance(error, TimeoutError) and self._last_end >= due):
             return self._abandoned()
         if error is not None or response is None:
             return self._failed(error, was_alive)
