@@ -8,8 +8,8 @@ Start it in the background, never block on it, and ask it where it stands::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
+from .assembly import etcd_registrar
 from .core.aio import in_loop
 from .core.backoff import Backoff
 from .core.clock import Clock, SystemClock
@@ -29,7 +29,7 @@ from .core.registry import TransportOptions, protocol_names, register_protocol
 from .core.status import Status
 from .core.transport import IdleWatcher, Transport
 from .core.waker import Waker
-from .protocols.etcd import EtcdTransport, etcd_registrar
+from .protocols.etcd import EtcdTransport
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
 

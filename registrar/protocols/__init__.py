@@ -1,23 +1,25 @@
-"""The protocols registrar speaks, side by side; importing this package registers the built-in
-ones (`"sglang"`, `"http"`) with `registrar.core.registry`. etcd needs a key and a TTL, which
-the registry's options do not carry: build it with `etcd_registrar(...)` or pass
-`transport=EtcdTransport(...)`."""
+"""The protocols registrar speaks, side by side, and the factories of the built-in ones
+(`"sglang"`, `"http"`). Importing this package registers nothing: `registrar.core.registry`
+finds a protocol by name through the `registrar.protocols` entry-point group (the built-in ones
+are declared there too, and known to the registry by name should the package's metadata be
+missing). etcd needs a key and a TTL, which the registry's options do not carry: build it with
+`registrar.etcd_registrar(...)` or pass `transport=EtcdTransport(...)`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.registry import TransportOptions, register_protocol
+from ..core.registry import TransportOptions
 from ..core.transport import Transport
-from .etcd import EtcdTransport, etcd_registrar
+from .etcd import EtcdTransport
 from .http import HttpTransport
 from .sglang import SGLangTransport, token_from_env, token_source, validate_payload
 
-__all__ = ["EtcdTransport", "HttpTransport", "SGLangTransport", "etcd_registrar"]
+__all__ = ["EtcdTransport", "HttpTransport", "SGLangTransport", "http_protocol", "sglang_protocol"]
 
 
-def _sglang(
+def sglang_protocol(
     payload: Mapping[str, Any], options: TransportOptions
 ) -> tuple[Transport, dict[str, Any]]:
     checked = validate_payload(payload)
@@ -31,7 +33,7 @@ def _sglang(
     return transport, checked
 
 
-def _http(
+def http_protocol(
     payload: Mapping[str, Any], options: TransportOptions
 ) -> tuple[Transport, dict[str, Any]]:
     transport = HttpTransport(
@@ -39,6 +41,3 @@ def _http(
     )
     return transport, dict(payload)
 
-
-register_protocol("sglang", _sglang)
-register_protocol("http", _http)

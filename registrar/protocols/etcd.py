@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..core.errors import ConfigError, describe_exception
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
-from ..core.registrar import Registrar
 from ..core.transport import Timeout, Waker, validate_timeout, validate_url
 from ..core.untrusted import load_json
 from .http import HttpResult, HttpTransport, TlsError, TlsFiles
@@ -52,7 +51,6 @@ __all__ = [
     "EtcdAnswer",
     "EtcdTransport",
     "StreamError",
-    "etcd_registrar",
     "watch_change",
     "watch_interval_for",
 ]
@@ -1062,55 +1060,3 @@ def _encode_value(payload: Mapping[str, Any]) -> bytes:
     """The stored value: compact JSON with sorted keys, so the same payload is the same bytes
     in every life of the process (readers comparing values see no change)."""
     return json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
-
-
-def etcd_registrar(
-    endpoints: str | Sequence[str],
-    key: str,
-    payload: Mapping[str, Any],
-    *,
-    ttl: float = DEFAULT_TTL,
-    keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION,
-    username: str | None = None,
-    password: str | None = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
-    verify: bool = True,
-    ca_bundle: str | None = None,
-    cert: tuple[str, str] | None = None,
-    watch_interval: float | None = None,
-    **options: Any,
-) -> Registrar:
-    """A `Registrar` keeping `payload` under `key` in etcd (not started).
-
-    The watch interval derives from the TTL (`watch_interval_for`) so that every lease renewal
-    is on time; a longer one is refused. Other keyword arguments go to `Registrar` (backoff,
-    max_attempts, on_failure, clock, rng, ...)."""
-    if ca_bundle is not None and not os.path.isfile(ca_bundle):
-        raise ConfigError(f"ca_bundle {ca_bundle!r} is not a readable file")
-    transport = EtcdTransport(
-        endpoints,
-        key,
-        ttl=ttl,
-        keepalive_fraction=keepalive_fraction,
-        username=username,
-        password=password,
-        timeout=timeout,
-        verify=ca_bundle if ca_bundle is not None else bool(verify),
-        cert=cert,
-    )
-    longest = transport.watch_interval
-    if watch_interval is None:
-        watch_interval = longest
-    elif (
-        isinstance(watch_interval, bool)
-        or not isinstance(watch_interval, int | float)
-        or not 0 < watch_interval <= longest
-    ):
-        transport.close()
-        raise ConfigError(
-            f"watch_interval must be within (0, {longest:g}] s for ttl={transport.ttl} and "
-            f"keepalive_fraction={keepalive_fraction:g}: each check renews the lease, got "
-            f"{watch_interval!r}"
-        )
-    first = _endpoints(endpoints)[0]
-    return Registrar(first, payload, transport=transport, watch_interval=watch_interval, **options)

@@ -43,7 +43,7 @@ from email.utils import mktime_tz, parsedate_tz
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..core.errors import ConfigError, describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url

@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..core.errors import ConfigError, describe_exception
 from ..core.machine import State, mermaid_diagram
 from ..core.redact import clean, redact_url
@@ -436,7 +436,7 @@ def _etcd_registrar(
     flags: dict[str, Any], payload: dict[str, Any], token: Any, options: dict[str, Any]
 ) -> Registrar:
     """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
-    from ..protocols.etcd import etcd_registrar  # noqa: PLC0415 - only --etcd needs it
+    from ..assembly import etcd_registrar  # noqa: PLC0415 - only --etcd needs it
 
     if "url" in flags or "protocol" in flags or token is not None:
         raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs
 
-from .. import __version__
+from .._version import __version__
 from ..core.machine import State
 from ..core.redact import clean
 from ..core.status import Status, iso_utc
