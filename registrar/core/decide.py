@@ -48,6 +48,7 @@ from .backoff import (
 )
 from .loopstate import LoopConfig, LoopState, Phase
 from .machine import State, Trigger
+from .notes import REPORT_LOG_INTERVAL, failed_attempt, unheeded
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
 
 __all__ = [
@@ -71,8 +72,6 @@ before it is sent again; each lost look waits the backoff."""
 REPORT_CHECK_INTERVAL = 1.0
 """At most one route check per this many seconds is caused by `report_route_missing()`, however
 often it is called (a decode failing every transfer calls it ~1000 times a second)."""
-REPORT_LOG_INTERVAL = 60.0
-"""At most one warning per this many seconds says that reports were contradicted by the server."""
 
 
 # ----------------------------------------------------------------- the function
@@ -282,7 +281,7 @@ def _sent(config: LoopConfig, state: LoopState, seen: Sent, now: float, draw: Dr
     if _spent(config, state, now, delay):
         failing = Fail(state.streak, outcome.error, delay, fatal=False)
         return Decision(replace(state, delay=delay), failing)
-    return _after(state, now, delay, (_failed_attempt(config, state, outcome, delay, now),))
+    return _after(state, now, delay, (failed_attempt(config, state, outcome, delay, now),))
 
 
 def _last_probe(config: LoopConfig, state: LoopState, now: float, delay: float) -> bool:
@@ -327,40 +326,6 @@ def _fatal(
         )
         return _after(state, now, delay, (note,))
     return Decision(state, Fail(state.streak, outcome.error, delay, fatal=True))
-
-
-def _failed_attempt(
-    config: LoopConfig, state: LoopState, outcome: RegisterOutcome, delay: float, now: float
-) -> Note:
-    label = _attempt_label(config, state)
-    if state.due is None:
-        return Note(
-            logging.WARNING,
-            "registration attempt %s to %s failed: %s; next attempt in %.2f s",
-            (label, config.url, outcome.error, delay),
-        )
-    return Note(
-        logging.WARNING,
-        "registration attempt %s to %s failed: %s; next attempt in %.2f s "
-        "(nothing listens: probing every ~%.2f s, the next counted attempt in %.2f s)",
-        (
-            label,
-            config.url,
-            outcome.error,
-            delay,
-            probe_delay(config.fleet, 0.5),
-            state.due - now,
-        ),
-    )
-
-
-def _attempt_label(config: LoopConfig, state: LoopState) -> str:
-    number = state.streak
-    if config.max_attempts is None:
-        return str(number)
-    if number <= config.max_attempts and state.state is not State.FAILED:
-        return f"{number}/{config.max_attempts}"
-    return f"{number} (background)"
 
 
 def _answered(
@@ -454,7 +419,7 @@ def _checked(
     if check.route is Route.CONFLICT:
         notes = (Note(logging.WARNING, "route conflict at %s: %s", (config.url, check.evidence)),)
     elif seen.reported:
-        state, notes = _unheeded(config, state, check, seen.reported, now)
+        state, notes = unheeded(config, state, check, seen.reported, now)
     return _watch_next(config, state, draw, notes)
 
 
@@ -489,22 +454,6 @@ def _unreachable(
         (config.url, check.evidence),
     )
     return _watch_next(config, replace(state, broken=0), draw, (note,))
-
-
-def _unheeded(
-    config: LoopConfig, state: LoopState, check: RouteCheck, reported: int, now: float
-) -> tuple[LoopState, tuple[Note, ...]]:
-    """Say (at most once per REPORT_LOG_INTERVAL) that reports were contradicted."""
-    unheeded = state.unheeded + reported
-    last = state.unheeded_logged_at
-    if last is not None and now - last < REPORT_LOG_INTERVAL:
-        return replace(state, unheeded=unheeded), ()
-    note = Note(
-        logging.WARNING,
-        "route reported missing %d time%s, but the server says %s (%s); not registering again",
-        (unheeded, "" if unheeded == 1 else "s", check.route.value, check.evidence),
-    )
-    return replace(state, unheeded=0, unheeded_logged_at=now), (note,)
 
 
 def _lose(
