@@ -48,7 +48,7 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["missing"] == []
-    assert len(result["targets"]) == 5
+    assert len(result["targets"]) == 6
     assert "registrar -> registrar.integrations.sglang:load" in done.stderr
     assert "Loaded plugin registrar from group sglang.srt.plugins" in done.stderr
     assert "Applied 1 hook(s) to " + "sglang.srt.disaggregation.common.conn" in done.stderr

@@ -14,6 +14,8 @@ What it patches, through SGLang's own `HookRegistry` (no change to SGLang's sour
   answering scheduler's registration summary under `internal_states[i]["registrar"]`.
 - AFTER `build_server_info`: in the node-0 HTTP process, `/server_info` also carries the
   bootstrap server's missing rows under `registrar_bootstrap`.
+- AFTER `CommonKVManager._on_heartbeat_success` (decode): drop a restarted prefill's stale
+  cached addresses through SGLang's own node-failure handling (stale_prefill.py).
 
 `HookRegistry` only logs a patch that failed, so after SGLang applies the hooks the plugin checks
 each target and logs one ERROR naming what is missing and the supported versions.
@@ -39,6 +41,7 @@ from ...core.machine import State
 from ...core.registrar import EXIT_CODE, Registrar
 from ...protocols.sglang import rank_of
 from ...surfaces.env import SGLANG_PLUGIN_ENV_VARS, options_from_env
+from .stale_prefill import after_heartbeat_success, close_checks
 
 __all__ = [
     "SUPPORTED_VERSIONS",
@@ -64,6 +67,7 @@ INTERNAL_STATE = (
     "SchedulerInternalStateController.get_internal_state"
 )
 SERVER_INFO = "sglang.srt.utils.common.build_server_info"
+HEARTBEAT_OK = f"{_CONN}.CommonKVManager._on_heartbeat_success"
 _HTTP_SERVER = "sglang.srt.entrypoints.http_server"
 _MAX_LISTED = 64
 """At most this many missing rows are listed in /server_info (the count is always there)."""
@@ -165,6 +169,7 @@ def before_teardown(scheduler: Any, *args: Any, **kwargs: Any) -> None:
         manager = getattr(queue, "kv_manager", None)
         if manager is not None:
             stop_rows(manager, "PD role switch")
+            close_checks(manager)
 
 
 @atexit.register
@@ -289,6 +294,7 @@ def _hooks() -> list[tuple[str, Callable[..., Any], str]]:
         (IS_READY, around_is_ready, "AROUND"),
         (INTERNAL_STATE, after_internal_state, "AFTER"),
         (SERVER_INFO, after_server_info, "AFTER"),
+        (HEARTBEAT_OK, after_heartbeat_success, "AFTER"),
     ]
 
 
