@@ -48,10 +48,11 @@ CPU_FLAGS = (
 PD_FLAGS = ("--disaggregation-transfer-backend", "mooncake")
 
 TIMEOUTS = {
-    # A request that cannot be served fails in seconds instead of SGLang's 300 s default, so the
-    # suite sees one outcome per request; the detection paths under test do not depend on them.
+    # A request whose handshake cannot happen fails in 20 s instead of SGLang's 300 s, so the
+    # suite sees an answer; no recovery path depends on it. SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+    # keeps its 300 s: a request that times out waiting for its KV cache makes the decode forget
+    # the prefill's cached addresses, stock SGLang's only way out of scenario 3.
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
-    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20",
 }
 
 
@@ -223,21 +224,25 @@ def wait_http(process: Process, path: str, timeout: float, ok: int = 200) -> flo
     raise AssertionError(f"{process.name}: no {ok} on {path} in {timeout} s:\n{process.tail()}")
 
 
-def read_control(prefill: Process, control_dir: Path, timeout: float = 300.0) -> str:
-    """The URL of the bootstrap control server in the prefill's HTTP process."""
-    path = control_dir / "bootstrap-control.json"
+def read_control(
+    process: Process, control_dir: Path, role: str = "bootstrap", timeout: float = 420.0
+) -> str:
+    """The URL of a test-only control server inside a launched server (e2e_support/inside.py):
+    the bootstrap server's in the prefill's HTTP process, the decode's in its scheduler."""
+    path = control_dir / f"{role}-control.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not prefill.alive():
-            raise AssertionError(f"prefill exited ({prefill.proc.returncode}):\n{prefill.tail()}")
+        if not process.alive():
+            code = process.proc.returncode
+            raise AssertionError(f"{process.name} exited ({code}):\n{process.tail()}")
         if path.exists():
             return f"http://{HOST}:{json.loads(path.read_text())['port']}"
         time.sleep(0.2)
-    raise AssertionError(f"no bootstrap server was made in {timeout} s ({path})")
+    raise AssertionError(f"no {role} control server in {timeout} s ({path})")
 
 
 def control(url: str, action: str | None = None) -> dict[str, Any]:
-    """GET the bootstrap state, or POST an action (start, stop, start-new)."""
+    """GET a control server's state, or POST an action to it."""
     if action is None:
         answer = requests.get(url, timeout=30)
     else:

@@ -11,6 +11,8 @@ SGLang is changed and nothing here ships in registrar's wheel.
 - The bootstrap server (in the prefill's HTTP process): with `E2E_CONTROL_DIR` set, a small
   control server on 127.0.0.1 lets the test hold its start (`E2E_BOOTSTRAP_HOLD=1`), start it,
   stop it and start a fresh one on the same port, and read each lifetime's PUT count.
+- The decode's heartbeat (in the decode's scheduler process, same variable): a control server
+  that makes it tolerate missed heartbeats for a while, and shows the decode's cached rows.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ class _Bootstrap:
         self.stopped_at: list[float] = []
         self.held: Any = None
         self.original_run: Callable[[Any], None] | None = None
-        self.control: ThreadingHTTPServer | None = None
+        self.control: _Control | None = None
 
     def patch(self, module: ModuleType) -> None:
         cls = module.CommonKVBootstrapServer
@@ -222,20 +224,27 @@ class _Bootstrap:
         }
 
     def _serve_control(self) -> None:
-        if self.control is not None:
-            return
-        bootstrap = self
+        if self.control is None:
+            actions = {"/start": self.start_held, "/stop": self.stop, "/start-new": self.start_new}
+            self.control = _Control(self.control_dir, "bootstrap", self.state, actions)
 
+
+class _Control:
+    """A small JSON control server on 127.0.0.1 (port 0); its port goes to
+    `<control_dir>/<role>-control.json` for the test to read."""
+
+    def __init__(
+        self,
+        control_dir: Path,
+        role: str,
+        state: Callable[[], dict[str, Any]],
+        actions: dict[str, Callable[[], dict[str, Any]]],
+    ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                self._answer(bootstrap.state())
+                self._answer(state())
 
             def do_POST(self) -> None:
-                actions = {
-                    "/start": bootstrap.start_held,
-                    "/stop": bootstrap.stop,
-                    "/start-new": bootstrap.start_new,
-                }
                 action = actions.get(self.path)
                 self._answer(action() if action else {"error": f"no {self.path}"})
 
@@ -250,12 +259,75 @@ class _Bootstrap:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.control = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.control.serve_forever, daemon=True).start()
-        path = self.control_dir / "bootstrap-control.json"
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        path = control_dir / f"{role}-control.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "port": self.control.server_port}))
+        tmp.write_text(json.dumps({"pid": os.getpid(), "port": self.server.server_port}))
         tmp.replace(path)
+
+
+# ------------------------------------------------------------------ the decode's heartbeat
+
+
+class _Decode:
+    """The decode's KV manager, and a switch for its heartbeat's patience.
+
+    SGLang drops a prefill after `max_failures` missed heartbeats in a row. A relaunched
+    prefill's bootstrap server often answers again before that (after one miss), and then the
+    decode keeps the dead process's addresses. How fast a relaunch is depends on the machine;
+    `/heartbeat-tolerant` makes the test independent of it (no drop by the heartbeat while set),
+    `/heartbeat-default` restores SGLang's setting."""
+
+    def __init__(self, control_dir: Path) -> None:
+        self.control_dir = control_dir
+        self.manager: Any = None
+        self.default: int | None = None
+        self.control: _Control | None = None
+
+    def patch(self, module: ModuleType) -> None:
+        cls = module.CommonKVManager
+        original_init = cls.__init__
+        decode = self
+
+        def __init__(manager: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(manager, *args, **kwargs)
+            mode = getattr(manager, "disaggregation_mode", None)
+            if getattr(mode, "value", mode) == "decode" and decode.manager is None:
+                decode.manager = manager
+                decode.control = _Control(
+                    decode.control_dir,
+                    "decode",
+                    decode.state,
+                    {"/heartbeat-tolerant": decode.tolerant, "/heartbeat-default": decode.restore},
+                )
+
+        cls.__init__ = __init__
+
+    def tolerant(self) -> dict[str, Any]:
+        if self.default is None:
+            self.default = self.manager.max_failures
+        self.manager.max_failures = 10**9
+        _say("decode heartbeat: no prefill dropped for missed heartbeats until restored")
+        return self.state()
+
+    def restore(self) -> dict[str, Any]:
+        if self.default is not None:
+            self.manager.max_failures, self.default = self.default, None
+        _say(f"decode heartbeat: {self.manager.max_failures} misses drop a prefill again")
+        return self.state()
+
+    def state(self) -> dict[str, Any]:
+        manager = self.manager
+        return {
+            "pid": os.getpid(),
+            "max_failures": manager.max_failures,
+            "prefills": sorted(manager.prefill_info_table),
+            "rows": {
+                key: [[e.get("rank_ip"), e.get("rank_port")] for e in entries]
+                for key, entries in list(manager.connection_pool.items())
+            },
+        }
 
 
 def _rows(server: Any) -> list[list[Any]]:
@@ -299,6 +371,12 @@ def install() -> None:
     control_dir = os.environ.get("E2E_CONTROL_DIR")
     if control_dir:
         bootstrap = _Bootstrap(Path(control_dir), os.environ.get("E2E_BOOTSTRAP_HOLD") == "1")
-        patches[_COMMON] = bootstrap.patch
+        decode = _Decode(Path(control_dir))
+
+        def patch_common(module: ModuleType) -> None:
+            bootstrap.patch(module)
+            decode.patch(module)
+
+        patches[_COMMON] = patch_common
     sys.meta_path.insert(0, _AfterImport(patches))
     sys.meta_path.insert(0, _KernelStandIn())

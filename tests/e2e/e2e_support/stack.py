@@ -54,6 +54,7 @@ class Sample:
     status and whether it was served."""
 
     t: float
+    done: float
     status: int | None
     ok: bool
     detail: str
@@ -83,11 +84,13 @@ class Probe:
             sent = time.monotonic()
             status, detail = generate(self.url, timeout=25.0)
             ok = status == 200 and bool(detail.strip())
-            self.samples.append(Sample(round(sent - self.zero, 2), status, ok, detail[:160]))
+            sent_at, done_at = round(sent - self.zero, 2), round(time.monotonic() - self.zero, 2)
+            self.samples.append(Sample(sent_at, done_at, status, ok, detail[:160]))
             self._stop.wait(self.gap)
 
     def first_ok(self, after: float = float("-inf")) -> Sample | None:
-        return next((s for s in list(self.samples) if s.ok and s.t >= after), None)
+        """The first request served that was answered after `after`."""
+        return next((s for s in list(self.samples) if s.ok and s.done >= after), None)
 
     def wait_ok(self, timeout: float, after: float = float("-inf")) -> Sample | None:
         deadline = time.monotonic() + timeout
@@ -99,7 +102,8 @@ class Probe:
         return self.first_ok(after)
 
     def since(self, t: float) -> list[Sample]:
-        return [s for s in list(self.samples) if s.t >= t]
+        """The requests answered after `t`."""
+        return [s for s in list(self.samples) if s.done >= t]
 
 
 @dataclass
@@ -132,6 +136,7 @@ class Stack:
         self.single: Process | None = None
         """A reference server without disaggregation, when `start(single=True)`."""
         self.control_url = ""
+        self.decode_control_url = ""
         self.launches = 0
 
     # ------------------------------------------------------------ starting and stopping
@@ -141,7 +146,10 @@ class Stack:
         reference server beside them if asked; then the router once they answer."""
         if single:
             self.single = self.deploy.single(free_port(), server_env(plugin=False))
-        self.decode = self.deploy.decode(self.decode_port, server_env(plugin=self.registrar))
+        decode_dir = self.logs / "control-decode"
+        decode_dir.mkdir()
+        env = server_env(plugin=self.registrar, control_dir=decode_dir)
+        self.decode = self.deploy.decode(self.decode_port, env)
         self.launch_prefill(hold=hold)
         with ThreadPoolExecutor(3) as pool:
             waits = [
@@ -153,6 +161,7 @@ class Stack:
                 wait.result()
         assert self.prefill is not None
         assert self.decode is not None
+        self.decode_control_url = read_control(self.decode, decode_dir, "decode")
         self.router = self.deploy.router(
             self.router_port, self.prefill.url, self.bootstrap_port, self.decode.url
         )
@@ -200,6 +209,9 @@ class Stack:
     def bootstrap(self, action: str | None = None) -> dict[str, Any]:
         return control(self.control_url, action)
 
+    def decode_heartbeat(self, action: str | None = None) -> dict[str, Any]:
+        return control(self.decode_control_url, action)
+
     def health(self, step: str) -> dict[str, Any]:
         """What each health endpoint says now."""
         assert self.prefill is not None
@@ -231,8 +243,11 @@ class Stack:
         if not states and boot is None:
             return "absent"
         parts = [f"rank {', '.join(str(s) for s in states)}"] if states else []
-        if boot is not None:
-            parts.append(f"missing {boot.get('missing_count')} of {boot.get('expected_rows')} rows")
+        if boot is not None and boot.get("missing_count") is None:
+            parts.append("bootstrap server: no row yet")
+        elif boot is not None:
+            missing, expected = boot["missing_count"], boot["expected_rows"]
+            parts.append(f"bootstrap server: {missing} of {expected} rows missing")
         return "; ".join(parts)
 
     def log_since(self, process: Process, pattern: str, start: int = 0) -> list[str]:
