@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support.scenarios import bootstrap_restart, cache_moved, prefill_relaunch, race
-from e2e_support.stack import Record, Stack, record_dict
+from e2e_support.scenarios import bootstrap_restart, cache_moved, prefill_relaunch, race, run
+from e2e_support.stack import Stack
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -25,30 +25,22 @@ def stack(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         made.stop()
 
 
-def run(results: list[dict[str, Any]], name: str, step: Any, *args: Any) -> None:
-    record = Record(name, registrar=True)
-    try:
-        step(*args, record)
-    finally:
-        results.append(record_dict(record))
-
-
 def test_1_the_race_is_served_once_the_bootstrap_server_listens(stack: Stack, results: Any) -> None:
-    run(results, "1", race, stack)
+    run(results, "1", True, race, stack)
 
 
 def test_5_the_cache_really_moved(stack: Stack, results: Any) -> None:
     single = stack.single
     assert single is not None
     try:
-        run(results, "5", cache_moved, stack, single.url)
+        run(results, "5", True, cache_moved, stack, single.url)
     finally:
         single.stop()
 
 
 def test_2_a_restarted_bootstrap_server_is_registered_with(stack: Stack, results: Any) -> None:
-    run(results, "2", bootstrap_restart, stack)
+    run(results, "2", True, bootstrap_restart, stack)
 
 
 def test_3_a_relaunched_prefill_is_served_again(stack: Stack, results: Any) -> None:
-    run(results, "3", prefill_relaunch, stack)
+    run(results, "3", True, prefill_relaunch, stack)

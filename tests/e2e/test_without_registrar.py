@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support.scenarios import bootstrap_restart, prefill_relaunch, race
-from e2e_support.stack import Record, Stack, record_dict
+from e2e_support.scenarios import bootstrap_restart, prefill_relaunch, race, run
+from e2e_support.stack import Stack
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -23,21 +23,13 @@ def stack(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         made.stop()
 
 
-def run(results: list[dict[str, Any]], name: str, step: Any, *args: Any) -> None:
-    record = Record(name, registrar=False)
-    try:
-        step(*args, record)
-    finally:
-        results.append(record_dict(record))
-
-
 def test_1_the_race_leaves_every_request_failing(stack: Stack, results: Any) -> None:
-    run(results, "1", race, stack)
+    run(results, "1", False, race, stack)
 
 
 def test_2_a_restarted_bootstrap_server_stays_empty(stack: Stack, results: Any) -> None:
-    run(results, "2", bootstrap_restart, stack)
+    run(results, "2", False, bootstrap_restart, stack)
 
 
 def test_3_a_relaunched_prefill(stack: Stack, results: Any) -> None:
-    run(results, "3", prefill_relaunch, stack)
+    run(results, "3", False, prefill_relaunch, stack)

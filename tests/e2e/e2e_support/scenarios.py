@@ -13,7 +13,7 @@ from typing import Any
 
 from .stack import PROMPTS, Probe, Record, Stack, generate
 
-__all__ = ["bootstrap_restart", "cache_moved", "prefill_relaunch", "race"]
+__all__ = ["bootstrap_restart", "cache_moved", "prefill_relaunch", "race", "run"]
 
 UPSTREAM_BUDGET = 16.0
 """The upstream retry loop's longest span: 5 attempts, 1+2+4+8 s at most between them."""
@@ -60,6 +60,33 @@ def _puts(stack: Stack) -> list[int]:
     return [life["count"] for life in stack.bootstrap()["lifetimes"]]
 
 
+def _outcome(stack: Stack, probe: Probe, record: Record, since: float, figure: str) -> None:
+    """With registrar: wait for the first request answered served after `since` (within the
+    bound) and record how long that took as `figure`; without: watch for FAIL_WINDOW seconds."""
+    if stack.registrar:
+        first = probe.wait_ok(RECOVER_BOUND, after=since)
+        assert first is not None, f"not served after the event: {probe.samples[-3:]}"
+        record.figures[figure] = round(first.done - since, 2)
+        time.sleep(3)
+    else:
+        time.sleep(FAIL_WINDOW)
+
+
+def _serving(stack: Stack, probe: Probe, record: Record) -> None:
+    """The deployment serves before the scenario's event."""
+    assert probe.wait_ok(RECOVER_BOUND) is not None, f"not serving before: {probe.samples[-3:]}"
+    record.health.append(stack.health("serving"))
+
+
+def run(results: list[dict[str, Any]], name: str, registrar: bool, step: Any, *args: Any) -> None:
+    """Run one scenario step; its record goes to `results` whether it passed or not."""
+    record = Record(name, registrar=registrar)
+    try:
+        step(*args, record)
+    finally:
+        results.append(asdict(record))
+
+
 def race(stack: Stack, record: Record) -> None:
     """1. The bootstrap server comes up after the upstream retry budget is spent."""
     assert stack.prefill is not None
@@ -76,13 +103,7 @@ def race(stack: Stack, record: Record) -> None:
         stack.bootstrap("start")
         zero = time.monotonic()
         record.events["bootstrap server listening"] = 0.0
-        if stack.registrar:
-            first = probe.wait_ok(RECOVER_BOUND, after=zero - start)
-            assert first is not None, f"never served once listening: {probe.samples[-3:]}"
-            record.figures["listening to first success (s)"] = round(first.done - (zero - start), 2)
-            time.sleep(3)
-        else:
-            time.sleep(FAIL_WINDOW)
+        _outcome(stack, probe, record, zero - start, "listening to first success (s)")
         record.health.append(stack.health("bootstrap server listening"))
     _finish(record, probe, zero - start)
     record.figures["failures after listening"] = _failures(probe, zero - start)
@@ -129,8 +150,7 @@ def bootstrap_restart(stack: Stack, record: Record) -> None:
         _serve_again(stack, record, "scenario 1 left the deployment failing")
     start = time.monotonic()
     with Probe(stack.router_url, start) as probe:
-        assert probe.wait_ok(RECOVER_BOUND) is not None, f"not serving before: {probe.samples[-3:]}"
-        record.health.append(stack.health("serving"))
+        _serving(stack, probe, record)
         mark = len(stack.decode.text())
         stack.bootstrap("stop")
         record.events["bootstrap server stopped"] = time.monotonic() - start
@@ -142,13 +162,7 @@ def bootstrap_restart(stack: Stack, record: Record) -> None:
         stack.bootstrap("start-new")
         zero = time.monotonic() - start
         record.events["bootstrap server listening again"] = zero
-        if stack.registrar:
-            first = probe.wait_ok(RECOVER_BOUND, after=zero)
-            assert first is not None, f"not served again: {probe.samples[-3:]}"
-            record.figures["restart to first success (s)"] = round(first.done - zero, 2)
-            time.sleep(3)
-        else:
-            time.sleep(FAIL_WINDOW)
+        _outcome(stack, probe, record, zero, "restart to first success (s)")
         record.health.append(stack.health("bootstrap server back"))
     _finish(record, probe, zero)
     record.events = {k: round(v - zero, 2) for k, v in record.events.items()}
@@ -170,8 +184,7 @@ def prefill_relaunch(stack: Stack, record: Record) -> None:
         _serve_again(stack, record, "scenario 2 left the deployment failing")
     start = time.monotonic()
     with Probe(stack.router_url, start) as probe:
-        assert probe.wait_ok(RECOVER_BOUND) is not None, f"not serving before: {probe.samples[-3:]}"
-        record.health.append(stack.health("serving"))
+        _serving(stack, probe, record)
         mark = len(stack.decode.text())
         # As when the relaunched bootstrap server answers /health after one miss: the decode's
         # own heartbeat does not drop the dead prefill, whatever this machine's speed.
@@ -185,13 +198,7 @@ def prefill_relaunch(stack: Stack, record: Record) -> None:
         record.health.append(stack.health("prefill up again"))
         registered = _registered(stack, RECOVER_BOUND) - start
         record.events["prefill registered again"] = registered
-        if stack.registrar:
-            first = probe.wait_ok(RECOVER_BOUND, after=registered)
-            assert first is not None, f"not served again: {probe.samples[-3:]}"
-            record.figures["registered to first success (s)"] = round(first.done - registered, 2)
-            time.sleep(3)
-        else:
-            time.sleep(FAIL_WINDOW)
+        _outcome(stack, probe, record, registered, "registered to first success (s)")
         record.health.append(stack.health("after the relaunch"))
         stack.decode_heartbeat("heartbeat-default")
     decode_log = stack.decode.text()[mark:]

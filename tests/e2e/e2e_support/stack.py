@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -259,7 +259,3 @@ def _status(url: str) -> str:
         return str(requests.get(url, timeout=10).status_code)
     except requests.RequestException as exc:
         return type(exc).__name__
-
-
-def record_dict(record: Record) -> dict[str, Any]:
-    return asdict(record)
