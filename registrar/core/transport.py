@@ -27,6 +27,7 @@ from .waker import Waker
 __all__ = [
     "Abortable",
     "FleetSized",
+    "Gated",
     "IdleWatcher",
     "Timeout",
     "Token",
@@ -104,6 +105,26 @@ class FleetSized(Protocol):
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """How many clients (including this one) register with this server, at least 1."""
+        ...
+
+
+@runtime_checkable
+class Gated(Protocol):
+    """Optional: a transport whose registration may be offered only while something local
+    holds (the served process answers its readiness check). Before each attempt the loop asks
+    `not_ready()` and, while it names a reason, waits `ready_interval` seconds and asks again:
+    waiting is not a failed attempt and spends no startup budget. Withdrawing a registration
+    whose readiness was lost is the transport's own business (its `check` reports the route
+    missing once it has withdrawn it)."""
+
+    @property
+    def ready_interval(self) -> float:
+        """Seconds between readiness checks while not ready."""
+        ...
+
+    def not_ready(self) -> str | None:
+        """None when the registration may be offered now; else why not, in one line. Never
+        raises."""
         ...
 
 
