@@ -89,13 +89,17 @@ class Gateway:
         return {"Authorization": f"Bearer {self.keys[0]}"} if self.keys else {}
 
     def start(self, timeout: float = 60.0) -> Gateway:
-        """Launch and wait until the control plane answers. Only the metrics port is picked
-        again after a failed launch: the gateway's own port must stay (restarts reuse it)."""
+        """Launch and wait until the control plane answers. A first launch that loses its
+        picked port to another process is tried again on a new one; a restart keeps its port
+        (that is the point of it)."""
+        first = self.proc is None and self.launches == 0
         for _ in range(5):
             self._launch()
             if self._wait_listening(timeout):
                 return self
             self.kill()
+            if first:
+                self.port = free_port()
         raise RuntimeError(f"smg did not start on {self.url}; see {self._log_path()}")
 
     def _log_path(self) -> Path:

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from smg_support import Gateway, StandInWorker, gateway_binary, workers
-from support import wait_until
+from support import CLI_ENV, wait_until
 
 from registrar import Registrar, State
 from registrar.core.backoff import Backoff
@@ -217,3 +222,71 @@ def test_the_control_plane_key(
         stop_all([allowed, refused])
     assert "right-key-0123" not in caplog.text
     assert "wrong-key-4567" not in caplog.text
+
+
+def health_url(agent: subprocess.Popen[str]) -> str:
+    """The health server's URL, from the agent's startup line (it bound port 0)."""
+    assert agent.stderr is not None
+    for _ in range(50):
+        line = agent.stderr.readline()
+        found = re.search(r"health on (http://[0-9.:]+)/readyz", line)
+        if found:
+            return found.group(1)
+    raise AssertionError("the agent never said where its health server listens")
+
+
+def test_the_command_with_two_gateways_one_down(
+    gateways: Callable[..., Gateway], spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    up, down = gateways().start(), gateways()
+    with workers(1, "prefill") as (worker,):
+        # --gateway repeated: one registration per gateway; variables fill the rest.
+        agent = spawn(
+            "register",
+            "--gateway",
+            up.url,
+            "--gateway",
+            down.url,
+            "--worker-url",
+            worker.url,
+            "--worker-type",
+            "prefill",
+            "--bootstrap-port",
+            str(worker.bootstrap_port),
+            "--health-port",
+            "0",
+            env={"REGISTRAR_DRAIN_TIMEOUT": "10", "REGISTRAR_BACKOFF_MAX": "1"},
+        )
+        health = f"{health_url(agent)}/health"
+
+        def document() -> dict[str, Any] | None:
+            try:
+                answer = requests.get(health, timeout=2)
+            except requests.RequestException:
+                return None
+            return answer.json() if answer.status_code in (200, 503) else None
+
+        assert wait_until(lambda: up.ready_urls() == [worker.url], 60)
+        assert wait_until(lambda: (document() or {}).get("status") == "warn", 30)
+        entries = (document() or {})["checks"]["registration:state"]
+        assert {e["url"]: e["observedValue"] for e in entries} == {
+            up.url: "registered",
+            down.url: "registering",
+        }
+        status = subprocess.run(
+            [sys.executable, "-m", "registrar", "status", "--health-url", health],
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=30,
+            env=CLI_ENV,
+        )
+        assert status.returncode == 1  # not registered with every gateway
+        assert status.stdout.count("registration:") == 2
+        down.start()
+        assert wait_until(lambda: down.ready_urls() == [worker.url], 60)
+        agent.send_signal(signal.SIGTERM)
+        _out, err = agent.communicate(timeout=60)
+        assert agent.returncode == 0, err
+        assert up.workers() == []  # drained from both before the agent exited
+        assert down.workers() == []

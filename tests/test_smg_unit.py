@@ -4,11 +4,13 @@ order) and a fake clock. The real gateway is in tests/test_smg_gateway.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import FakeClock, wait_until
+from support import CLI_ENV, FakeClock, wait_until
 
 from registrar import ConfigError, Registrar, Route, State, Verdict
 from registrar.core.backoff import Backoff
@@ -307,3 +309,30 @@ def test_spec_validation_names_the_field() -> None:
     with pytest.raises(ConfigError, match="cannot read the gateway key file"):
         smg_registrar(GATEWAY, WORKER, key_file="/nonexistent/key")
     assert DEFAULT_CONFIRM_TIMEOUT > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--worker-url", WORKER], "--worker-url go with --gateway"),
+        (["--gateway", GATEWAY], "--gateway needs --worker-url"),
+        (["--gateway", GATEWAY, "--worker-url", WORKER, "--payload", "{}"], "replaces --payload"),
+        (["--gateway", GATEWAY, "--worker-url", WORKER, "--worker-type", "x"], "prefill, decode"),
+        (
+            ["--gateway", GATEWAY, "--worker-url", WORKER, "--bootstrap-port", "8998"],
+            "bootstrap_port is for a prefill worker",
+        ),
+    ],
+)
+def test_command_usage_errors_are_one_line(args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "registrar", "register", *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+        env=CLI_ENV,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

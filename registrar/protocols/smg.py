@@ -41,6 +41,7 @@ from typing import Any
 
 from ..core.clock import Clock, SystemClock
 from ..core.errors import ConfigError
+from ..core.group import RegistrarGroup
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import clean
 from ..core.registrar import Registrar
@@ -227,6 +228,8 @@ class SmgTransport:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._send = sender.send if sender is not None else self._http.send
         self._stopping = threading.Event()
+        self._abort_lock = threading.Lock()
+        self._closing = False
         self._worker_id: str | None = None
         self._url: str | None = None
         self._posted = False
@@ -557,12 +560,18 @@ class SmgTransport:
             delay = min(delay * 2, _POLL_MAX)
 
     def abort(self) -> None:
-        """End an attempt's wait for the gateway now (from `stop()`); `close` still drains."""
-        self._stopping.set()
-        self._http.abort()
+        """End an attempt's wait for the gateway now (from `stop()`); `close` still drains,
+        and a request of the drain is never cut (`stop()` may be called again meanwhile)."""
+        with self._abort_lock:
+            if self._closing:
+                return
+            self._stopping.set()
+            self._http.abort()
 
     def close(self) -> None:
         """Drain: remove our worker from the gateway and wait until it is gone (bounded)."""
+        with self._abort_lock:
+            self._closing = True
         try:
             self._remove()
         finally:
@@ -624,11 +633,19 @@ def smg_registrar(
 
 def smg_registrars(
     gateways: Sequence[str], worker_url: str, worker_type: str = "regular", **options: Any
-) -> list[Registrar]:
-    """One `smg_registrar` per gateway (an HA pair, a mesh): each its own state."""
+) -> RegistrarGroup:
+    """One `smg_registrar` per gateway (an HA pair, a mesh), each with its own state, as one
+    group (started and stopped together; health shows each)."""
     urls = [validate_url(g, "gateway url") for g in gateways]
     if not urls:
         raise ConfigError("name at least one gateway URL")
     if len(set(urls)) != len(urls):
         raise ConfigError("a gateway URL is given twice")
-    return [smg_registrar(url, worker_url, worker_type, **options) for url in urls]
+    drain = float(options.get("drain_timeout", DEFAULT_DRAIN_TIMEOUT))
+    timeout = options.get("timeout", 5.0)
+    deadline = float(sum(timeout) if isinstance(timeout, tuple) else timeout)
+    return RegistrarGroup(
+        (smg_registrar(url, worker_url, worker_type, **options) for url in urls),
+        # The drain's DELETE and last look, each within a request deadline, and the wait.
+        stop_timeout=drain + 2 * deadline + 1.0,
+    )

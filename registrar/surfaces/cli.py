@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from .. import __version__
 from ..core.errors import ConfigError, describe_exception
+from ..core.group import RegistrarGroup
 from ..core.machine import State, mermaid_diagram
 from ..core.redact import clean, redact_url
 from ..core.registrar import EXIT_CODE, Registrar, RequestEvent
@@ -75,6 +76,9 @@ examples:
   REGISTRAR_URL=http://bootstrap:8998 REGISTRAR_PAYLOAD=@/etc/rank0.json registrar register -v
   registrar register --etcd http://127.0.0.1:2379 --key /services/prefill/rank0 --ttl 10 \\
       --payload @rank0.json    # etcd instead of a bootstrap server: docs/etcd.md
+  registrar register --gateway http://127.0.0.1:30000 --worker-url http://10.0.0.5:30001 \\
+      --worker-type prefill --bootstrap-port 8998 --ready-url http://127.0.0.1:30001/ready \\
+      --gateway-key-file /var/run/secrets/smg/key   # SGLang's model gateway: docs/gateway.md
 """
 
 EXAMPLES_MAIN = """\
@@ -257,6 +261,50 @@ def _parser() -> argparse.ArgumentParser:
         help="with --etcd: a TLS client certificate (clusters with --client-cert-auth)",
     )
     add("--etcd-cert-key", metavar="FILE", help="with --etcd: the client certificate's key")
+    add(
+        "--gateway",
+        action="append",
+        metavar="URL",
+        help="instead of --url: an smg gateway to keep the worker listed by; repeat for several "
+        "(docs/gateway.md)",
+    )
+    add("--worker-url", metavar="URL", help="with --gateway: the worker, as the gateway reaches it")
+    add(
+        "--worker-type",
+        type=_table("WORKER_TYPE"),
+        metavar="prefill|decode|regular",
+        help="with --gateway: the worker's role (default: regular)",
+    )
+    add(
+        "--bootstrap-port",
+        type=_table("BOOTSTRAP_PORT"),
+        metavar="N",
+        help="with --gateway: a prefill worker's bootstrap server port",
+    )
+    add(
+        "--ready-url",
+        metavar="URL",
+        help="with --gateway: offer the worker only while this answers 2xx (SGLang: /ready)",
+    )
+    add(
+        "--ready-grace",
+        type=_seconds,
+        metavar="S",
+        help="with --ready-url: not ready this long, the worker is withdrawn (default: 10)",
+    )
+    add(
+        "--gateway-key-file",
+        metavar="FILE",
+        help="with --gateway: file holding the control-plane key, read before each request "
+        "(default: $REGISTRAR_GATEWAY_KEY)",
+    )
+    add(
+        "--drain-timeout",
+        type=_seconds,
+        metavar="S",
+        help="with --gateway: at stop, wait this long for the gateway to remove the worker "
+        "(default: 15)",
+    )
     add("--ca-bundle", metavar="FILE", help="CA bundle to verify an https server")
     add("--health-host", metavar="H", help="address for the health server (default: 127.0.0.1)")
     add(
@@ -453,21 +501,68 @@ def _etcd_registrar(
     )
 
 
+_GATEWAY_ONLY = (
+    "worker_url",
+    "worker_type",
+    "bootstrap_port",
+    "ready_url",
+    "ready_grace",
+    "gateway_key_file",
+    "drain_timeout",
+)
+
+
+def _gateway_group(chosen: dict[str, Any], options: dict[str, Any]) -> RegistrarGroup:
+    """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
+    from ..protocols.smg import smg_registrars  # noqa: PLC0415 - only --gateway needs it
+
+    clash = [
+        f"--{name.replace('_', '-')}"
+        for name in ("url", "etcd", "payload", "protocol", "token", "token_file", "rank_ip")
+        if chosen.get(name) is not None
+    ]
+    if clash:
+        raise UsageError(
+            f"--gateway replaces {', '.join(clash)} (the worker: --worker-url, --worker-type; "
+            "the key: --gateway-key-file or $REGISTRAR_GATEWAY_KEY)"
+        )
+    if not chosen.get("worker_url"):
+        raise UsageError(f"--gateway needs --worker-url (or set {ENV_PREFIX}WORKER_URL)")
+    extra: dict[str, Any] = {
+        key: chosen[key] for key in ("bootstrap_port", "drain_timeout") if key in chosen
+    }
+    if chosen.get("ready_url"):
+        extra["ready"] = chosen["ready_url"]
+    if "ready_grace" in chosen:
+        extra["grace"] = chosen["ready_grace"]
+    if chosen.get("gateway_key_file"):
+        extra["key_file"] = chosen["gateway_key_file"]
+    options = {k: v for k, v in options.items() if k != "protocol"}
+    return smg_registrars(
+        chosen["gateway"],
+        chosen["worker_url"],
+        chosen.get("worker_type", "regular"),
+        **extra,
+        **options,
+    )
+
+
 def _cmd_register(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen = _resolve(args)
     etcd = chosen.get("etcd") is not None
+    gateway = bool(chosen.get("gateway"))
+    if not gateway:
+        stray = [f"--{k.replace('_', '-')}" for k in _GATEWAY_ONLY if chosen.get(k) is not None]
+        if stray:
+            raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
     for required, flag in (("url", "--url"), ("payload", "--payload")):
-        if etcd and required == "url":
+        if gateway or (etcd and required == "url"):
             continue
         if chosen.get(required) is None:
             variable = f"{ENV_PREFIX}{required.upper()}"
             raise UsageError(f"{flag} is required (or set {variable})")
-    source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
-    payload = _rank_ip(_payload(chosen["payload"], source), chosen)
-    token = _token(chosen, flags)
     verbose = bool(chosen.get("verbose", False))
-    _log_setup(verbose, quiet=("registrar.surfaces.health",))
     options: dict[str, Any] = {
         key: chosen[key]
         for key in (
@@ -484,6 +579,14 @@ def _cmd_register(args: argparse.Namespace) -> int:
         )
         if key in chosen
     }
+    if gateway:
+        group = _gateway_group(chosen, options)
+        _log_setup(verbose, quiet=("registrar.surfaces.health",))
+        return _serve(group, chosen, verbose)
+    source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
+    payload = _rank_ip(_payload(chosen["payload"], source), chosen)
+    token = _token(chosen, flags)
+    _log_setup(verbose, quiet=("registrar.surfaces.health",))
     if etcd:
         # The etcd options may come from their variables too (REGISTRAR_ETCD, _KEY, ...).
         given: dict[str, Any] = {
@@ -494,51 +597,68 @@ def _cmd_register(args: argparse.Namespace) -> int:
         reg = _etcd_registrar({**flags, **given}, payload, token, options)
     else:
         reg = Registrar(chosen["url"], payload, token=token, **options)
+    return _serve(RegistrarGroup([reg]), chosen, verbose)
+
+
+def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
+    """Run the registrations (and their health server) until SIGTERM/SIGINT, then stop them
+    together, within the longest drain any of them needs."""
     log = logging.getLogger("registrar")
+    several = len(group) > 1
 
-    def on_change(old: State, new: State, status: Status) -> None:
-        detail = f" ({status.last_error})" if status.last_error and new is State.FAILED else ""
-        log.info("state %s -> %s%s", old.value, new.value, detail)
+    def on_change_of(url: str) -> Callable[[State, State, Status], None]:
+        def on_change(old: State, new: State, status: Status) -> None:
+            failed = status.last_error and new is State.FAILED
+            detail = f" ({status.last_error})" if failed else ""
+            where = f"{url}: " if several else ""
+            log.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
 
-    reg.add_listener(on_change)
-    if verbose:
-        reg.add_request_listener(_log_request)
+        return on_change
+
+    for reg in group:
+        reg.add_listener(on_change_of(reg.status().url))
+        if verbose:
+            reg.add_request_listener(_log_request)
+    source: Any = group if several else group.members()[0]
     health = None
     host = chosen.get("health_host") or "127.0.0.1"
     port = chosen.get("health_port")
     if port is not None:
         try:
             health = start_health_server(
-                reg, host, port, expose_payload=bool(chosen.get("expose_payload", False))
+                source, host, port, expose_payload=bool(chosen.get("expose_payload", False))
             )
         except OSError as exc:
             raise UsageError(
                 f"cannot serve health on {host}:{port}: {describe_exception(exc)}"
             ) from None
     where = f"; health on {health.url}/readyz" if health is not None else ""
-    log.info("registrar %s: registering with %s%s", __version__, reg.status().url, where)
+    urls = ", ".join(reg.status().url for reg in group)
+    log.info("registrar %s: registering with %s%s", __version__, urls, where)
     signals = _Signals().install()
-    reg.start()
+    group.start()
     try:
         signals.wait()
     finally:
         log.info("stopping")
-        # stop() ends a request in flight at once (it never waits out the request timeout).
-        reg.stop()
+        # stop() ends a request in flight at once; a gateway's drain takes its own time.
+        group.stop()
         if health is not None:
             health.stop()
     return EXIT_OK
 
 
-def _health_check(document: object) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The document and its registration check, or ValueError: whatever the agent (or whatever
-    answers in its place) sent, only a health document of the expected shape is read."""
+def _health_check(document: object) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The document and its registration check's entries (one per registry), or ValueError:
+    whatever the agent (or whatever answers in its place) sent, only a health document of the
+    expected shape is read."""
     checks = document.get("checks") if isinstance(document, dict) else None
     entries = checks.get("registration:state") if isinstance(checks, dict) else None
-    check = entries[0] if isinstance(entries, list) and entries else None
-    if not isinstance(document, dict) or not isinstance(check, dict):
+    if not isinstance(document, dict) or not isinstance(entries, list) or not entries:
         raise ValueError("no registration:state check")
-    return document, check
+    if not all(isinstance(entry, dict) for entry in entries):
+        raise ValueError("a registration:state entry is not an object")
+    return document, entries
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -568,44 +688,52 @@ def _cmd_status(args: argparse.Namespace) -> int:
     try:
         if not result.complete:
             raise ValueError("answer too large")
-        document, check = _health_check(load_json(result.text))
+        document, entries = _health_check(load_json(result.text))
     except ValueError:
         print(f"registrar: {shown} is not a registrar health endpoint", file=sys.stderr)
         return EXIT_UNREACHABLE
-    registered = check.get("observedValue") == State.REGISTERED.value
+    registered = all(e.get("observedValue") == State.REGISTERED.value for e in entries)
     outcome = EXIT_OK if registered else EXIT_NOT_REGISTERED
     if args.json:
         # The document as the agent sent it (parsed and re-encoded: valid JSON, one line).
         print(json.dumps(document, sort_keys=False))
         return outcome
-
-    def field(source: dict[str, Any], name: str, default: str = "") -> str:
-        # The agent's text, escaped and capped: a health document is no licence to draw on
-        # the terminal.
-        value = source.get(name)
-        return clean(value, 200) if value not in (None, "") else default
-
-    print(
-        f"registration: {field(check, 'observedValue')} ({field(document, 'status')})"
-        f" since {field(check, 'since')}"
-    )
-    print(f"bootstrap:    {field(check, 'url')}")
-    print(
-        f"route:        {field(check, 'route', 'not checked yet')}"
-        f" (last check {field(check, 'lastCheckAt', 'never')},"
-        f" server reachable: {field(check, 'serverReachable')})"
-    )
-    print(
-        f"attempts:     {field(check, 'attemptsTotal')} sent, "
-        f"{field(check, 'registrations')} accepted, "
-        f"{field(check, 'reregistrations')} re-registrations"
-    )
-    print(f"last success: {field(check, 'lastSuccessAt', 'never')}")
-    if check.get("nextAttemptAt"):
-        print(f"next attempt: {field(check, 'nextAttemptAt')}")
+    for number, check in enumerate(entries):
+        if number:
+            print()
+        _print_registration(document, check)
     if document.get("output"):
-        print(f"problem:      {field(document, 'output')}")
+        print(f"problem:      {_field(document, 'output')}")
     return outcome
+
+
+def _field(source: dict[str, Any], name: str, default: str = "") -> str:
+    # The agent's text, escaped and capped: a health document is no licence to draw on the
+    # terminal.
+    value = source.get(name)
+    return clean(value, 200) if value not in (None, "") else default
+
+
+def _print_registration(document: dict[str, Any], check: dict[str, Any]) -> None:
+    """One registration (of one registry) for a person."""
+    print(
+        f"registration: {_field(check, 'observedValue')} ({_field(document, 'status')})"
+        f" since {_field(check, 'since')}"
+    )
+    print(f"bootstrap:    {_field(check, 'url')}")
+    print(
+        f"route:        {_field(check, 'route', 'not checked yet')}"
+        f" (last check {_field(check, 'lastCheckAt', 'never')},"
+        f" server reachable: {_field(check, 'serverReachable')})"
+    )
+    print(
+        f"attempts:     {_field(check, 'attemptsTotal')} sent, "
+        f"{_field(check, 'registrations')} accepted, "
+        f"{_field(check, 'reregistrations')} re-registrations"
+    )
+    print(f"last success: {_field(check, 'lastSuccessAt', 'never')}")
+    if check.get("nextAttemptAt"):
+        print(f"next attempt: {_field(check, 'nextAttemptAt')}")
 
 
 def _cmd_bootstrap(args: argparse.Namespace) -> int:

@@ -115,6 +115,30 @@ def _text(text: str) -> str:
     return text.strip()
 
 
+def _urls(text: str) -> list[str]:
+    urls = [part.strip() for part in text.split(",") if part.strip()]
+    if not urls:
+        raise ValueError("must be one or more URLs, comma-separated")
+    return urls
+
+
+def _worker_type(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("prefill", "decode", "regular"):
+        raise ValueError("must be prefill, decode or regular")
+    return value
+
+
+def _bootstrap_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("must be a port number within [1, 65535]") from None
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a port number within [1, 65535]")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -208,6 +232,36 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("ETCD_USER", "cli.etcd_user", _text, "registrar", "with ETCD: the etcd user"),
     EnvVar("ETCD_CERT", "cli.etcd_cert", _text, "/etc/etcd/client.pem", "with ETCD: client cert"),
     EnvVar("ETCD_CERT_KEY", "cli.etcd_cert_key", _text, "/etc/etcd/client.key", "its key file"),
+    EnvVar(
+        "GATEWAY",
+        "cli.gateway",
+        _urls,
+        "http://127.0.0.1:30000",
+        "instead of URL: smg gateway URLs, comma-separated (docs/gateway.md)",
+    ),
+    EnvVar(
+        "WORKER_URL", "cli.worker_url", _text, "http://10.0.0.5:30001", "with GATEWAY: the worker"
+    ),
+    EnvVar("WORKER_TYPE", "cli.worker_type", _worker_type, "prefill", "prefill, decode or regular"),
+    EnvVar("BOOTSTRAP_PORT", "cli.bootstrap_port", _bootstrap_port, "8998", "a prefill's port"),
+    EnvVar(
+        "READY_URL",
+        "cli.ready_url",
+        _text,
+        "http://127.0.0.1:30001/ready",
+        "with GATEWAY: offer the worker only while this answers 2xx",
+    ),
+    EnvVar("READY_GRACE", "cli.ready_grace", _seconds, "10", "not ready this long: withdrawn"),
+    EnvVar(
+        "GATEWAY_KEY_FILE",
+        "cli.gateway_key_file",
+        _text,
+        "/var/run/secrets/smg/key",
+        "file holding the gateway's control-plane key (else $REGISTRAR_GATEWAY_KEY)",
+    ),
+    EnvVar(
+        "DRAIN_TIMEOUT", "cli.drain_timeout", _seconds, "15", "at stop: wait this long for removal"
+    ),
     EnvVar("HEALTH_HOST", "cli.health_host", _text, "0.0.0.0", "address of the health server"),
     EnvVar("HEALTH_PORT", "cli.health_port", parse_port, "8081", "port of the health server"),
     EnvVar("EXPOSE_PAYLOAD", "cli.expose_payload", _flag, "false", "show the payload in /health"),
