@@ -14,6 +14,7 @@ from .core.aio import in_loop
 from .core.backoff import Backoff
 from .core.clock import Clock, SystemClock
 from .core.errors import ConfigError, RegistrarError, StateError, root_cause
+from .core.group import RegistrarGroup
 from .core.machine import TRANSITIONS, State, Trigger, mermaid_diagram
 from .core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .core.registrar import (
@@ -32,6 +33,7 @@ from .core.waker import Waker
 from .protocols.etcd import EtcdTransport, etcd_registrar
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
+from .protocols.smg import SmgTransport, smg_registrar, smg_registrars
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -48,11 +50,13 @@ __all__ = [
     "RegisterOutcome",
     "Registrar",
     "RegistrarError",
+    "RegistrarGroup",
     "RequestEvent",
     "RequestListener",
     "Route",
     "RouteCheck",
     "SGLangTransport",
+    "SmgTransport",
     "State",
     "StateError",
     "Status",
@@ -71,5 +75,7 @@ __all__ = [
     "rank_of",
     "register_protocol",
     "root_cause",
+    "smg_registrar",
+    "smg_registrars",
     "validate_payload",
 ]

@@ -60,6 +60,7 @@ __all__ = [
     "WORKER_TYPES",
     "Readiness",
     "SmgTransport",
+    "UrlReadiness",
     "key_from_file",
     "readiness",
     "smg_registrar",
@@ -157,21 +158,28 @@ def readiness(ready: str | Callable[[], bool] | None, timeout: float = 2.0) -> R
                 return f"the readiness callable raised {type(exc).__name__}"
 
         return called
-    url = validate_url(ready, "ready url")
-    parts = url.split("/", 3)
-    root = "/".join(parts[:3])
-    path = "/" + parts[3] if len(parts) > 3 else "/"
-    http = HttpTransport(root, timeout=timeout)
+    return UrlReadiness(ready, timeout)
 
-    def probe() -> str | None:
-        result = http.send("GET", path)
+
+class UrlReadiness:
+    """Ready while `GET url` answers 2xx, on one kept-alive connection (closed by `close`)."""
+
+    def __init__(self, url: str, timeout: float = 2.0) -> None:
+        self._url = validate_url(url, "ready url")
+        parts = self._url.split("/", 3)
+        self._path = "/" + parts[3] if len(parts) > 3 else "/"
+        self._http = HttpTransport("/".join(parts[:3]), timeout=timeout)
+
+    def __call__(self) -> str | None:
+        result = self._http.send("GET", self._path)
         if result.error is not None:
-            return f"GET {url}: {http.describe_error(result.error)}"
+            return f"GET {self._url}: {self._http.describe_error(result.error)}"
         if result.status_code is not None and 200 <= result.status_code < 300:
             return None
-        return f"GET {url} answered {result.status_code}"
+        return f"GET {self._url} answered {result.status_code}"
 
-    return probe
+    def close(self) -> None:
+        self._http.close()
 
 
 class SmgTransport:
@@ -226,7 +234,9 @@ class SmgTransport:
         self._confirm_timeout = float(confirm_timeout)
         self._drain_timeout = float(drain_timeout)
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._send = sender.send if sender is not None else self._http.send
+        self._sender = sender.send if sender is not None else self._http.send
+        self.requests_sent = 0
+        """Requests that reached the gateway so far (a refused connection is not counted)."""
         self._stopping = threading.Event()
         self._abort_lock = threading.Lock()
         self._closing = False
@@ -287,9 +297,10 @@ class SmgTransport:
             if outcome is not None:
                 return outcome
         for _ in range(2):  # again at once when the worker we adopted was being removed
-            self._posted = True
             self._draining_seen = False
             result = self._send("POST", "/workers", json=dict(payload))
+            # Sent, unless refused: its worker may exist even if its answer is lost.
+            self._posted = self._posted or not result.refused
             code = result.status_code
             if result.error is not None or code not in (200, 201, 202, 409):
                 return self._http.classify_registration(result)
@@ -373,6 +384,12 @@ class SmgTransport:
             if self._clock.wait(self._stopping, min(delay, left)):
                 continue  # stopping: one last look, then the answer above
             delay = min(delay * 2, _POLL_MAX)
+
+    def _send(self, method: str, path: str, **kw: Any) -> HttpResult:
+        result: HttpResult = self._sender(method, path, **kw)
+        if not result.refused:
+            self.requests_sent += 1
+        return result
 
     def _get_worker(self, worker_id: str) -> HttpResult:
         return self._send("GET", f"/workers/{worker_id}")
@@ -576,6 +593,9 @@ class SmgTransport:
             self._remove()
         finally:
             self._http.close()
+            closing = getattr(self._ready, "close", None)
+            if callable(closing):
+                closing()
 
 
 def smg_registrar(
