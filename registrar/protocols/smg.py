@@ -36,7 +36,6 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..core.clock import Clock, SystemClock
@@ -45,7 +44,7 @@ from ..core.group import RegistrarGroup
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import clean
 from ..core.registrar import Registrar
-from ..core.transport import Timeout, Token, validate_url
+from ..core.transport import Timeout, Token, file_token, validate_url
 from ..core.untrusted import load_json
 from ..core.waker import Waker
 from .http import HttpResult, HttpTransport
@@ -61,7 +60,6 @@ __all__ = [
     "Readiness",
     "SmgTransport",
     "UrlReadiness",
-    "key_from_file",
     "readiness",
     "smg_registrar",
     "smg_registrars",
@@ -122,25 +120,6 @@ def validate_spec(payload: object) -> dict[str, Any]:
         if kind != "prefill":
             raise ConfigError("bootstrap_port is for a prefill worker (worker_type=prefill)")
     return spec
-
-
-def key_from_file(path: str | os.PathLike[str]) -> Callable[[], str | None]:
-    """A token provider reading the control-plane key from `path` before each request (a
-    rotated key is used from the next request on); `ConfigError` when it cannot be read now."""
-    source = Path(path)
-    try:
-        first = source.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the gateway key file {str(source)!r}: {exc.strerror or exc}"
-        ) from None
-    if not first:
-        raise ConfigError(f"the gateway key file {str(source)!r} is empty")
-
-    def read() -> str | None:
-        return source.read_text().strip() or None
-
-    return read
 
 
 def readiness(ready: str | Callable[[], bool] | None, timeout: float = 2.0) -> Readiness | None:
@@ -628,7 +607,7 @@ def smg_registrar(
     if key is not None and key_file is not None:
         raise ConfigError("give the gateway key or the gateway key file, not both")
     if key_file is not None:
-        token, source = key_from_file(key_file), f"the gateway key file {key_file}"
+        token, source = file_token(key_file, "the gateway key file"), f"the key file {key_file}"
     elif key:
         token, source = key, "the gateway key"
     else:

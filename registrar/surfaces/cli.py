@@ -28,6 +28,7 @@ from ..core.redact import clean, redact_url
 from ..core.registrar import EXIT_CODE, Registrar, RequestEvent
 from ..core.registry import protocol_names
 from ..core.status import Status
+from ..core.transport import file_token
 from ..core.untrusted import load_json
 from ..devtools.bootstrap_server import BootstrapServer
 from ..protocols.http import DEFAULT_MAX_ANSWER_BYTES, HttpTransport
@@ -439,21 +440,10 @@ def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
     path = flags.get("token_file", chosen.get("token_file"))
     if path is None:
         return chosen.get("token")
-    source = Path(path)
     try:
-        first = source.read_text().strip()
-    except OSError as exc:
-        raise UsageError(
-            f"cannot read --token-file {str(source)!r}: {exc.strerror or exc}"
-        ) from None
-    if not first:
-        raise UsageError(f"--token-file {str(source)!r} is empty")
-
-    def read() -> str | None:
-        # Read afresh each time, so a rotated token is sent from the next request on.
-        return source.read_text().strip() or None
-
-    return read
+        return file_token(path, "--token-file")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
