@@ -336,3 +336,15 @@ def test_command_usage_errors_are_one_line(args: list[str], message: str) -> Non
     assert done.returncode == 2
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_list_too_large_to_read_is_undetermined_and_the_409_still_adopts(
+    clock: FakeClock,
+) -> None:
+    cut = HttpResult(200, {}, '{"workers": [', None, reconnected=False, complete=False)
+    script = Script(LIST=[cut], POST=[exists()], GET=[listed()])
+    smg = transport(script, clock)
+    check = smg.check(SPEC)
+    assert check.route is Route.UNDETERMINED
+    assert smg.register(SPEC).verdict is Verdict.ACCEPTED  # the gateway names its worker
+    assert smg.worker_id == ID

@@ -85,7 +85,8 @@ DEFAULT_READY_INTERVAL = 1.0
 DEFAULT_WATCH_INTERVAL = 5.0
 """Seconds between checks of our worker: an operator's DELETE is undone within about this."""
 MAX_LIST_BYTES = 16 * 1024 * 1024
-"""`GET /workers` is read up to this (about 600 bytes per worker)."""
+"""`GET /workers` is read up to this (about 600 bytes per worker); every other answer up to the
+HTTP transport's usual cap (64 KiB)."""
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -195,7 +196,6 @@ class SmgTransport:
             token_source=token_source,
             timeout=timeout,
             verify=verify,
-            max_answer_bytes=MAX_LIST_BYTES,
         )
         self._http.token_hint = self.token_hint
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
