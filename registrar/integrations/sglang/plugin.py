@@ -130,8 +130,9 @@ def _fail_rank(code: int) -> None:
     """on_failure=exit inside SGLang: fail as a failing scheduler does (run_scheduler_process
     sends SIGQUIT to its parent, whose handler takes the whole server down), then end."""
     logger.error(
-        f"{DISTRIBUTION}: this prefill rank could not register with its bootstrap server "
+        "%s: this prefill rank could not register with its bootstrap server "
         "(REGISTRAR_ON_FAILURE=exit); failing the scheduler: SIGQUIT to the parent process %d",
+        DISTRIBUTION,
         os.getppid(),
     )
     try:
