@@ -25,6 +25,7 @@ from support import (
     free_port,
     retry,
     route,
+    settled,
     sglang_payload,
     wait_until,
 )
@@ -184,20 +185,6 @@ def test_a_server_restart_is_noticed_on_the_idle_connection(
     assert reg.status().reregistrations == 1
 
 
-def _settled(count: Any, quiet: float, timeout: float) -> int:
-    """`count()` once it has not changed for `quiet` seconds; fails if it never settles."""
-    deadline = time.monotonic() + timeout
-    last, since = count(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        now = count()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return int(now)
-    raise AssertionError(f"still growing after {timeout:g} s: {count()} requests")
-
-
 class _Closing(BaseHTTPRequestHandler):
     """An SGLang-like server that closes every connection: HTTP/1.0, or HTTP/1.1 that says
     keep-alive and closes anyway (a proxy with no idle keep-alive)."""
@@ -250,7 +237,7 @@ def test_a_server_closing_every_connection_does_not_make_a_check_loop(
         # Let the registrar sit idle: a loop shows as a count of requests that never settles
         # (a loop driven by the server's closes sends one every few ms). The harmless-close
         # checks may come late on a loaded machine, so wait for 1.5 s without a request.
-        seen = _settled(lambda: len(handler.requests), quiet=1.5, timeout=20.0)
+        seen = settled(lambda: len(handler.requests), quiet=1.5, timeout=20.0)
         # One PUT for this server's lifetime. A PUT sent on the connection the server was
         # closing gets no answer and is looked for again before it is sent again: what comes
         # before the PUT is looks only, at most one per attempt (how many sends a loaded
