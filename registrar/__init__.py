@@ -8,7 +8,7 @@ Start it in the background, never block on it, and ask it where it stands::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .core.aio import in_loop
 from .core.backoff import Backoff
@@ -30,6 +30,7 @@ from .core.registry import TransportOptions, protocol_names, register_protocol
 from .core.status import Status
 from .core.transport import IdleWatcher, Transport
 from .core.waker import Waker
+from .moved import install as _install_moved
 from .protocols.etcd import EtcdTransport, etcd_registrar
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
@@ -79,3 +80,5 @@ __all__ = [
     "smg_registrars",
     "validate_payload",
 ]
+
+_install_moved()  # the 0.1.0 import paths, deprecated (registrar/moved.py)

@@ -25,15 +25,22 @@ from ..core.errors import ConfigError, describe_exception
 from ..core.group import RegistrarGroup
 from ..core.machine import State, mermaid_diagram
 from ..core.redact import clean, redact_url
-from ..core.registrar import EXIT_CODE, Registrar, RequestEvent
+from ..core.registrar import EXIT_CODE, Registrar
 from ..core.registry import protocol_names
 from ..core.status import Status
 from ..core.transport import file_token
 from ..core.untrusted import load_json
 from ..devtools.bootstrap_server import BootstrapServer
 from ..protocols.http import DEFAULT_MAX_ANSWER_BYTES, HttpTransport
-from .env import ENV_PREFIX, ENV_VARS, command_options_from_env, options_from_env, parse_port
+from .env import (
+    ENV_PREFIX,
+    ENV_VARS,
+    command_options_from_env,
+    options_from_env,
+    parse_port,
+)
 from .health import start_health_server
+from .verbose import log_request
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -65,9 +72,32 @@ EXIT_STATUSES = {
     EXIT_INTERRUPTED: "interrupted a second time while stopping",
 }
 
-_EXIT_TEXT = "exit status:\n" + "\n".join(
-    f"  {code:<4} {text}" for code, text in EXIT_STATUSES.items()
+
+
+def _exit_text(statuses: dict[int, str]) -> str:
+    return "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in statuses.items())
+
+
+_EXIT_TEXT = _exit_text(EXIT_STATUSES)
+_REGISTER_EXITS = _exit_text(
+    {
+        EXIT_OK: "stopped cleanly on SIGTERM/SIGINT",
+        EXIT_USAGE: EXIT_STATUSES[EXIT_USAGE],
+        EXIT_CODE: "--on-failure exit: the startup budget was spent",
+        EXIT_INTERRUPTED: "interrupted a second time while stopping",
+    }
 )
+_STATUS_EXITS = _exit_text(
+    {
+        EXIT_OK: "the agent is registered",
+        EXIT_NOT_REGISTERED: "the agent answered, and is not registered",
+        EXIT_USAGE: "usage error: a bad flag or URL",
+        EXIT_UNREACHABLE: "the agent cannot be reached, or is not a registrar",
+    }
+)
+
+DEMO_DURATION = "about 15 s"
+"""How long `registrar demo` takes (README.md says the same; a test checks both)."""
 
 EXAMPLES_REGISTER = """\
 examples:
@@ -84,7 +114,7 @@ examples:
 
 EXAMPLES_MAIN = """\
 examples:
-  registrar demo                                  # the whole story in under 30 s, on 127.0.0.1
+  registrar demo                                  # the whole story in {duration}, on 127.0.0.1
   registrar bootstrap --port 8998                 # a reference bootstrap server (dev/test)
   registrar register --url http://127.0.0.1:8998 --payload @rank0.json --health-port 8081
   registrar status --health-url http://127.0.0.1:8081
@@ -116,7 +146,13 @@ def _payload(text: str, source: str = "--payload") -> dict[str, Any]:
     try:
         value = load_json(text)  # nesting bounded: 50 000 brackets are one line, not a traceback
     except ValueError as exc:
-        raise UsageError(f"{source} is {exc}") from None
+        hint = ""
+        if not text.lstrip().startswith(("{", "[", '"')) and (
+            text.endswith(".json") or Path(text).is_file()
+        ):
+            sep = "=" if source.startswith(ENV_PREFIX) else " "
+            hint = f"; to read the file, write {source}{sep}@{text}"  # the @ forgotten
+        raise UsageError(f"{source} is {exc}{hint}") from None
     if not isinstance(value, dict):
         raise UsageError(f"{source} must be a JSON object, got {type(value).__name__}")
     return value
@@ -166,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="registrar",
         description="Register a service with a bootstrap server and keep it registered.",
-        epilog=f"{EXAMPLES_MAIN}\n{_EXIT_TEXT}\n",
+        epilog=f"{EXAMPLES_MAIN.format(duration=DEMO_DURATION)}\n{_EXIT_TEXT}\n",
         formatter_class=raw,
     )
     parser.add_argument("--version", action="version", version=f"registrar {__version__}")
@@ -179,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
         "and serve /livez /readyz /health (and /metrics with the extra) when --health-port "
         "is given. Stops cleanly with exit 0 on SIGTERM or SIGINT; a second one ends it at "
         "once. Every option can also be set by a REGISTRAR_* variable (below).",
-        epilog=f"{EXAMPLES_REGISTER}\n{_env_help()}\n\n{_EXIT_TEXT}\n",
+        epilog=f"{EXAMPLES_REGISTER}\n{_env_help()}\n\n{_REGISTER_EXITS}\n",
         formatter_class=raw,
         argument_default=argparse.SUPPRESS,  # unset flags stay unset: the environment may say
     )
@@ -330,7 +366,7 @@ def _parser() -> argparse.ArgumentParser:
         f"cannot be reached, {EXIT_USAGE} on bad input.",
         epilog="examples:\n  registrar status --health-url http://127.0.0.1:8081\n"
         "  registrar status --health-url http://127.0.0.1:8081 --json | jq .status\n\n"
-        f"{_EXIT_TEXT}\n",
+        f"{_STATUS_EXITS}\n",
         formatter_class=raw,
     )
     status.add_argument("--health-url", required=True, help="the agent's health server URL")
@@ -365,7 +401,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "demo",
-        help="the whole story on embedded defaults, narrated (under 30 s)",
+        help=f"the whole story on embedded defaults, narrated ({DEMO_DURATION})",
         description="A bootstrap server that starts late, a registrar with its health server, "
         "the server restarting and forgetting, the route registered again; all on 127.0.0.1.",
         epilog="example:\n  registrar demo",
@@ -456,12 +492,6 @@ def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
     if not value:
         raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
     return {**payload, "rank_ip": value}
-
-
-def _log_request(event: RequestEvent) -> None:
-    code = event.status_code if event.status_code is not None else "no answer"
-    what = "registration" if event.kind == "register" else "route check"
-    logger.debug("%s: %s (%s) in %.1f ms", what, event.result, code, event.duration * 1000)
 
 
 def _etcd_registrar(
@@ -608,7 +638,7 @@ def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
     for reg in group:
         reg.add_listener(on_change_of(reg.status().url))
         if verbose:
-            reg.add_request_listener(_log_request)
+            reg.add_request_listener(log_request)
     source: Any = group if several else group.members()[0]
     health = None
     host = chosen.get("health_host") or "127.0.0.1"
@@ -719,11 +749,15 @@ def _print_registration(document: dict[str, Any], check: dict[str, Any]) -> None
     print(
         f"attempts:     {_field(check, 'attemptsTotal')} sent, "
         f"{_field(check, 'registrations')} accepted, "
-        f"{_field(check, 'reregistrations')} re-registrations"
+        f"{_plural(_field(check, 'reregistrations'), 're-registration')}"
     )
     print(f"last success: {_field(check, 'lastSuccessAt', 'never')}")
     if check.get("nextAttemptAt"):
         print(f"next attempt: {_field(check, 'nextAttemptAt')}")
+
+
+def _plural(count: str, noun: str) -> str:
+    return f"{count} {noun}" if count == "1" else f"{count} {noun}s"
 
 
 def _cmd_bootstrap(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 Every surface that reads the environment (the SGLang plugin, the `registrar` command) turns the
 variables into `Registrar` keyword arguments here, so a variable means the same everywhere and
-each is validated once, with an error that names the variable and shows a good value.
+each is validated once, with an error that names the variable and shows a good value. A surface's
+own variables live with it (the SGLang plugin's in `integrations/sglang/settings.py`) and use the
+same `EnvVar` and readers.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from ..core.registrar import DEFAULT_BACKOFF
 __all__ = [
     "ENV_PREFIX",
     "ENV_VARS",
-    "SGLANG_PLUGIN_ENV_VARS",
     "EnvVar",
     "command_options_from_env",
     "describe_env",
     "options_from_env",
+    "parse_flag",
     "parse_port",
+    "parse_seconds_or_zero",
 ]
 
 ENV_PREFIX = "REGISTRAR_"
@@ -51,7 +54,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _seconds_or_zero(text: str) -> float:
+def parse_seconds_or_zero(text: str) -> float:
+    """A number of seconds, 0 included."""
     try:
         value = float(text)
     except ValueError:
@@ -91,7 +95,8 @@ def _timeout(text: str) -> float | tuple[float, float]:
     raise ValueError("must be seconds, or connect,read seconds")
 
 
-def _flag(text: str) -> bool:
+def parse_flag(text: str) -> bool:
+    """1/true/yes/on or 0/false/no/off."""
     value = text.strip().lower()
     if value in _TRUE:
         return True
@@ -196,11 +201,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "MAX_RETRY_AFTER",
         "max_retry_after",
-        _seconds_or_zero,
+        parse_seconds_or_zero,
         "60",
         "longest wait a server's Retry-After may impose, seconds (0: ignore it)",
     ),
-    EnvVar("VERIFY", "verify", _flag, "true", "verify the server's TLS certificate"),
+    EnvVar("VERIFY", "verify", parse_flag, "true", "verify the server's TLS certificate"),
     EnvVar("CA_BUNDLE", "ca_bundle", str, "/etc/ssl/bootstrap-ca.pem", "CA bundle for TLS"),
     EnvVar("BACKOFF_INITIAL", "backoff.initial", _seconds, "1", "first retry delay, seconds"),
     EnvVar("BACKOFF_MAX", "backoff.maximum", _seconds, "5", "retry delay cap, seconds"),
@@ -230,6 +235,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("KEY", "cli.key", _text, "/services/prefill/rank0", "with ETCD: the key"),
     EnvVar("TTL", "cli.ttl", _seconds, "10", "with ETCD: the lease TTL, seconds"),
     EnvVar("ETCD_USER", "cli.etcd_user", _text, "registrar", "with ETCD: the etcd user"),
+    EnvVar(
+        "ETCD_PASSWORD",
+        "cli.etcd_password",
+        _text,
+        "s3cret",
+        "with ETCD_USER: the etcd password (from the environment only: no flag)",
+    ),
     EnvVar("ETCD_CERT", "cli.etcd_cert", _text, "/etc/etcd/client.pem", "with ETCD: client cert"),
     EnvVar("ETCD_CERT_KEY", "cli.etcd_cert_key", _text, "/etc/etcd/client.key", "its key file"),
     EnvVar(
@@ -264,22 +276,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar("HEALTH_HOST", "cli.health_host", _text, "0.0.0.0", "address of the health server"),
     EnvVar("HEALTH_PORT", "cli.health_port", parse_port, "8081", "port of the health server"),
-    EnvVar("EXPOSE_PAYLOAD", "cli.expose_payload", _flag, "false", "show the payload in /health"),
-    EnvVar("VERBOSE", "cli.verbose", _flag, "false", "log each request and route check"),
-)
-
-
-SGLANG_PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
-        "INIT_WAIT",
-        "init_wait",
-        _seconds_or_zero,
-        "30",
-        "SGLang plugin: seconds a prefill rank's init waits for its first registration (0, the "
-        "default: none; registration goes on in the background either way)",
+        "EXPOSE_PAYLOAD", "cli.expose_payload", parse_flag, "false", "show the payload in /health"
     ),
+    EnvVar("VERBOSE", "cli.verbose", parse_flag, "false", "log each request and route check"),
 )
-"""Variables only the SGLang plugin reads, beside the `Registrar` options of `ENV_VARS`."""
 
 
 def options_from_env(
@@ -293,7 +294,7 @@ def options_from_env(
     left out, so the library's defaults stand), or `ConfigError` naming the variable.
 
     `names` restricts the table to some variables (their names after the prefix); `table`
-    reads another table instead (e.g. `SGLANG_PLUGIN_ENV_VARS`, whose options are not
+    reads another table instead (e.g. the SGLang plugin's own, whose options are not
     `Registrar` arguments)."""
     env = os.environ if environ is None else environ
     wanted = None if names is None else frozenset(names)

@@ -511,7 +511,9 @@ def health_app(
 
 
 def _no_metrics() -> Answer:
-    return _text(404, "404 not found: /metrics needs the extra: pip install 'registrar[metrics]'\n")
+    return _text(
+        404, "404 not found: /metrics needs the extra: pip install 'sglang-registrar[metrics]'\n"
+    )
 
 
 def health_asgi_app(
