@@ -43,6 +43,7 @@ from .status import Status
 from .transport import (
     Abortable,
     FleetSized,
+    Gated,
     IdleWatcher,
     Token,
     Transport,
@@ -669,6 +670,11 @@ class Registrar:
                 self._update(next_attempt_at=self._clock.time() + delay, retrying=True)
                 if self._sleep(delay):
                     return False
+            waited = self._await_ready()
+            if waited is None:
+                return False
+            if waited:  # the startup budget counts from when there was something to offer
+                started = self._clock.monotonic()
             if (startup and not looked and not refused) or unanswered:
                 adopted = self._look_first(ours=unanswered > 0)
                 if adopted is None:
@@ -764,6 +770,28 @@ class Registrar:
                 outcome.error,
                 delay,
             )
+
+    def _await_ready(self) -> bool | None:
+        """Hold the next attempt while a `Gated` transport says there is nothing to offer yet
+        (the served process is not ready). True when it waited, False when it did not have
+        to, None when stopping."""
+        gate = self._transport if isinstance(self._transport, Gated) else None
+        if gate is None:
+            return False
+        waited = False
+        while True:
+            try:
+                reason = gate.not_ready()
+            except Exception as exc:
+                reason = self._unexpected("not_ready", exc)
+            if reason is None:
+                return waited
+            if not waited:
+                logger.info("%s: not offered yet: %s", self._status.url, clean(reason, 200))
+            waited = True
+            self._update(last_error=f"not offered yet: {clean(reason, MAX_ERROR_TEXT)}")
+            if self._sleep(gate.ready_interval):
+                return None
 
     def _look_first(self, ours: bool = False) -> bool | None:
         """Before a first registration, look: the route may be there already (the runtime's own

@@ -234,12 +234,14 @@ class _Watchdog:
         """The request's end came from `fire()` (a stop), not from its deadline."""
         self._sockets: set[socket.socket] = set()
 
-    def begin(self, seconds: float) -> None:
+    def begin(self, seconds: float) -> float:
+        """Arm for a request of at most `seconds`; when it is due (monotonic)."""
         with _DEADLINES.cond:
-            self.at = time.monotonic() + seconds
+            self.at = due = time.monotonic() + seconds
             self.by_abort = False
             self._fired = False
-            _DEADLINES.arm(self, self.at)
+            _DEADLINES.arm(self, due)
+            return due
 
     def end(self) -> bool:
         """Disarm; whether the deadline fired during the request."""
@@ -758,7 +760,7 @@ class HttpTransport:
         target = f"{self._prefix}{path}"
         if params:
             target = f"{target}?{urlencode(params)}"
-        self._watchdog.begin(self._deadline)
+        due = self._watchdog.begin(self._deadline)
         try:
             self._link.ensure(self._connect_timeout())
             response, body, complete = self._exchange(method, target, data, sent, limit)
@@ -766,6 +768,10 @@ class HttpTransport:
             error = exc
         finally:
             fired = self._watchdog.end()
+        # A step that timed out once the whole request was due ran out of the request's time:
+        # with a float timeout a silent server reaches both at once, and which one the loaded
+        # deadline thread notices first must not change what is reported.
+        fired = fired or (isinstance(error, TimeoutError) and time.monotonic() >= due)
         self._last_end = time.monotonic()
         self._refused = False
         if fired:
