@@ -257,6 +257,9 @@ def startup_race(
         "requests_per_client": len(records) / n,
         "puts_per_rank_max": max((len(v) for v in _per_rank(puts).values()), default=0),
         "up_after": server.up - started,
+        # Each registered client's seconds from the server up to its first registration: the
+        # report draws the timeline and the distribution from these.
+        "after": _rounded(after),
     }
 
 
@@ -302,7 +305,12 @@ def restart(
         "down_measured": server.up - killed,
         "stop_p50_ms": 1000 * statistics.median(result["stops"]),
         "stop_max_ms": 1000 * max(result["stops"]),
+        "back": _rounded(back_at),  # each rank's seconds from the new server up to its PUT
     }
+
+
+def _rounded(values: list[float]) -> list[float]:
+    return sorted(round(v, 4) for v in values)
 
 
 def idle(
@@ -432,4 +440,5 @@ def limit(kind: str, contender: Contender, n: int, net: Net) -> dict[str, Any]:
         "p99": quantile(after, 0.99),
         "max": max(after) if len(first) == n else None,
         "overflows": net.overflows() - before,
+        "after": _rounded(after),
     }

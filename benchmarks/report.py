@@ -1,9 +1,12 @@
-"""The markdown report of a benchmark run (`results.md` beside `results.json`)."""
+"""The markdown report of a benchmark run (`results.md` beside `results.json`), with the
+charts (`plots.py`) above the tables they draw."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from .plots import draw_charts
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -218,7 +221,21 @@ def _sim(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _charts(out: Path, scenario: str, title: str) -> list[str]:
+    names = (f"{scenario}-timeline.png", f"{scenario}-distribution.png")
+    if not all((out / name).exists() for name in names):
+        return []
+    return [
+        f"![{title}: share of the fleet registered over time]({names[0]})",
+        "",
+        f"![{title}: each client's time, per contender]({names[1]})",
+        "",
+    ]
+
+
 def write_report(results: dict[str, Any], out: Path) -> Path:
+    """`results.md` in `out`, and the charts beside it (drawn first, so the report shows them)."""
+    draw_charts(results, out)
     m = results["machine"]
     n = results["sizes"]["n"]
     lines = [
@@ -238,7 +255,9 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
     lines += [""] if results["notes"] else []
     lines += _limit(results, n)
     lines += _cost(results, n)
+    lines += _charts(out, "startup", "Startup race")
     lines += _startup(results, n)
+    lines += _charts(out, "restart", "Restart")
     lines += _restart(results, n)
     lines += _partition(results, results["sizes"])
     lines += _idle(results, results["sizes"])

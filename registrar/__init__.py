@@ -9,11 +9,12 @@ Start it in the background, never block on it, and ask it where it stands::
 from __future__ import annotations
 
 from ._version import __version__
-from .assembly import etcd_registrar
+from .assembly import etcd_registrar, smg_registrar, smg_registrars
 from .core.aio import in_loop
 from .core.backoff import Backoff
 from .core.clock import Clock, SystemClock
 from .core.errors import ConfigError, RegistrarError, StateError, root_cause
+from .core.group import RegistrarGroup
 from .core.machine import TRANSITIONS, State, Trigger, mermaid_diagram
 from .core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .core.registrar import (
@@ -29,9 +30,11 @@ from .core.registry import TransportOptions, protocol_names, register_protocol
 from .core.status import Status
 from .core.transport import IdleWatcher, Transport
 from .core.waker import Waker
+from .moved import install as _install_moved
 from .protocols.etcd import EtcdTransport
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
+from .protocols.smg import SmgTransport
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -48,11 +51,13 @@ __all__ = [
     "RegisterOutcome",
     "Registrar",
     "RegistrarError",
+    "RegistrarGroup",
     "RequestEvent",
     "RequestListener",
     "Route",
     "RouteCheck",
     "SGLangTransport",
+    "SmgTransport",
     "State",
     "StateError",
     "Status",
@@ -71,5 +76,9 @@ __all__ = [
     "rank_of",
     "register_protocol",
     "root_cause",
+    "smg_registrar",
+    "smg_registrars",
     "validate_payload",
 ]
+
+_install_moved()  # the 0.1.0 import paths, deprecated (registrar/moved.py)

@@ -3,4 +3,4 @@ from the package root (which imports them)."""
 
 __all__ = ["__version__"]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

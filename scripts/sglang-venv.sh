@@ -44,6 +44,9 @@ if [ "$rebuild" = 1 ] || [ ! -f "$venv/.complete" ]; then
 fi
 # This checkout, editable, so SGLang's plugin loader finds registrar's entry point. Offline:
 # the build backend is among the pins.
+# The distribution was named `registrar` before 0.2.0 (`sglang-registrar` since): a checkout of
+# either name replaces the other, so SGLang's loader finds one registrar entry point, not two.
+"$venv/bin/python" -m pip uninstall -q -y registrar sglang-registrar >/dev/null 2>&1 || true
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$repo" >&2
 flock -u 8
 echo "$venv"

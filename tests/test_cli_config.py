@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,9 @@ def test_env_agent_with_rank_ip_from_pod_ip_and_a_rotated_token_file(spawn, tmp_
     assert "second-token" not in err
 
 
-def test_status_json_and_exit_statuses(spawn) -> None:
+@pytest.fixture
+def registered_agent(spawn) -> Iterator[tuple[BootstrapServer, int]]:
+    """A `registrar register` agent, registered with a reference server, health on a port."""
     server = BootstrapServer("127.0.0.1", 0).start()
     port = free_port()
     try:
@@ -170,19 +173,57 @@ def test_status_json_and_exit_statuses(spawn) -> None:
             str(port),
         )
         assert wait_until(lambda: registration(port).get("observedValue") == "registered", 20)
-        result = run("status", "--health-url", f"http://127.0.0.1:{port}", "--json")
-        assert result.returncode == cli.EXIT_OK, result.stderr
-        document = json.loads(result.stdout)
-        assert document["status"] == "pass"
-        assert document["checks"]["registration:state"][0]["observedValue"] == "registered"
+        yield server, port
         stop(agent)
     finally:
         server.close()
+
+
+def test_status_json_and_exit_statuses(registered_agent: tuple[BootstrapServer, int]) -> None:
+    _, port = registered_agent
+    result = run("status", "--health-url", f"http://127.0.0.1:{port}", "--json")
+    assert result.returncode == cli.EXIT_OK, result.stderr
+    document = json.loads(result.stdout)
+    assert document["status"] == "pass"
+    assert document["checks"]["registration:state"][0]["observedValue"] == "registered"
     unreachable = run("status", "--health-url", f"http://127.0.0.1:{free_port()}", "--json")
     assert unreachable.returncode == cli.EXIT_UNREACHABLE
     assert unreachable.stdout == ""
     bad = run("status", "--health-url", "ftp://127.0.0.1:1")
     assert bad.returncode == cli.EXIT_USAGE
+
+
+def test_status_counts_in_words_for_a_person(registered_agent: tuple[BootstrapServer, int]) -> None:
+    server, port = registered_agent
+    server.restart()  # forgets the route: one re-registration
+    assert wait_until(lambda: registration(port).get("reregistrations") == 1, 30)
+    result = run("status", "--health-url", f"http://127.0.0.1:{port}")
+    assert result.returncode == cli.EXIT_OK, result.stderr
+    assert "accepted, 1 re-registration\n" in result.stdout
+
+
+def test_help_of_each_command_lists_its_own_exit_statuses_and_one_demo_time() -> None:
+    status = run("status", "--help").stdout
+    assert "4    the agent cannot be reached" in status
+    assert "130" not in status
+    assert "3    " not in status
+    register = run("register", "--help").stdout
+    assert "3    --on-failure exit" in register
+    assert "status" not in register.split("exit status:")[1]
+    main = run("--help").stdout
+    assert f"narrated ({cli.DEMO_DURATION})" in main
+    readme = Path(__file__).resolve().parent.parent.joinpath("README.md").read_text()
+    assert f"in {cli.DEMO_DURATION})" in " ".join(readme.split())
+
+
+def test_a_file_name_without_at_gets_the_at_suggested(tmp_path: Path) -> None:
+    result = run("register", "--url", "http://127.0.0.1:8998", "--payload", "rank0.json")
+    assert result.returncode == cli.EXIT_USAGE
+    assert result.stderr.endswith("; to read the file, write --payload @rank0.json\n")
+    result = run(
+        "register", "--url", "http://127.0.0.1:8998", env={"REGISTRAR_PAYLOAD": "rank0.json"}
+    )
+    assert result.stderr.endswith("write REGISTRAR_PAYLOAD=@rank0.json\n")
 
 
 def test_one_startup_line_and_verbose_requests(spawn) -> None:

@@ -37,6 +37,8 @@ from registrar.protocols.http import (
     EXCERPT_BYTES,
     DeadlineExceeded,
     HttpTransport,
+    ReadTimeout,
+    _Watchdog,
 )
 from registrar.protocols.sglang import SGLangTransport
 
@@ -80,6 +82,35 @@ def test_a_request_ends_by_its_deadline(
     assert outcome.verdict is Verdict.RETRY
     assert outcome.error == "no complete answer within the request deadline of 1 s"
     assert not result.reconnected  # our own cut is no evidence of a server restart
+
+
+def test_a_silent_server_is_reported_at_the_deadline_however_late_its_thread_is(
+    transport_for: list[HttpTransport], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float timeout is both the request's deadline and each read's timeout, so a silent
+    server reaches both together; what is reported must not depend on which one a loaded
+    machine notices first. Here the deadline thread never ends the request: the read timeout
+    does, after the request was due."""
+    monkeypatch.setattr(_Watchdog, "expire", lambda self: None)
+    with HostileServer(silence()) as server:
+        transport = HttpTransport(server.url, timeout=DEADLINE)
+        transport_for.append(transport)
+        result = transport.send("PUT", "/route", json={"a": 1})
+        outcome = transport.classify_registration(result)
+    assert isinstance(result.error, DeadlineExceeded)
+    assert outcome.error == "no complete answer within the request deadline of 1 s"
+
+
+def test_a_read_timeout_before_the_deadline_is_reported_as_such(
+    transport_for: list[HttpTransport],
+) -> None:
+    with HostileServer(silence()) as server:
+        transport = HttpTransport(server.url, timeout=(30.0, 0.5))
+        transport_for.append(transport)
+        result = transport.send("PUT", "/route", json={"a": 1})
+        outcome = transport.classify_registration(result)
+    assert isinstance(result.error, ReadTimeout)
+    assert outcome.error == "no answer within the read timeout of 0.5 s"
 
 
 def test_a_pair_bounds_the_whole_request_by_its_sum(transport_for: list[HttpTransport]) -> None:
@@ -274,10 +305,11 @@ def test_a_sooner_deadline_armed_after_a_later_one_is_kept(
     transport_for: list[HttpTransport],
 ) -> None:
     """One deadline thread serves every transport: a short request that starts while a long
-    one is waiting must be ended at its own deadline, not the long one's."""
-    with HostileServer(silence(), silence()) as server:
+    one is waiting must be ended at its own deadline, not the long one's. The short one is
+    answered a byte at a time, so no socket read times out: only its deadline can end it."""
+    with HostileServer(silence(), trickle_headers(0.05)) as server:
         slow = HttpTransport(server.url, timeout=(5.0, 30.0))
-        quick = HttpTransport(server.url, timeout=0.3)
+        quick = HttpTransport(server.url, timeout=1.0)
         transport_for += [slow, quick]
         results: list[object] = []
         first = threading.Thread(target=lambda: results.append(slow.send("GET", "/a")))
@@ -289,7 +321,7 @@ def test_a_sooner_deadline_armed_after_a_later_one_is_kept(
         slow.abort()
         first.join(10)
     assert isinstance(second.error, DeadlineExceeded)
-    assert took < 0.3 + SLACK / 2  # the slow request's deadline is 35 s away
+    assert took < quick.deadline + SLACK  # the slow request's deadline is 35 s away
     assert not first.is_alive()
     assert len(results) == 1
 

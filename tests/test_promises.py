@@ -375,7 +375,9 @@ def test_reports_are_coalesced_into_bounded_checks_and_lines(
     gets_before = sum(1 for r in server.records() if r.method == "GET")
     reports = 0
     began = time.monotonic()
-    while time.monotonic() - began < 3.0:
+    # A flood of at least 1000 reports over at least 3 s, however slowly a loaded machine
+    # runs this loop (the bound below is on checks per second of flood).
+    while reports < 1000 or time.monotonic() - began < 3.0:
         reg.report_route_missing()
         reports += 1
         time.sleep(0.001)
@@ -383,7 +385,6 @@ def test_reports_are_coalesced_into_bounded_checks_and_lines(
     time.sleep(REPORT_CHECK_INTERVAL + 0.5)  # the last coalesced check, if any, has run
     gets = sum(1 for r in server.records() if r.method == "GET") - gets_before
     lines = [r for r in caplog.records if "reported missing" in r.getMessage()]
-    assert reports > 1000
     assert 1 <= gets <= took / REPORT_CHECK_INTERVAL + 2, gets
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert "times" in lines[0].getMessage()
@@ -444,11 +445,11 @@ def test_reports_while_the_server_is_down_keep_the_probe_cadence(
     before = len(checks)
     began = time.monotonic()
     reports = 0
-    while time.monotonic() - began < 2.0:
+    # At least 500 reports over at least 2 s, however slowly a loaded machine runs this loop.
+    while reports < 500 or time.monotonic() - began < 2.0:
         reg.report_route_missing()
         reports += 1
         time.sleep(0.001)
     made = len(checks) - before
     took = time.monotonic() - began
-    assert reports > 500
     assert made <= took / 0.075 + 3, made  # the fastest probe cadence, not the report rate

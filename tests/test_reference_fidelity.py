@@ -4,12 +4,15 @@ real server; these keep the core suite honest where SGLang is not installed)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
+import threading
 
 import requests
-from support import sglang_payload
+from support import sglang_payload, wait_until
 
-from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
 RANK0 = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
@@ -81,3 +84,42 @@ def test_an_answer_leaves_in_one_write_on_a_kept_alive_connection() -> None:
             first = s.recv(65536)
             assert first.startswith(b"HTTP/1.1 200"), first
             assert first.endswith(b"\r\n\r\nOK"), first
+
+
+def test_a_put_read_before_a_restart_is_not_counted_after_it() -> None:
+    """A restarted SGLang server is a new process: a PUT the old one had read and not yet
+    applied died with it, unanswered. The reference server must not apply it to the new
+    lifetime's memory (a rank would be counted twice there, by no fault of its client)."""
+    with BootstrapServer() as server:
+        server.inject(Fault("delay", seconds=60.0, method="PUT"))
+        body = json.dumps(sglang_payload()).encode()
+        answers: list[object] = []
+
+        def put() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            try:
+                conn.request("PUT", "/route", body, {"Content-Type": "application/json"})
+                answers.append(conn.getresponse().status)
+            except (OSError, http.client.HTTPException) as exc:
+                answers.append(exc)
+            finally:
+                conn.close()
+
+        sender = threading.Thread(target=put)
+        sender.start()
+        try:
+            # The handler has taken the delay: the request was read, its answer is held back.
+            assert wait_until(lambda: server.pending_faults == 0)
+            server.restart()  # ends the delay: the held request goes on, in the new lifetime
+            assert wait_until(lambda: len(server.records()) == 1)
+        finally:
+            sender.join(30)
+        assert [(r.method, r.status) for r in server.records()] == [("PUT", None)]
+        assert server.registered_count == 0
+        assert server.routes() == {}
+        assert len(answers) == 1
+        assert not isinstance(answers[0], int)  # no answer: the connection was closed
+        # A connection of the new lifetime is served by it.
+        put_again = requests.put(f"{server.url}/route", json=sglang_payload(), timeout=5)
+        assert put_again.status_code == 200
+        assert server.registered_count == 1

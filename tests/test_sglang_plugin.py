@@ -1,5 +1,6 @@
 """The SGLang plugin's parts that need no SGLang: loading `registrar` imports none of it, its
-configuration is validated with one error naming the variable, and readiness reads the table
+configuration is validated with one error naming the variable, every `REGISTRAR_*` variable is
+honoured or refused, a patch that cannot apply names its cause, and readiness reads the table
 rather than the count. SGLang's real code is exercised in tests/sglang_real."""
 
 from __future__ import annotations
@@ -11,16 +12,21 @@ from types import SimpleNamespace
 import pytest
 from support import ScriptedTransport, accepted, sglang_payload
 
-from registrar import ConfigError, Registrar, State
+from registrar import ConfigError, Registrar, State, __version__
 from registrar.integrations.sglang import (
+    HONOURED,
+    PLUGIN_ENV_VARS,
+    REFUSED,
     SUPPORTED_VERSIONS,
     TARGETS,
     bootstrap_summary,
+    describe_plugin_env,
     plugin,
+    plugin_env_table,
     read_config,
     table_complete,
 )
-from registrar.surfaces.env import SGLANG_PLUGIN_ENV_VARS, describe_env
+from registrar.surfaces.env import ENV_VARS
 
 
 def test_importing_registrar_and_the_plugin_imports_no_sglang() -> None:
@@ -52,8 +58,102 @@ def test_configuration_from_the_environment() -> None:
     )
     assert config.registrar == {"on_failure": "exit", "max_attempts": None, "watch_interval": 2.0}
     assert config.init_wait == 30.0
+    assert (config.strict, config.verbose, config.warnings) == (False, False, ())
     assert read_config({}).init_wait == 0.0
-    assert "REGISTRAR_INIT_WAIT" in describe_env(table=SGLANG_PLUGIN_ENV_VARS)
+    assert "REGISTRAR_INIT_WAIT" in describe_plugin_env()
+
+
+def test_every_shared_variable_is_honoured_or_refused_by_the_plugin() -> None:
+    # A variable added to the shared table must be decided on here, never silently ignored.
+    names = {v.name for v in ENV_VARS}
+    assert set(HONOURED) | set(REFUSED) == names
+    assert not set(HONOURED) & set(REFUSED)
+    assert {"TOKEN", "TOKEN_FILE", "VERBOSE", "ON_FAILURE", "TIMEOUT"} <= set(HONOURED)
+    # The plugin's own variables are its own: not in the shared table.
+    assert not {v.name for v in PLUGIN_ENV_VARS} & names
+    described = [line.split(":")[0] for line in describe_plugin_env().splitlines()]
+    assert described == ["REGISTRAR_" + v.name for v in plugin_env_table()]
+    assert "REGISTRAR_HEALTH_PORT" not in described
+    assert {"REGISTRAR_INIT_WAIT", "REGISTRAR_STRICT", "REGISTRAR_TOKEN_FILE"} <= set(described)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_variable_the_plugin_cannot_honour_is_refused_in_one_line(name: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        read_config({f"REGISTRAR_{name}": "x"})
+    message = str(caught.value)
+    assert message.startswith(f"REGISTRAR_{name} is not read by the SGLang plugin: ")
+    assert message.endswith("; unset it")
+    assert "\n" not in message
+    read_config({f"REGISTRAR_{name}": ""})  # set but empty: as unset
+
+
+def test_the_token_and_its_file_reach_every_registrar(tmp_path) -> None:
+    assert read_config({"REGISTRAR_TOKEN": "s3cret"}).registrar["token"] == "s3cret"
+    with pytest.raises(ConfigError, match=r"^REGISTRAR_TOKEN must be one line of visible ASCII"):
+        read_config({"REGISTRAR_TOKEN": "two words"})
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    env = {"REGISTRAR_TOKEN_FILE": str(path), "REGISTRAR_TOKEN": "ignored"}
+    provider = read_config(env).registrar["token"]
+    assert provider() == "first"  # the file wins over the fixed token, as for the command
+    path.write_text("rotated\n")
+    assert provider() == "rotated"  # read before each request
+    with pytest.raises(ConfigError, match=r"^cannot read REGISTRAR_TOKEN_FILE '.*missing'"):
+        read_config({"REGISTRAR_TOKEN_FILE": str(tmp_path / "missing")})
+    path.write_text("")
+    with pytest.raises(ConfigError, match=r"^REGISTRAR_TOKEN_FILE '.*token' is empty$"):
+        read_config({"REGISTRAR_TOKEN_FILE": str(path)})
+
+
+def test_verbose_strict_and_a_mistyped_name() -> None:
+    config = read_config(
+        {
+            "REGISTRAR_VERBOSE": "1",
+            "REGISTRAR_STRICT": "yes",
+            "REGISTRAR_MAX_ATEMPTS": "3",
+            "REGISTRAR_SOMETHING_ELSE": "1",  # not close to any variable: another tool's
+        }
+    )
+    assert (config.verbose, config.strict) == (True, True)
+    assert config.warnings == (
+        "REGISTRAR_MAX_ATEMPTS is not a registrar variable (ignored); "
+        "did you mean REGISTRAR_MAX_ATTEMPTS?",
+    )
+
+
+def test_a_bad_variable_stops_the_load_with_one_line_printed_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The line is SystemExit's message, which the interpreter prints; logging it as well
+    # printed it twice.
+    monkeypatch.setattr(plugin, "_config", None)
+    monkeypatch.setenv("REGISTRAR_MAX_ATTEMPTS", "many")
+    with caplog.at_level("DEBUG"), pytest.raises(SystemExit) as caught:
+        plugin.load()
+    assert caught.value.code == (
+        "sglang-registrar's SGLang plugin: REGISTRAR_MAX_ATTEMPTS='many' must be an integer "
+        ">= 1, or unlimited; e.g. REGISTRAR_MAX_ATTEMPTS=5"
+    )
+    assert caplog.records == []
+
+
+def test_a_patch_that_cannot_apply_names_its_cause(caplog: pytest.LogCaptureFixture) -> None:
+    # No SGLang in this environment: every target fails to resolve, with the ImportError named.
+    with caplog.at_level("INFO", logger="registrar"):
+        missing = plugin.verify(strict=False)
+    assert missing == list(TARGETS)
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    line = record.getMessage()
+    assert line.startswith(f"sglang-registrar {__version__} could not patch ")
+    assert "ModuleNotFoundError: No module named 'sglang'" in line
+    assert "REGISTRAR_STRICT=1 stops the server instead" in line
+    assert "\n" not in line
+    assert not [r for r in caplog.records if plugin.ACTIVE in r.getMessage()]
+    with pytest.raises(SystemExit) as caught:
+        plugin.verify(strict=True)
+    assert str(caught.value.code).endswith("REGISTRAR_STRICT=1: stopping")
+    assert "ModuleNotFoundError" in str(caught.value.code)
 
 
 @pytest.mark.parametrize(

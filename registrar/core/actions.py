@@ -51,6 +51,9 @@ class WaitKind(StrEnum):
     """After a sign, spreading the fleet's checks; a report ends it."""
     REPORT_SLOT = "report_slot"
     """Holding a report-driven check until REPORT_CHECK_INTERVAL since the last check."""
+    READY = "ready"
+    """Holding an attempt while a `Gated` transport has nothing to offer (the served process
+    is not ready); performed by the runner in place of the attempt; only a stop ends it."""
 
 
 # ----------------------------------------------------------------- what happened

@@ -103,6 +103,10 @@ def _waited(
 ) -> Decision:
     if seen.kind is WaitKind.BACKOFF:
         return _look_or_send(state, now)
+    if seen.kind is WaitKind.READY:
+        # Waiting for the served process is not an attempt: the startup budget counts from
+        # when there was something to offer.
+        return _look_or_send(replace(state, started=now) if _budgeted(state) else state, now)
     if seen.kind is WaitKind.IDLE and seen.sign:
         spread = contact_delay(config.fleet, draw())
         note = Note(

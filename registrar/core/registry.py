@@ -50,6 +50,7 @@ ENTRY_POINT_GROUP = "registrar.protocols"
 _BUILTIN = {
     "sglang": "registrar.protocols:sglang_protocol",
     "http": "registrar.protocols:http_protocol",
+    "smg": "registrar.protocols:smg_protocol",
 }
 """The built-in protocols, by the factory's import path (also declared as entry points)."""
 

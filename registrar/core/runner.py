@@ -43,7 +43,7 @@ from .loopstate import LoopConfig, LoopState
 from .machine import Trigger
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .redact import clean
-from .transport import IdleWatcher, Transport
+from .transport import Gated, IdleWatcher, Transport
 from .waker import Waker
 
 __all__ = ["MAX_ERROR_TEXT", "UNEXPECTED", "Controls", "Runner"]
@@ -115,6 +115,8 @@ class Runner:
         self._observed: dict[str, Any] = {}
         """What the last route check found, published with the decision it leads to."""
         self._unexpected_seen: set[str] = set()
+        self._holding = False
+        """Whether the last attempt was held by a `Gated` transport (logged once per hold)."""
 
     # ----------------------------------------------------------------- the loop
 
@@ -193,12 +195,8 @@ class Runner:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
         if isinstance(action, Wait):
             return self._wait(action)
-        if isinstance(action, Look):
-            check = self._check()
-            return Stopping() if self.controls.stopping else Looked(check)
-        if isinstance(action, Send | Probe):
-            outcome = self._attempt(action.number, isinstance(action, Send))
-            return Stopping() if outcome is None else Sent(outcome)
+        if isinstance(action, Look | Send | Probe):
+            return self._hold() or self._register(action)
         if isinstance(action, Check):
             reported = self.controls.take_reports()
             check = self._check()
@@ -206,6 +204,14 @@ class Runner:
         if isinstance(action, Fail):
             return Answered(self._fail(action))
         return None
+
+    def _register(self, action: Look | Send | Probe) -> Observation:
+        """A look before an attempt, or the attempt itself."""
+        if isinstance(action, Look):
+            check = self._check()
+            return Stopping() if self.controls.stopping else Looked(check)
+        outcome = self._attempt(action.number, isinstance(action, Send))
+        return Stopping() if outcome is None else Sent(outcome)
 
     def _wait(self, action: Wait) -> Observation:
         kind, delay = action.kind, action.delay
@@ -269,6 +275,27 @@ class Runner:
             if changed:
                 return None if controls.stopping else True
         return None
+
+    def _hold(self) -> Observation | None:
+        """While a `Gated` transport has nothing to offer (the served process is not ready),
+        wait `ready_interval` in place of the attempt: None when it may go ahead."""
+        gate = self.transport
+        if not isinstance(gate, Gated):
+            return None
+        try:
+            reason = gate.not_ready()
+        except Exception as exc:
+            reason = self._unexpected("not_ready", exc)
+        if reason is None:
+            self._holding = False
+            return None
+        if not self._holding:
+            logger.info("%s: not offered yet: %s", self.config.url, clean(reason, 200))
+            self._holding = True
+        self.board.update(last_error=f"not offered yet: {clean(reason, MAX_ERROR_TEXT)}")
+        if self._sleep(gate.ready_interval):
+            return Stopping()
+        return Waited(WaitKind.READY, reports=self.controls.reports)
 
     # ----------------------------------------------------------------- requests
 

@@ -14,8 +14,10 @@ promptly on `stop()` or `report_route_missing()`: an event with a file descripto
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -27,12 +29,14 @@ from .waker import Waker
 __all__ = [
     "Abortable",
     "FleetSized",
+    "Gated",
     "IdleWatcher",
     "Timeout",
     "Token",
     "TokenProvider",
     "Transport",
     "Waker",
+    "file_token",
     "validate_timeout",
     "validate_url",
 ]
@@ -105,6 +109,45 @@ class FleetSized(Protocol):
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """How many clients (including this one) register with this server, at least 1."""
         ...
+
+
+@runtime_checkable
+class Gated(Protocol):
+    """Optional: a transport whose registration may be offered only while something local
+    holds (the served process answers its readiness check). Before each attempt the loop asks
+    `not_ready()` and, while it names a reason, waits `ready_interval` seconds and asks again:
+    waiting is not a failed attempt and spends no startup budget. Withdrawing a registration
+    whose readiness was lost is the transport's own business (its `check` reports the route
+    missing once it has withdrawn it)."""
+
+    @property
+    def ready_interval(self) -> float:
+        """Seconds between readiness checks while not ready."""
+        ...
+
+    def not_ready(self) -> str | None:
+        """None when the registration may be offered now; else why not, in one line. Never
+        raises."""
+        ...
+
+
+def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:
+    """A provider reading the token from `path` before each request, so a rotated token (a
+    re-mounted secret) is sent from the next request on. `ConfigError` naming `name` when the
+    file cannot be read now or is empty; a file missing later (mid-rotation) fails that request
+    only, which is retried."""
+    source = Path(path)
+    try:
+        first = source.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {name} {str(source)!r}: {exc.strerror or exc}") from None
+    if not first:
+        raise ConfigError(f"{name} {str(source)!r} is empty")
+
+    def read() -> str | None:
+        return source.read_text().strip() or None
+
+    return read
 
 
 def validate_url(url: object, option: str = "url") -> str:

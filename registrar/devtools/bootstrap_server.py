@@ -86,6 +86,10 @@ class Fault:
     """With "status": say `Connection: close` and close the connection after answering."""
 
 
+class _Gone(Exception):
+    """The request came on a connection of a server lifetime that has ended since."""
+
+
 @dataclass
 class _Table:
     """The server's memory, kept field for field as SGLang's `CommonKVBootstrapServer` keeps it
@@ -177,9 +181,12 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     server_version = "registrar-bootstrap"
 
+    lifetime = 0
+    """The server lifetime that accepted this connection."""
+
     def setup(self) -> None:
         super().setup()
-        self.server.owner._track(self.connection, add=True)
+        self.lifetime = self.server.owner._track(self.connection, add=True)
 
     def finish(self) -> None:
         try:
@@ -237,6 +244,9 @@ class BootstrapServer:
         self._thread: threading.Thread | None = None
         self._release = threading.Event()
         self.restarts = 0
+        self._lifetime = 0
+        """Which process this is: a connection accepted in an earlier lifetime belongs to a
+        process that is gone (see `_Handler.lifetime`)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -297,18 +307,22 @@ class BootstrapServer:
     def restart(self, down_for: float = 0.0) -> None:
         """Restart with empty memory: drop every connection, forget, come back after
         `down_for` seconds (refusing connections meanwhile). `down_for=0` keeps the listening
-        socket, a restart so fast that no client can see the server down."""
+        socket, a restart so fast that no client can see the server down. As with a new
+        process, a request read before the restart is never answered nor applied after it."""
         with self._lock:
             self.restarts += 1
         if down_for <= 0 and self._server is not None:
             with self._lock:
                 self._table = _Table()
+                self._lifetime += 1
                 self._release.set()
                 self._release = threading.Event()
             self.drop_connections()
             return
         self.stop()
-        self.forget()
+        with self._lock:
+            self._table = _Table()
+            self._lifetime += 1
         time.sleep(down_for)
         self.start()
 
@@ -355,6 +369,12 @@ class BootstrapServer:
             self._release = threading.Event()
 
     @property
+    def pending_faults(self) -> int:
+        """Requests still to be met by an injected fault (a fault is taken as a request starts)."""
+        with self._lock:
+            return sum(fault.count for fault in self._faults)
+
+    @property
     def registered_count(self) -> int:
         """Accepted PUTs since the last restart (a PUT for a present rank counts too)."""
         with self._lock:
@@ -379,12 +399,14 @@ class BootstrapServer:
 
     # ----------------------------------------------------------------- internals
 
-    def _track(self, conn: socket.socket, add: bool) -> None:
+    def _track(self, conn: socket.socket, add: bool) -> int:
+        """Add or remove an open connection; the current lifetime."""
         with self._lock:
             if add:
                 self._connections.add(conn)
             else:
                 self._connections.discard(conn)
+            return self._lifetime
 
     def drop_connections(self) -> None:
         """Close every open connection (keep-alive ones too) without forgetting anything."""
@@ -449,7 +471,14 @@ class BootstrapServer:
                     close=fault.close,
                 )
                 return
-        status, text, ctype, port = self._answer(h, method, body)
+        try:
+            status, text, ctype, port = self._answer(h, method, body)
+        except _Gone:
+            # Read before a restart and acted on after it: a real server's process would have
+            # died with it, unanswered, and never counted it in the next one's memory.
+            self._record(h, method, None, body)
+            h.close_connection = True
+            return
         self._record(h, method, status, body, port)
         self._send(h, status, text, ctype)
 
@@ -522,7 +551,7 @@ class BootstrapServer:
             if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
                 return 401, "Unauthorized", "text/plain", None
             try:
-                return self._put(body)
+                return self._put(h, body)
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
                 return 500, _CRASH, "text/plain", None
         if method == "GET":
@@ -533,7 +562,7 @@ class BootstrapServer:
             return status, text, ctype, None
         return 405, "Method not allowed", "application/json", None
 
-    def _put(self, body: bytes) -> tuple[int, str, str, int | None]:
+    def _put(self, h: _Handler, body: bytes) -> tuple[int, str, str, int | None]:
         """SGLang's `_handle_route_put`, step for step: the same reads, checks and order, so the
         same payload fails the same way (an exception is a bare 500, sometimes after the table
         has changed, as on the real server)."""
@@ -543,6 +572,7 @@ class BootstrapServer:
         int(fields["page_size"])  # a null page_size fails here, before the table changes
         dsv41_spec_layout = data.get("dsv41_spec_layout")
         with self._lock:
+            self._same_process(h)
             t = self._table
             if t.count and t.dsv41_spec_layout != dsv41_spec_layout:
                 text = "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
@@ -561,6 +591,12 @@ class BootstrapServer:
             t.expected()  # computed for a log line after the count: a bad size fails here
         return 200, "OK", "text/plain", rank_port
 
+    def _same_process(self, h: _Handler) -> None:
+        """Called with the lock held, so that a restart cannot come between this and the use
+        of the table."""
+        if h.lifetime != self._lifetime:
+            raise _Gone
+
     def _get(self, h: _Handler) -> tuple[int, str, str]:
         """SGLang's `_handle_route_get`, step for step (the first value of a repeated
         parameter; an empty one counts as missing; int() only where the real one calls it)."""
@@ -570,6 +606,7 @@ class BootstrapServer:
             return 400, "Missing inputs for bootstrap server.", "text/plain"
         dp, cp, tp, pp = values
         with self._lock:
+            self._same_process(h)
             t = self._table
             not_ready = f"Prefill server not fully registered yet ({t.count} workers registered)."
             if int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1:

@@ -239,12 +239,14 @@ class _Watchdog:
         """The request's end came from `fire()` (a stop), not from its deadline."""
         self._sockets: set[socket.socket] = set()
 
-    def begin(self, seconds: float) -> None:
+    def begin(self, seconds: float) -> float:
+        """Arm for a request of at most `seconds`; when it is due (monotonic)."""
         with _DEADLINES.cond:
-            self.at = time.monotonic() + seconds
+            self.at = due = time.monotonic() + seconds
             self.by_abort = False
             self._fired = False
-            _DEADLINES.arm(self, self.at)
+            _DEADLINES.arm(self, due)
+            return due
 
     def end(self) -> bool:
         """Disarm; whether the deadline fired during the request."""
@@ -763,8 +765,7 @@ class HttpTransport:
         response: http.client.HTTPResponse | None = None
         error: BaseException | None = None
         body, complete = b"", False
-        due = time.monotonic() + self._deadline
-        self._watchdog.begin(self._deadline)
+        due = self._watchdog.begin(self._deadline)
         try:
             self._link.ensure(self._connect_timeout())
             response, body, complete = self._exchange(method, target, data, sent, limit)

@@ -22,16 +22,25 @@ from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..core.errors import ConfigError, describe_exception
+from ..core.group import RegistrarGroup
 from ..core.machine import State, mermaid_diagram
 from ..core.redact import clean, redact_url
-from ..core.registrar import EXIT_CODE, Registrar, RequestEvent
+from ..core.registrar import EXIT_CODE, Registrar
 from ..core.registry import protocol_names
 from ..core.status import Status
+from ..core.transport import file_token
 from ..core.untrusted import load_json
 from ..devtools.bootstrap_server import BootstrapServer
 from ..protocols.http import DEFAULT_MAX_ANSWER_BYTES, HttpTransport
-from .env import ENV_PREFIX, ENV_VARS, command_options_from_env, options_from_env, parse_port
+from .env import (
+    ENV_PREFIX,
+    ENV_VARS,
+    command_options_from_env,
+    options_from_env,
+    parse_port,
+)
 from .health import start_health_server
+from .verbose import log_request
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -69,9 +78,32 @@ EXIT_STATUSES = {
     "status still answers 0, 1 or 4",
 }
 
-_EXIT_TEXT = "exit status:\n" + "\n".join(
-    f"  {code:<4} {text}" for code, text in EXIT_STATUSES.items()
+
+
+def _exit_text(statuses: dict[int, str]) -> str:
+    return "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in statuses.items())
+
+
+_EXIT_TEXT = _exit_text(EXIT_STATUSES)
+_REGISTER_EXITS = _exit_text(
+    {
+        EXIT_OK: "stopped cleanly on SIGTERM/SIGINT",
+        EXIT_USAGE: EXIT_STATUSES[EXIT_USAGE],
+        EXIT_CODE: "--on-failure exit: the startup budget was spent",
+        EXIT_INTERRUPTED: "interrupted a second time while stopping",
+    }
 )
+_STATUS_EXITS = _exit_text(
+    {
+        EXIT_OK: "the agent is registered",
+        EXIT_NOT_REGISTERED: "the agent answered, and is not registered",
+        EXIT_USAGE: "usage error: a bad flag or URL",
+        EXIT_UNREACHABLE: "the agent cannot be reached, or is not a registrar",
+    }
+)
+
+DEMO_DURATION = "about 15 s"
+"""How long `registrar demo` takes (README.md says the same; a test checks both)."""
 
 EXAMPLES_REGISTER = """\
 examples:
@@ -81,11 +113,14 @@ examples:
   REGISTRAR_URL=http://bootstrap:8998 REGISTRAR_PAYLOAD=@/etc/rank0.json registrar register -v
   registrar register --etcd http://127.0.0.1:2379 --key /services/prefill/rank0 --ttl 10 \\
       --payload @rank0.json    # etcd instead of a bootstrap server: docs/etcd.md
+  registrar register --gateway http://127.0.0.1:30000 --worker-url http://10.0.0.5:30001 \\
+      --worker-type prefill --bootstrap-port 8998 --ready-url http://127.0.0.1:30001/ready \\
+      --gateway-key-file /var/run/secrets/smg/key   # SGLang's model gateway: docs/gateway.md
 """
 
 EXAMPLES_MAIN = """\
 examples:
-  registrar demo                                  # the whole story in under 30 s, on 127.0.0.1
+  registrar demo                                  # the whole story in {duration}, on 127.0.0.1
   registrar bootstrap --port 8998                 # a reference bootstrap server (dev/test)
   registrar register --url http://127.0.0.1:8998 --payload @rank0.json --health-port 8081
   registrar status --health-url http://127.0.0.1:8081
@@ -117,7 +152,13 @@ def _payload(text: str, source: str = "--payload") -> dict[str, Any]:
     try:
         value = load_json(text)  # nesting bounded: 50 000 brackets are one line, not a traceback
     except ValueError as exc:
-        raise UsageError(f"{source} is {exc}") from None
+        hint = ""
+        if not text.lstrip().startswith(("{", "[", '"')) and (
+            text.endswith(".json") or Path(text).is_file()
+        ):
+            sep = "=" if source.startswith(ENV_PREFIX) else " "
+            hint = f"; to read the file, write {source}{sep}@{text}"  # the @ forgotten
+        raise UsageError(f"{source} is {exc}{hint}") from None
     if not isinstance(value, dict):
         raise UsageError(f"{source} must be a JSON object, got {type(value).__name__}")
     return value
@@ -167,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="registrar",
         description="Register a service with a bootstrap server and keep it registered.",
-        epilog=f"{EXAMPLES_MAIN}\n{_EXIT_TEXT}\n",
+        epilog=f"{EXAMPLES_MAIN.format(duration=DEMO_DURATION)}\n{_EXIT_TEXT}\n",
         formatter_class=raw,
     )
     parser.add_argument("--version", action="version", version=f"registrar {__version__}")
@@ -180,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
         "and serve /livez /readyz /health (and /metrics with the extra) when --health-port "
         "is given. Stops cleanly with exit 0 on SIGTERM or SIGINT; a second one ends it at "
         "once. Every option can also be set by a REGISTRAR_* variable (below).",
-        epilog=f"{EXAMPLES_REGISTER}\n{_env_help()}\n\n{_EXIT_TEXT}\n",
+        epilog=f"{EXAMPLES_REGISTER}\n{_env_help()}\n\n{_REGISTER_EXITS}\n",
         formatter_class=raw,
         argument_default=argparse.SUPPRESS,  # unset flags stay unset: the environment may say
     )
@@ -263,6 +304,50 @@ def _parser() -> argparse.ArgumentParser:
         help="with --etcd: a TLS client certificate (clusters with --client-cert-auth)",
     )
     add("--etcd-cert-key", metavar="FILE", help="with --etcd: the client certificate's key")
+    add(
+        "--gateway",
+        action="append",
+        metavar="URL",
+        help="instead of --url: an smg gateway to keep the worker listed by; repeat for several "
+        "(docs/gateway.md)",
+    )
+    add("--worker-url", metavar="URL", help="with --gateway: the worker, as the gateway reaches it")
+    add(
+        "--worker-type",
+        type=_table("WORKER_TYPE"),
+        metavar="prefill|decode|regular",
+        help="with --gateway: the worker's role (default: regular)",
+    )
+    add(
+        "--bootstrap-port",
+        type=_table("BOOTSTRAP_PORT"),
+        metavar="N",
+        help="with --gateway: a prefill worker's bootstrap server port",
+    )
+    add(
+        "--ready-url",
+        metavar="URL",
+        help="with --gateway: offer the worker only while this answers 2xx (SGLang: /ready)",
+    )
+    add(
+        "--ready-grace",
+        type=_seconds,
+        metavar="S",
+        help="with --ready-url: not ready this long, the worker is withdrawn (default: 10)",
+    )
+    add(
+        "--gateway-key-file",
+        metavar="FILE",
+        help="with --gateway: file holding the control-plane key, read before each request "
+        "(default: $REGISTRAR_GATEWAY_KEY)",
+    )
+    add(
+        "--drain-timeout",
+        type=_seconds,
+        metavar="S",
+        help="with --gateway: at stop, wait this long for the gateway to remove the worker "
+        "(default: 15)",
+    )
     add("--ca-bundle", metavar="FILE", help="CA bundle to verify an https server")
     add("--health-host", metavar="H", help="address for the health server (default: 127.0.0.1)")
     add(
@@ -287,7 +372,7 @@ def _parser() -> argparse.ArgumentParser:
         f"cannot be reached, {EXIT_USAGE} on bad input.",
         epilog="examples:\n  registrar status --health-url http://127.0.0.1:8081\n"
         "  registrar status --health-url http://127.0.0.1:8081 --json | jq .status\n\n"
-        f"{_EXIT_TEXT}\n",
+        f"{_STATUS_EXITS}\n",
         formatter_class=raw,
     )
     status.add_argument("--health-url", required=True, help="the agent's health server URL")
@@ -322,7 +407,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "demo",
-        help="the whole story on embedded defaults, narrated (under 30 s)",
+        help=f"the whole story on embedded defaults, narrated ({DEMO_DURATION})",
         description="A bootstrap server that starts late, a registrar with its health server, "
         "the server restarting and forgetting, the route registered again; all on 127.0.0.1.",
         epilog="example:\n  registrar demo",
@@ -397,21 +482,10 @@ def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
     path = flags.get("token_file", chosen.get("token_file"))
     if path is None:
         return chosen.get("token")
-    source = Path(path)
     try:
-        first = source.read_text().strip()
-    except OSError as exc:
-        raise UsageError(
-            f"cannot read --token-file {str(source)!r}: {exc.strerror or exc}"
-        ) from None
-    if not first:
-        raise UsageError(f"--token-file {str(source)!r} is empty")
-
-    def read() -> str | None:
-        # Read afresh each time, so a rotated token is sent from the next request on.
-        return source.read_text().strip() or None
-
-    return read
+        return file_token(path, "--token-file")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
@@ -424,12 +498,6 @@ def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
     if not value:
         raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
     return {**payload, "rank_ip": value}
-
-
-def _log_request(event: RequestEvent) -> None:
-    code = event.status_code if event.status_code is not None else "no answer"
-    what = "registration" if event.kind == "register" else "route check"
-    logger.debug("%s: %s (%s) in %.1f ms", what, event.result, code, event.duration * 1000)
 
 
 def _etcd_registrar(
@@ -459,21 +527,68 @@ def _etcd_registrar(
     )
 
 
+_GATEWAY_ONLY = (
+    "worker_url",
+    "worker_type",
+    "bootstrap_port",
+    "ready_url",
+    "ready_grace",
+    "gateway_key_file",
+    "drain_timeout",
+)
+
+
+def _gateway_group(chosen: dict[str, Any], options: dict[str, Any]) -> RegistrarGroup:
+    """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
+    from ..assembly import smg_registrars  # noqa: PLC0415 - only --gateway needs it
+
+    clash = [
+        f"--{name.replace('_', '-')}"
+        for name in ("url", "etcd", "payload", "protocol", "token", "token_file", "rank_ip")
+        if chosen.get(name) is not None
+    ]
+    if clash:
+        raise UsageError(
+            f"--gateway replaces {', '.join(clash)} (the worker: --worker-url, --worker-type; "
+            "the key: --gateway-key-file or $REGISTRAR_GATEWAY_KEY)"
+        )
+    if not chosen.get("worker_url"):
+        raise UsageError(f"--gateway needs --worker-url (or set {ENV_PREFIX}WORKER_URL)")
+    extra: dict[str, Any] = {
+        key: chosen[key] for key in ("bootstrap_port", "drain_timeout") if key in chosen
+    }
+    if chosen.get("ready_url"):
+        extra["ready"] = chosen["ready_url"]
+    if "ready_grace" in chosen:
+        extra["grace"] = chosen["ready_grace"]
+    if chosen.get("gateway_key_file"):
+        extra["key_file"] = chosen["gateway_key_file"]
+    options = {k: v for k, v in options.items() if k != "protocol"}
+    return smg_registrars(
+        chosen["gateway"],
+        chosen["worker_url"],
+        chosen.get("worker_type", "regular"),
+        **extra,
+        **options,
+    )
+
+
 def _cmd_register(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen = _resolve(args)
     etcd = chosen.get("etcd") is not None
+    gateway = bool(chosen.get("gateway"))
+    if not gateway:
+        stray = [f"--{k.replace('_', '-')}" for k in _GATEWAY_ONLY if chosen.get(k) is not None]
+        if stray:
+            raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
     for required, flag in (("url", "--url"), ("payload", "--payload")):
-        if etcd and required == "url":
+        if gateway or (etcd and required == "url"):
             continue
         if chosen.get(required) is None:
             variable = f"{ENV_PREFIX}{required.upper()}"
             raise UsageError(f"{flag} is required (or set {variable})")
-    source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
-    payload = _rank_ip(_payload(chosen["payload"], source), chosen)
-    token = _token(chosen, flags)
     verbose = bool(chosen.get("verbose", False))
-    _log_setup(verbose, quiet=("registrar.surfaces.health",))
     options: dict[str, Any] = {
         key: chosen[key]
         for key in (
@@ -490,6 +605,14 @@ def _cmd_register(args: argparse.Namespace) -> int:
         )
         if key in chosen
     }
+    if gateway:
+        group = _gateway_group(chosen, options)
+        _log_setup(verbose, quiet=("registrar.surfaces.health",))
+        return _serve(group, chosen, verbose)
+    source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
+    payload = _rank_ip(_payload(chosen["payload"], source), chosen)
+    token = _token(chosen, flags)
+    _log_setup(verbose, quiet=("registrar.surfaces.health",))
     if etcd:
         # The etcd options may come from their variables too (REGISTRAR_ETCD, _KEY, ...).
         given: dict[str, Any] = {
@@ -500,51 +623,68 @@ def _cmd_register(args: argparse.Namespace) -> int:
         reg = _etcd_registrar({**flags, **given}, payload, token, options)
     else:
         reg = Registrar(chosen["url"], payload, token=token, **options)
+    return _serve(RegistrarGroup([reg]), chosen, verbose)
+
+
+def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
+    """Run the registrations (and their health server) until SIGTERM/SIGINT, then stop them
+    together, within the longest drain any of them needs."""
     log = logging.getLogger("registrar")
+    several = len(group) > 1
 
-    def on_change(old: State, new: State, status: Status) -> None:
-        detail = f" ({status.last_error})" if status.last_error and new is State.FAILED else ""
-        log.info("state %s -> %s%s", old.value, new.value, detail)
+    def on_change_of(url: str) -> Callable[[State, State, Status], None]:
+        def on_change(old: State, new: State, status: Status) -> None:
+            failed = status.last_error and new is State.FAILED
+            detail = f" ({status.last_error})" if failed else ""
+            where = f"{url}: " if several else ""
+            log.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
 
-    reg.add_listener(on_change)
-    if verbose:
-        reg.add_request_listener(_log_request)
+        return on_change
+
+    for reg in group:
+        reg.add_listener(on_change_of(reg.status().url))
+        if verbose:
+            reg.add_request_listener(log_request)
+    source: Any = group if several else group.members()[0]
     health = None
     host = chosen.get("health_host") or "127.0.0.1"
     port = chosen.get("health_port")
     if port is not None:
         try:
             health = start_health_server(
-                reg, host, port, expose_payload=bool(chosen.get("expose_payload", False))
+                source, host, port, expose_payload=bool(chosen.get("expose_payload", False))
             )
         except OSError as exc:
             raise UsageError(
                 f"cannot serve health on {host}:{port}: {describe_exception(exc)}"
             ) from None
     where = f"; health on {health.url}/readyz" if health is not None else ""
-    log.info("registrar %s: registering with %s%s", __version__, reg.status().url, where)
+    urls = ", ".join(reg.status().url for reg in group)
+    log.info("registrar %s: registering with %s%s", __version__, urls, where)
     signals = _Signals().install()
-    reg.start()
+    group.start()
     try:
         signals.wait()
     finally:
         log.info("stopping")
-        # stop() ends a request in flight at once (it never waits out the request timeout).
-        reg.stop()
+        # stop() ends a request in flight at once; a gateway's drain takes its own time.
+        group.stop()
         if health is not None:
             health.stop()
     return EXIT_OK
 
 
-def _health_check(document: object) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The document and its registration check, or ValueError: whatever the agent (or whatever
-    answers in its place) sent, only a health document of the expected shape is read."""
+def _health_check(document: object) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The document and its registration check's entries (one per registry), or ValueError:
+    whatever the agent (or whatever answers in its place) sent, only a health document of the
+    expected shape is read."""
     checks = document.get("checks") if isinstance(document, dict) else None
     entries = checks.get("registration:state") if isinstance(checks, dict) else None
-    check = entries[0] if isinstance(entries, list) and entries else None
-    if not isinstance(document, dict) or not isinstance(check, dict):
+    if not isinstance(document, dict) or not isinstance(entries, list) or not entries:
         raise ValueError("no registration:state check")
-    return document, check
+    if not all(isinstance(entry, dict) for entry in entries):
+        raise ValueError("a registration:state entry is not an object")
+    return document, entries
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -574,39 +714,53 @@ def _cmd_status(args: argparse.Namespace) -> int:
     try:
         if not result.complete:
             raise ValueError("answer too large")
-        document, check = _health_check(load_json(result.text))
+        document, entries = _health_check(load_json(result.text))
     except ValueError:
         print(f"registrar: {shown} is not a registrar health endpoint", file=sys.stderr)
         return EXIT_UNREACHABLE
-    registered = check.get("observedValue") == State.REGISTERED.value
+    registered = all(e.get("observedValue") == State.REGISTERED.value for e in entries)
     outcome = EXIT_OK if registered else EXIT_NOT_REGISTERED
     if args.json:
         # The document as the agent sent it (parsed and re-encoded: valid JSON, one line).
         return _answer([json.dumps(document, sort_keys=False)], outcome)
+    lines: list[str] = []
+    for number, check in enumerate(entries):
+        if number:
+            lines.append("")
+        lines.extend(_registration_lines(document, check))
+    if document.get("output"):
+        lines.append(f"problem:      {_field(document, 'output')}")
+    return _answer(lines, outcome)
 
-    def field(source: dict[str, Any], name: str, default: str = "") -> str:
-        # The agent's text, escaped and capped: a health document is no licence to draw on
-        # the terminal.
-        value = source.get(name)
-        return clean(value, 200) if value not in (None, "") else default
 
+def _field(source: dict[str, Any], name: str, default: str = "") -> str:
+    # The agent's text, escaped and capped: a health document is no licence to draw on the
+    # terminal.
+    value = source.get(name)
+    return clean(value, 200) if value not in (None, "") else default
+
+
+def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list[str]:
+    """One registration (of one registry) for a person."""
     lines = [
-        f"registration: {field(check, 'observedValue')} ({field(document, 'status')})"
-        f" since {field(check, 'since')}",
-        f"bootstrap:    {field(check, 'url')}",
-        f"route:        {field(check, 'route', 'not checked yet')}"
-        f" (last check {field(check, 'lastCheckAt', 'never')},"
-        f" server reachable: {field(check, 'serverReachable')})",
-        f"attempts:     {field(check, 'attemptsTotal')} sent, "
-        f"{field(check, 'registrations')} accepted, "
-        f"{field(check, 'reregistrations')} re-registrations",
-        f"last success: {field(check, 'lastSuccessAt', 'never')}",
+        f"registration: {_field(check, 'observedValue')} ({_field(document, 'status')})"
+        f" since {_field(check, 'since')}",
+        f"bootstrap:    {_field(check, 'url')}",
+        f"route:        {_field(check, 'route', 'not checked yet')}"
+        f" (last check {_field(check, 'lastCheckAt', 'never')},"
+        f" server reachable: {_field(check, 'serverReachable')})",
+        f"attempts:     {_field(check, 'attemptsTotal')} sent, "
+        f"{_field(check, 'registrations')} accepted, "
+        f"{_plural(_field(check, 'reregistrations'), 're-registration')}",
+        f"last success: {_field(check, 'lastSuccessAt', 'never')}",
     ]
     if check.get("nextAttemptAt"):
-        lines.append(f"next attempt: {field(check, 'nextAttemptAt')}")
-    if document.get("output"):
-        lines.append(f"problem:      {field(document, 'output')}")
-    return _answer(lines, outcome)
+        lines.append(f"next attempt: {_field(check, 'nextAttemptAt')}")
+    return lines
+
+
+def _plural(count: str, noun: str) -> str:
+    return f"{count} {noun}" if count == "1" else f"{count} {noun}s"
 
 
 def _answer(lines: list[str], outcome: int) -> int:

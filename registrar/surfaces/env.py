@@ -2,7 +2,9 @@
 
 Every surface that reads the environment (the SGLang plugin, the `registrar` command) turns the
 variables into `Registrar` keyword arguments here, so a variable means the same everywhere and
-each is validated once, with an error that names the variable and shows a good value.
+each is validated once, with an error that names the variable and shows a good value. A surface's
+own variables live with it (the SGLang plugin's in `integrations/sglang/settings.py`) and use the
+same `EnvVar` and readers.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from ..core.registrar import DEFAULT_BACKOFF
 __all__ = [
     "ENV_PREFIX",
     "ENV_VARS",
-    "SGLANG_PLUGIN_ENV_VARS",
     "EnvVar",
     "command_options_from_env",
     "describe_env",
     "options_from_env",
+    "parse_flag",
     "parse_port",
+    "parse_seconds_or_zero",
 ]
 
 ENV_PREFIX = "REGISTRAR_"
@@ -51,7 +54,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _seconds_or_zero(text: str) -> float:
+def parse_seconds_or_zero(text: str) -> float:
+    """A number of seconds, 0 included."""
     try:
         value = float(text)
     except ValueError:
@@ -91,7 +95,8 @@ def _timeout(text: str) -> float | tuple[float, float]:
     raise ValueError("must be seconds, or connect,read seconds")
 
 
-def _flag(text: str) -> bool:
+def parse_flag(text: str) -> bool:
+    """1/true/yes/on or 0/false/no/off."""
     value = text.strip().lower()
     if value in _TRUE:
         return True
@@ -113,6 +118,30 @@ def parse_port(text: str) -> int:
 
 def _text(text: str) -> str:
     return text.strip()
+
+
+def _urls(text: str) -> list[str]:
+    urls = [part.strip() for part in text.split(",") if part.strip()]
+    if not urls:
+        raise ValueError("must be one or more URLs, comma-separated")
+    return urls
+
+
+def _worker_type(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("prefill", "decode", "regular"):
+        raise ValueError("must be prefill, decode or regular")
+    return value
+
+
+def _bootstrap_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("must be a port number within [1, 65535]") from None
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a port number within [1, 65535]")
+    return value
 
 
 def _fraction(text: str) -> float:
@@ -172,11 +201,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "MAX_RETRY_AFTER",
         "max_retry_after",
-        _seconds_or_zero,
+        parse_seconds_or_zero,
         "60",
         "longest wait a server's Retry-After may impose, seconds (0: ignore it)",
     ),
-    EnvVar("VERIFY", "verify", _flag, "true", "verify the server's TLS certificate"),
+    EnvVar("VERIFY", "verify", parse_flag, "true", "verify the server's TLS certificate"),
     EnvVar("CA_BUNDLE", "ca_bundle", str, "/etc/ssl/bootstrap-ca.pem", "CA bundle for TLS"),
     EnvVar("BACKOFF_INITIAL", "backoff.initial", _seconds, "1", "first retry delay, seconds"),
     EnvVar("BACKOFF_MAX", "backoff.maximum", _seconds, "5", "retry delay cap, seconds"),
@@ -206,26 +235,52 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("KEY", "cli.key", _text, "/services/prefill/rank0", "with ETCD: the key"),
     EnvVar("TTL", "cli.ttl", _seconds, "10", "with ETCD: the lease TTL, seconds"),
     EnvVar("ETCD_USER", "cli.etcd_user", _text, "registrar", "with ETCD: the etcd user"),
+    EnvVar(
+        "ETCD_PASSWORD",
+        "cli.etcd_password",
+        _text,
+        "s3cret",
+        "with ETCD_USER: the etcd password (from the environment only: no flag)",
+    ),
     EnvVar("ETCD_CERT", "cli.etcd_cert", _text, "/etc/etcd/client.pem", "with ETCD: client cert"),
     EnvVar("ETCD_CERT_KEY", "cli.etcd_cert_key", _text, "/etc/etcd/client.key", "its key file"),
+    EnvVar(
+        "GATEWAY",
+        "cli.gateway",
+        _urls,
+        "http://127.0.0.1:30000",
+        "instead of URL: smg gateway URLs, comma-separated (docs/gateway.md)",
+    ),
+    EnvVar(
+        "WORKER_URL", "cli.worker_url", _text, "http://10.0.0.5:30001", "with GATEWAY: the worker"
+    ),
+    EnvVar("WORKER_TYPE", "cli.worker_type", _worker_type, "prefill", "prefill, decode or regular"),
+    EnvVar("BOOTSTRAP_PORT", "cli.bootstrap_port", _bootstrap_port, "8998", "a prefill's port"),
+    EnvVar(
+        "READY_URL",
+        "cli.ready_url",
+        _text,
+        "http://127.0.0.1:30001/ready",
+        "with GATEWAY: offer the worker only while this answers 2xx",
+    ),
+    EnvVar("READY_GRACE", "cli.ready_grace", _seconds, "10", "not ready this long: withdrawn"),
+    EnvVar(
+        "GATEWAY_KEY_FILE",
+        "cli.gateway_key_file",
+        _text,
+        "/var/run/secrets/smg/key",
+        "file holding the gateway's control-plane key (else $REGISTRAR_GATEWAY_KEY)",
+    ),
+    EnvVar(
+        "DRAIN_TIMEOUT", "cli.drain_timeout", _seconds, "15", "at stop: wait this long for removal"
+    ),
     EnvVar("HEALTH_HOST", "cli.health_host", _text, "0.0.0.0", "address of the health server"),
     EnvVar("HEALTH_PORT", "cli.health_port", parse_port, "8081", "port of the health server"),
-    EnvVar("EXPOSE_PAYLOAD", "cli.expose_payload", _flag, "false", "show the payload in /health"),
-    EnvVar("VERBOSE", "cli.verbose", _flag, "false", "log each request and route check"),
-)
-
-
-SGLANG_PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
-        "INIT_WAIT",
-        "init_wait",
-        _seconds_or_zero,
-        "30",
-        "SGLang plugin: seconds a prefill rank's init waits for its first registration (0, the "
-        "default: none; registration goes on in the background either way)",
+        "EXPOSE_PAYLOAD", "cli.expose_payload", parse_flag, "false", "show the payload in /health"
     ),
+    EnvVar("VERBOSE", "cli.verbose", parse_flag, "false", "log each request and route check"),
 )
-"""Variables only the SGLang plugin reads, beside the `Registrar` options of `ENV_VARS`."""
 
 
 def options_from_env(
@@ -239,7 +294,7 @@ def options_from_env(
     left out, so the library's defaults stand), or `ConfigError` naming the variable.
 
     `names` restricts the table to some variables (their names after the prefix); `table`
-    reads another table instead (e.g. `SGLANG_PLUGIN_ENV_VARS`, whose options are not
+    reads another table instead (e.g. the SGLang plugin's own, whose options are not
     `Registrar` arguments)."""
     env = os.environ if environ is None else environ
     wanted = None if names is None else frozenset(names)

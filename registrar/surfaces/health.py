@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qs
 
 from .._version import __version__
@@ -36,14 +36,17 @@ __all__ = [
     "READINESS_CHECKS",
     "Answer",
     "Check",
+    "HealthGroup",
     "HealthServer",
     "HealthSource",
     "answer_health",
     "camel_case",
+    "group_checks",
     "health_app",
     "health_asgi_app",
     "health_checks",
     "is_live",
+    "render_group_health",
     "render_health",
     "start_health_server",
 ]
@@ -91,6 +94,14 @@ class HealthSource(Protocol):
     def payload(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
+class HealthGroup(Protocol):
+    """Several registrations of one service, one per registry (a `RegistrarGroup` fits):
+    every check shows one entry per member."""
+
+    def members(self) -> Sequence[HealthSource]: ...
+
+
 @dataclass(frozen=True)
 class Check:
     """One named check. `name` is its Kubernetes name (`/readyz/<name>`, `?exclude=<name>`),
@@ -101,6 +112,8 @@ class Check:
     status: HealthStatus
     reason: str | None
     entry: dict[str, Any]
+    more: tuple[dict[str, Any], ...] = ()
+    """The entries of the other members of a group (one per registry), after `entry`."""
 
 
 def camel_case(name: str) -> str:
@@ -262,6 +275,68 @@ def render_health(
     """The HTTP status and the health+json document of `probe` (or of its one check `only`),
     leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
     every = health_checks(status, thread_died=thread_died, now=now)
+    description = f"registration with the bootstrap server at {status.url}"
+    return _document(every, description, payload, probe, only, exclude, service_id)
+
+
+def group_checks(
+    members: Sequence[tuple[Status, bool]], *, now: float | None = None
+) -> dict[str, Check]:
+    """Every check of a group, by name: one entry per member (its own `status` in it), and
+    one verdict for the group. Registration passes when every member is registered, warns
+    when some are (the service is reachable through them), fails when none is; every other
+    check is the worst of its members'."""
+    taken = time.time() if now is None else now
+    per = [health_checks(status, thread_died=died, now=taken) for status, died in members]
+    merged: dict[str, Check] = {}
+    for name in per[0]:
+        checks = [p[name] for p in per]
+        verdicts = [c.status for c in checks]
+        verdict = worst(verdicts)
+        if name == "registration" and "pass" in verdicts and verdict == "fail":
+            verdict = "warn"
+        reasons = [
+            f"{status.url}: {c.reason}"
+            for (status, _), c in zip(members, checks, strict=True)
+            if c.reason
+        ]
+        merged[name] = Check(
+            name,
+            checks[0].key,
+            verdict,
+            "; ".join(reasons) if reasons and verdict != "pass" else None,
+            checks[0].entry,
+            tuple(c.entry for c in checks[1:]),
+        )
+    return merged
+
+
+def render_group_health(
+    members: Sequence[tuple[Status, bool]],
+    *,
+    payload: Mapping[str, Any] | None = None,
+    probe: Literal["health", "readyz", "livez"] = "health",
+    only: str | None = None,
+    exclude: Sequence[str] = (),
+    service_id: str | None = None,
+    now: float | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """`render_health` for a group: (status, thread_died) per member, one entry each."""
+    every = group_checks(members, now=now)
+    urls = ", ".join(status.url for status, _ in members)
+    description = f"registration with {len(members)} registries: {urls}"
+    return _document(every, description, payload, probe, only, exclude, service_id)
+
+
+def _document(
+    every: Mapping[str, Check],
+    description: str,
+    payload: Mapping[str, Any] | None,
+    probe: str,
+    only: str | None,
+    exclude: Sequence[str],
+    service_id: str | None,
+) -> tuple[int, dict[str, Any]]:
     names = [only] if only is not None else list(_PROBES[probe])
     shown = [every[n] for n in names if n not in exclude]
     verdict = worst(c.status for c in shown)
@@ -269,11 +344,11 @@ def render_health(
         "status": verdict,
         "releaseId": __version__,
         "serviceId": service_id or default_service_id(payload),
-        "description": f"registration with the bootstrap server at {status.url}",
+        "description": description,
     }
     if verdict != "pass":
         document["output"] = "; ".join(c.reason for c in shown if c.reason)
-    document["checks"] = {c.key: [c.entry] for c in shown}
+    document["checks"] = {c.key: [c.entry, *c.more] for c in shown}
     if payload is not None:
         document["payload"] = dict(payload)
     return (503 if verdict == "fail" else 200), document
@@ -322,7 +397,7 @@ def _text(code: int, text: str, *extra: tuple[str, str]) -> Answer:
 
 
 def answer_health(
-    source: HealthSource,
+    source: HealthSource | HealthGroup,
     method: str,
     path: str,
     query: str,
@@ -344,28 +419,32 @@ def answer_health(
         return _not_allowed()
     params = parse_qs(query, keep_blank_values=True)
     exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
-    # The flag first, then the snapshot, and the snapshot's own field wins: a reader never
-    # sees "died" without the reason that was published with it.
-    flagged = source.thread_died
-    status = source.status()
-    thread_died = status.thread_died or flagged
+    members = list(source.members()) if isinstance(source, HealthGroup) else [source]
+    snapshots = [_snapshot(member) for member in members]
+    if isinstance(source, HealthGroup):
+        every = group_checks(snapshots)
+        description = f"registration with {len(members)} registries: " + ", ".join(
+            status.url for status, _ in snapshots
+        )
+    else:
+        every = health_checks(snapshots[0][0], thread_died=snapshots[0][1])
+        description = f"registration with the bootstrap server at {snapshots[0][0].url}"
     if "verbose" in params:
-        every = health_checks(status, thread_died=thread_died)
         names = [only] if only else list(_PROBES[probe])
         shown = [every[n] for n in names if n not in exclude]
         excluded = [n for n in names if n in exclude]
         unknown = [n for n in exclude if n not in every]
         code, text = verbose_text(shown, excluded, unknown, probe)
         return _text(code, text)
-    payload = source.payload
-    code, document = render_health(
-        status,
-        payload=payload if expose_payload else None,
-        thread_died=thread_died,
-        probe=probe,  # type: ignore[arg-type]
-        only=only or None,
-        exclude=exclude,
-        service_id=service_id or default_service_id(payload),
+    payload = members[0].payload
+    code, document = _document(
+        every,
+        description,
+        payload if expose_payload else None,
+        probe,
+        only or None,
+        exclude,
+        service_id or default_service_id(payload),
     )
     body = json.dumps(document, indent=2).encode() + b"\n"
     headers = (
@@ -374,6 +453,15 @@ def answer_health(
         ("Cache-Control", "no-store"),
     )
     return Answer(code, headers, body)
+
+
+def _snapshot(source: HealthSource) -> tuple[Status, bool]:
+    """A member's status and whether its thread died: the flag first, then the snapshot, and
+    the snapshot's own field wins, so a reader never sees "died" without the reason that was
+    published with it."""
+    flagged = source.thread_died
+    status = source.status()
+    return status, status.thread_died or flagged
 
 
 def _not_allowed() -> Answer:
@@ -389,7 +477,7 @@ def is_live(status: Status, thread_died: bool) -> bool:
 
 
 def health_app(
-    registrar: HealthSource,
+    registrar: HealthSource | HealthGroup,
     *,
     metrics: RegistrarMetrics | None = None,
     expose_payload: bool = False,
@@ -434,11 +522,13 @@ def _wsgi_metrics(metrics_app: WSGIApp, environ: dict[str, Any]) -> Answer:
 
 
 def _no_metrics() -> Answer:
-    return _text(404, "404 not found: /metrics needs the extra: pip install 'registrar[metrics]'\n")
+    return _text(
+        404, "404 not found: /metrics needs the extra: pip install 'sglang-registrar[metrics]'\n"
+    )
 
 
 def health_asgi_app(
-    registrar: HealthSource,
+    registrar: HealthSource | HealthGroup,
     *,
     metrics: RegistrarMetrics | None = None,
     expose_payload: bool = False,
@@ -539,7 +629,7 @@ class HealthServer:
 
 
 def start_health_server(
-    registrar: HealthSource,
+    registrar: HealthSource | HealthGroup,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
@@ -557,6 +647,15 @@ def start_health_server(
     wanted = metrics is True or (metrics is None and metrics_available())
     if isinstance(metrics, RegistrarMetrics):
         chosen = metrics
+    elif wanted and isinstance(registrar, HealthGroup):
+        # One registry, each member's series labelled by its registry's URL.
+        for member in registrar.members():
+            if hasattr(member, "add_listener"):
+                labels = {"registry": member.status().url}
+                member_metrics = RegistrarMetrics(
+                    chosen.registry if chosen is not None else None, labels=labels
+                ).attach(member)  # type: ignore[arg-type]
+                chosen = chosen or member_metrics
     elif wanted and hasattr(registrar, "add_listener"):
         chosen = RegistrarMetrics().attach(registrar)  # type: ignore[arg-type]
     app = health_app(registrar, metrics=chosen, expose_payload=expose_payload)

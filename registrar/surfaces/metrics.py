@@ -1,4 +1,4 @@
-"""Prometheus metrics, behind the `registrar[metrics]` extra.
+"""Prometheus metrics, behind the `sglang-registrar[metrics]` extra.
 
 The core never imports prometheus-client: this module imports it only when metrics are asked
 for, and `metrics_available()` says whether the extra is installed. Exposition is
@@ -43,7 +43,7 @@ def _prometheus() -> Any:
         import prometheus_client  # noqa: PLC0415
     except ImportError as exc:
         raise ImportError(
-            "metrics need prometheus-client: pip install 'registrar[metrics]'"
+            "metrics need prometheus-client: pip install 'sglang-registrar[metrics]'"
         ) from exc
     return prometheus_client
 

@@ -16,6 +16,10 @@ import pytest
 from sglang_support.harness import HERE, child_env, import_quietly, wait_for
 from support import free_port
 
+from registrar import __version__
+from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.integrations.sglang import ACTIVE
+
 pytestmark = pytest.mark.timeout(300)
 
 # The upstream loop blocks init at least this long with the server down (test_upstream.py).
@@ -42,16 +46,24 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
         "logging.basicConfig(level=logging.INFO)\n"
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"
+        "import sys\n"
+        "print('--- loaded', file=sys.stderr, flush=True)\n"
         "from registrar.integrations.sglang import plugin\n"
         "print(json.dumps({'missing': plugin.verify(), 'targets': list(plugin.TARGETS)}))\n"
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["missing"] == []
-    assert len(result["targets"]) == 5
+    assert len(result["targets"]) == 6
     assert "registrar -> registrar.integrations.sglang:load" in done.stderr
     assert "Loaded plugin registrar from group sglang.srt.plugins" in done.stderr
     assert "Applied 1 hook(s) to " + "sglang.srt.disaggregation.common.conn" in done.stderr
+    # The one line an operator greps to know the plugin is active, once in this process.
+    loading = done.stderr.split("--- loaded")[0]
+    [active] = [line for line in loading.splitlines() if ACTIVE in line]
+    assert f"sglang-registrar {__version__} active in sglang 0.5.23 (pid " in active
+    assert "6 of 6 patches applied" in active
+    assert "(supports sglang 0.5.23)" in active
 
 
 def test_importing_registrar_imports_no_sglang() -> None:
@@ -65,37 +77,108 @@ def test_importing_registrar_imports_no_sglang() -> None:
     assert done.stdout.strip() == "[]"
 
 
+RENAMED_METHOD = (
+    "import warnings\n"
+    "warnings.simplefilter('ignore')\n"
+    "import logging\n"
+    "logging.basicConfig(level=logging.INFO)\n"
+    "from sglang.srt.disaggregation.common import conn\n"
+    "del conn.CommonKVManager._register_topology_row\n"
+    "from sglang.srt.plugins import load_plugins\n"
+    "load_plugins()\n"
+)
+
+
 def test_a_patch_that_cannot_apply_is_reported_loudly() -> None:
-    # As if SGLang had renamed the method: the plugin names the missing target and the versions.
+    # As if SGLang had renamed the method: the plugin names the missing target, its cause and
+    # the versions, once, and does not claim to be active.
+    done = run_python(RENAMED_METHOD)
+    assert done.returncode == 0, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:registrar")]
+    assert len(errors) == 1, done.stderr
+    assert "CommonKVManager._register_topology_row (AttributeError: " in errors[0]
+    assert "supported: 0.5.23" in errors[0]
+    assert "REGISTRAR_STRICT=1 stops the server instead" in errors[0]
+    assert "TokenizerManager.is_ready" not in errors[0]  # the others took effect
+    assert ACTIVE not in done.stderr
+
+
+def test_strict_stops_the_process_when_a_patch_cannot_apply() -> None:
+    done = run_python(RENAMED_METHOD + "print('still running')\n", REGISTRAR_STRICT="1")
+    assert done.returncode == 1, done.stderr
+    assert "still running" not in done.stdout
+    [line] = [line for line in done.stderr.splitlines() if "could not patch" in line]
+    assert line.startswith(f"sglang-registrar {__version__} could not patch ")
+    assert "_register_topology_row (AttributeError: " in line
+    assert line.endswith("REGISTRAR_STRICT=1: stopping")
+
+
+def test_a_patch_whose_module_cannot_import_names_the_import_error() -> None:
+    # A module SGLang needs for one target cannot be imported because one of its own imports is
+    # missing (as when torchvision is absent): the cause is that ImportError, which
+    # pkgutil.resolve_name alone would turn into "has no attribute 'role_switch'".
     done = run_python(
-        "import warnings\n"
+        "import sys, warnings, logging, importlib.abc, importlib.util\n"
         "warnings.simplefilter('ignore')\n"
-        "import logging\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "from sglang.srt.disaggregation.common import conn\n"
-        "del conn.CommonKVManager._register_topology_row\n"
+        "class Broken(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'sglang.srt.disaggregation.role_switch':\n"
+        "            return importlib.util.spec_from_loader(name, self)\n"
+        "    def create_module(self, spec):\n"
+        "        return None\n"
+        "    def exec_module(self, module):\n"
+        "        import a_dependency_that_is_not_installed\n"
+        "sys.meta_path.insert(0, Broken())\n"
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"
     )
     assert done.returncode == 0, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:registrar")]
-    assert len(errors) == 1, done.stderr
-    assert "CommonKVManager._register_topology_row" in errors[0]
-    assert "supported: 0.5.23" in errors[0]
-    assert "TokenizerManager.is_ready" not in errors[0]  # the others took effect
+    [line] = [line for line in done.stderr.splitlines() if "could not patch" in line]
+    assert (
+        "role_switch.teardown_disaggregation (ModuleNotFoundError: No module named "
+        "'a_dependency_that_is_not_installed')" in line
+    )
+    assert "CommonKVManager" not in line
 
 
 def test_a_bad_variable_stops_the_rank_with_one_line_naming_it(spawn_rank) -> None:
     rank = spawn_rank(free_port(), REGISTRAR_MAX_ATTEMPTS="many")
     assert rank.proc.wait(120) != 0
     text = rank.log.read_text()
-    assert "REGISTRAR_MAX_ATTEMPTS='many'" in text
+    assert text.count("REGISTRAR_MAX_ATTEMPTS='many'") == 1, text  # printed once, not twice
     assert "Traceback" not in text
 
 
-def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(
-    spawn_rank, bootstrap
-) -> None:
+def test_a_variable_the_plugin_cannot_honour_stops_the_rank_in_one_line(spawn_rank) -> None:
+    rank = spawn_rank(free_port(), REGISTRAR_HEALTH_PORT="8081")
+    assert rank.proc.wait(120) != 0
+    text = rank.log.read_text()
+    [line] = [line for line in text.splitlines() if "REGISTRAR_HEALTH_PORT" in line]
+    assert "is not read by the SGLang plugin" in line
+    assert "Traceback" not in text
+
+
+def test_the_token_file_and_verbose_work_inside_sglang(spawn_rank, tmp_path) -> None:
+    # SGLang 0.5.23's server has no authentication; the reference server stands for one that
+    # requires a bearer token (upstream PR #39416). The rank is SGLang's real CommonKVManager.
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    with BootstrapServer("127.0.0.1", 0, token="s3cret-token") as server:
+        rank = spawn_rank(server.port, REGISTRAR_TOKEN_FILE=str(token), REGISTRAR_VERBOSE="1")
+        rank.event("init")
+        assert wait_for(lambda: server.registered_count == 1, timeout=60)
+        [row] = rank.status()
+        assert (row["state"], row["registrations"]) == ("registered", 1)
+        puts = [r for r in server.records() if r.method == "PUT"]
+        assert [r.authorization for r in puts] == ["Bearer s3cret-token"]
+    text = rank.log.read_text()
+    assert "registration: accepted (200) in" in text  # REGISTRAR_VERBOSE: each request
+    assert text.count(ACTIVE) == 1
+    assert "s3cret-token" not in text
+
+
+def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank, bootstrap) -> None:
     port = free_port()
     rank = spawn_rank(port)
     init = rank.event("init")

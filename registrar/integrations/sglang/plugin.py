@@ -14,15 +14,20 @@ What it patches, through SGLang's own `HookRegistry` (no change to SGLang's sour
   answering scheduler's registration summary under `internal_states[i]["registrar"]`.
 - AFTER `build_server_info`: in the node-0 HTTP process, `/server_info` also carries the
   bootstrap server's missing rows under `registrar_bootstrap`.
+- AFTER `CommonKVManager._on_heartbeat_success` (decode): drop a restarted prefill's stale
+  cached addresses through SGLang's own node-failure handling (stale_prefill.py).
 
 `HookRegistry` only logs a patch that failed, so after SGLang applies the hooks the plugin checks
-each target and logs one ERROR naming what is missing and the supported versions.
+each target: all applied, it logs the one line that proves it is active (`ACTIVE`); otherwise
+one ERROR naming each missing target, its cause and the supported versions, or with
+`REGISTRAR_STRICT=1` it stops the process with that line.
 """
 
 from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import logging
 import os
 import pkgutil
@@ -30,30 +35,40 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
+from ... import __version__
 from ...core.errors import ConfigError
 from ...core.machine import State
 from ...core.registrar import EXIT_CODE, Registrar
 from ...protocols.sglang import rank_of
-from ...surfaces.env import SGLANG_PLUGIN_ENV_VARS, options_from_env
+from ...surfaces.verbose import make_verbose
+from .settings import PluginConfig, read_config
+from .stale_prefill import after_heartbeat_success, close_checks
 
 __all__ = [
+    "ACTIVE",
+    "DISTRIBUTION",
     "SUPPORTED_VERSIONS",
     "TARGETS",
-    "PluginConfig",
     "bootstrap_summary",
     "load",
     "rank_summary",
     "table_complete",
+    "verify",
 ]
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_VERSIONS = ("0.5.23",)
 """SGLang versions the plugin is tested on (tests/sglang_real)."""
+
+DISTRIBUTION = "sglang-registrar"
+"""The name on the package index, which every line the plugin logs starts with."""
+
+ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"
+"""The start of the one INFO line, per process, that proves the plugin is active (grep it)."""
 
 _CONN = "sglang.srt.disaggregation.common.conn"
 REGISTER_ROW = f"{_CONN}.CommonKVManager._register_topology_row"
@@ -64,6 +79,7 @@ INTERNAL_STATE = (
     "SchedulerInternalStateController.get_internal_state"
 )
 SERVER_INFO = "sglang.srt.utils.common.build_server_info"
+HEARTBEAT_OK = f"{_CONN}.CommonKVManager._on_heartbeat_success"
 _HTTP_SERVER = "sglang.srt.entrypoints.http_server"
 _MAX_LISTED = 64
 """At most this many missing rows are listed in /server_info (the count is always there)."""
@@ -72,25 +88,9 @@ _ROWS = "_registrar_rows"
 """The attribute on a KV manager that holds its registrars, one per topology row."""
 
 
-@dataclass(frozen=True)
-class PluginConfig:
-    """The plugin's settings, read and validated once, at plugin load."""
-
-    registrar: Mapping[str, Any]
-    """Keyword arguments for every `Registrar` the plugin starts."""
-    init_wait: float = 0.0
-
-
 _config: PluginConfig | None = None
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _live_lock = threading.Lock()
-
-
-def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
-    """The settings from `REGISTRAR_*` variables, or `ConfigError` naming the variable."""
-    options = options_from_env(environ)
-    extra = options_from_env(environ, table=SGLANG_PLUGIN_ENV_VARS)
-    return PluginConfig(registrar=options, init_wait=float(extra.get("init_wait", 0.0)))
 
 
 # ------------------------------------------------------------------------ the hooks
@@ -109,6 +109,8 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
     if options.get("on_failure") == "exit":
         options["exit"] = _fail_rank
     registrar = Registrar(root, payload, **options)
+    if config.verbose:
+        make_verbose(registrar)
     rows[key] = registrar
     with _live_lock:
         _live.add(manager)
@@ -132,8 +134,9 @@ def _fail_rank(code: int) -> None:
     """on_failure=exit inside SGLang: fail as a failing scheduler does (run_scheduler_process
     sends SIGQUIT to its parent, whose handler takes the whole server down), then end."""
     logger.error(
-        "registrar: this prefill rank could not register with its bootstrap server "
+        "%s: this prefill rank could not register with its bootstrap server "
         "(REGISTRAR_ON_FAILURE=exit); failing the scheduler: SIGQUIT to the parent process %d",
+        DISTRIBUTION,
         os.getppid(),
     )
     try:
@@ -165,6 +168,7 @@ def before_teardown(scheduler: Any, *args: Any, **kwargs: Any) -> None:
         manager = getattr(queue, "kv_manager", None)
         if manager is not None:
             stop_rows(manager, "PD role switch")
+            close_checks(manager)
 
 
 @atexit.register
@@ -289,6 +293,7 @@ def _hooks() -> list[tuple[str, Callable[..., Any], str]]:
         (IS_READY, around_is_ready, "AROUND"),
         (INTERNAL_STATE, after_internal_state, "AFTER"),
         (SERVER_INFO, after_server_info, "AFTER"),
+        (HEARTBEAT_OK, after_heartbeat_success, "AFTER"),
     ]
 
 
@@ -318,19 +323,64 @@ def _cell(cell: Any) -> Any:
         return None
 
 
-def verify() -> list[str]:
-    """Check each patch took effect; log one ERROR naming the missing ones. The missing
-    targets."""
+def _cause(target: str) -> str:
+    """Why `target` is not patched: the error importing its module (a module SGLang needs that
+    is missing: `pkgutil.resolve_name` would turn it into an AttributeError), the attribute
+    that is not there (a renamed method), or that the registry did not apply the hook."""
+    parts = target.split(".")
+    for end in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module
+        name = ".".join(parts[:end])
+        try:
+            if importlib.util.find_spec(name) is None:
+                continue
+            found: Any = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # not a module: a class or function of a shorter prefix
+            return f"ModuleNotFoundError: {exc}"  # a module it imports is missing
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        try:
+            for attribute in parts[end:]:
+                found = getattr(found, attribute)
+        except AttributeError as exc:
+            return f"AttributeError: {exc}"
+        return "present, but SGLang's HookRegistry did not apply the hook (see its log above)"
+    return f"ModuleNotFoundError: No module named {parts[0]!r}"
+
+
+def verify(strict: bool | None = None) -> list[str]:
+    """Check each patch took effect. All of them: log the `ACTIVE` line. Otherwise one ERROR
+    naming each missing target and its cause, or with `strict` (`REGISTRAR_STRICT=1`)
+    `SystemExit` with that line, which stops the server at load. The missing targets."""
+    if strict is None:
+        strict = _config is not None and _config.strict
+    version = _sglang_version()
     missing = [target for target, hook, _ in _hooks() if not _applied(target, hook)]
-    if missing:
-        version = _sglang_version()
-        logger.error(
-            "registrar's SGLang plugin could not patch %s in sglang %s (supported: %s); "
-            "those parts are inactive: SGLang's own behaviour stands there",
-            ", ".join(missing),
+    if not missing:
+        logger.info(
+            "%s %s (pid %d): %d of %d patches applied, prefill ranks register in the "
+            "background (supports sglang %s)",
+            ACTIVE,
             version,
+            os.getpid(),
+            len(TARGETS),
+            len(TARGETS),
             ", ".join(SUPPORTED_VERSIONS),
         )
+        return missing
+    causes = "; ".join(f"{target} ({_cause(target)})" for target in missing)
+    line = (
+        f"{DISTRIBUTION} {__version__} could not patch {causes} in sglang {version} "
+        f"(supported: {', '.join(SUPPORTED_VERSIONS)})"
+    )
+    if strict:
+        raise SystemExit(f"{line}; REGISTRAR_STRICT=1: stopping")
+    logger.error(
+        "%s; those parts are inactive and SGLang's own behaviour stands there "
+        "(REGISTRAR_STRICT=1 stops the server instead)",
+        line,
+    )
     return missing
 
 
@@ -345,23 +395,28 @@ def _sglang_version() -> str:
 
 def load() -> None:
     """The entry point: validate the configuration, register the hooks, and check them once
-    SGLang has applied them. A bad variable ends the process with one line naming it."""
+    SGLang has applied them. A bad or refused variable ends the process with one line naming
+    it (SystemExit's message, printed once by the interpreter)."""
     global _config
     try:
         _config = read_config()
     except ConfigError as exc:
-        logger.error("registrar's SGLang plugin: %s", exc)
-        raise SystemExit(f"registrar's SGLang plugin: {exc}") from None
-    hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
-    for target, hook, kind in _hooks():
-        hooks.HookRegistry.register(target, hook, hooks.HookType[kind])
+        raise SystemExit(f"{DISTRIBUTION}'s SGLang plugin: {exc}") from None
+    for warning in _config.warnings:
+        logger.warning("%s: %s", DISTRIBUTION, warning)
     version = _sglang_version()
     if version not in SUPPORTED_VERSIONS:
         logger.warning(
-            "registrar's SGLang plugin is tested on sglang %s, not %s",
+            "%s %s supports sglang %s; this is sglang %s: each patch is checked once SGLang "
+            "applies them",
+            DISTRIBUTION,
+            __version__,
             ", ".join(SUPPORTED_VERSIONS),
             version,
         )
+    hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
+    for target, hook, kind in _hooks():
+        hooks.HookRegistry.register(target, hook, hooks.HookType[kind])
     _verify_after_apply(hooks.HookRegistry)
 
 
@@ -377,7 +432,7 @@ def _verify_after_apply(registry: Any) -> None:
             original.__func__(cls)
         finally:
             registry.apply_hooks = original
-            verify()
+        verify()
 
     apply_then_verify._registrar_verifies = True  # type: ignore[attr-defined]
     registry.apply_hooks = classmethod(apply_then_verify)

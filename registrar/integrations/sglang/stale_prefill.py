@@ -1,0 +1,230 @@
+"""The decode side: a prefill that restarted leaves stale addresses cached on the decode.
+
+SGLang's decode caches, per prefill bootstrap address, the prefill's parallel info
+(`prefill_info_table`) and each rank's address (`connection_pool`, keyed `{addr}_{dp}_{cp}_{tp}`),
+and sends its own KV buffers to each prefill rank once, when it first caches that rank. It drops
+them only after `SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE` (2) failed `GET /health` in a row,
+`SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL` (5 s) apart. A relaunched prefill's bootstrap server
+answers `/health` again within seconds (long before its model is loaded), so the dead process is
+often never dropped: the decode keeps sending to its ports, and the new prefill never learns the
+decode's buffers. Every request through that pair fails until the decode is restarted.
+
+`/health` cannot tell a restarted server from the old one. The route answers can, the same way
+registrar's prefill side tells that a server forgot it (docs/sglang.md). After each successful
+heartbeat (AFTER `CommonKVManager._on_heartbeat_success`, on SGLang's heartbeat thread), the
+decode asks the bootstrap server for every row it has cached, and drops the prefill through
+SGLang's own `_handle_node_failure` (the path a failed heartbeat takes) when:
+
+- a cached rank is now registered at another address;
+- a cached rank is missing from a ready server (404);
+- the server showed a new lifetime (a 503: the decode cached from a ready server, and the count
+  only grows while a server lives; or our kept-alive connection to it was re-opened between two
+  checks of the same cache) and the rows are back at the same addresses: a prefill relaunched
+  on the same ports has not received the decode's buffers either.
+
+No answer at all is left to SGLang's heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.redact import clean
+from ...core.untrusted import load_json
+from ...protocols.http import HttpTransport
+
+__all__ = [
+    "CachedRow",
+    "Decision",
+    "RowAnswer",
+    "after_heartbeat_success",
+    "cached_rows",
+    "check_prefill",
+    "close_checks",
+    "decide",
+]
+
+logger = logging.getLogger(__name__)
+
+_STATE = "_registrar_prefill_checks"
+"""The attribute on a decode KV manager that holds one `_Watch` per prefill bootstrap address."""
+_TIMEOUT = (2.0, 3.0)
+"""As SGLang's heartbeat: (connect, read) seconds."""
+
+
+@dataclass(frozen=True)
+class CachedRow:
+    """One prefill rank's address as the decode cached it."""
+
+    dp: int
+    cp: int
+    tp: int
+    pp: int
+    ip: str
+    port: int
+
+    def name(self) -> str:
+        return f"dp {self.dp} cp {self.cp} tp {self.tp} pp {self.pp}"
+
+
+@dataclass(frozen=True)
+class RowAnswer:
+    """What the bootstrap server answers for a cached row now: a status (None: no answer), the
+    address it names on a 200, and whether our kept-alive connection had to be re-opened."""
+
+    status: int | None
+    ip: str | None = None
+    port: int | None = None
+    reconnected: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Drop the prefill (`drop` says why), or keep it with a new-lifetime suspicion pending."""
+
+    drop: str | None
+    pending: str | None
+
+
+def decide(
+    answers: Iterable[tuple[CachedRow, RowAnswer]], pending: str | None, same_cache: bool
+) -> Decision:
+    """Whether the cached rows belong to a server that is gone. `pending` is the new-lifetime
+    evidence seen by earlier checks of this same cache; `same_cache` is False on the first check
+    of a cache (a re-opened connection then predates it and says nothing)."""
+    present = True
+    for row, answer in answers:
+        if answer.status is None:
+            return Decision(None, pending)  # down: SGLang's heartbeat decides
+        if answer.reconnected and same_cache and pending is None:
+            pending = "its bootstrap server dropped our kept-alive connection (a new process)"
+        if answer.status == 200:
+            if (answer.ip, answer.port) != (row.ip, row.port):
+                return Decision(
+                    f"rank {row.name()} is now at {answer.ip}:{answer.port}, "
+                    f"cached {row.ip}:{row.port}",
+                    None,
+                )
+        elif answer.status == 404:
+            return Decision(f"rank {row.name()} is gone from a ready bootstrap server", None)
+        elif answer.status == 503:
+            present = False
+            pending = pending or (
+                "its bootstrap server has fewer ranks registered than when the decode cached "
+                "them (a new server)"
+            )
+        else:
+            present = False
+    if present and pending is not None:
+        return Decision(f"{pending}, and its ranks registered again", None)
+    return Decision(None, pending)
+
+
+def cached_rows(
+    addr: str, pool: Mapping[str, Sequence[Mapping[str, Any]]], info: Any
+) -> list[CachedRow]:
+    """The rows cached for the prefill at `addr`. SGLang lists one entry per (target tp, pp)
+    under each `{addr}_{dp}_{cp}_{tp}` key, tp outer and pp inner in reverse (the order of
+    `_setup_bootstrap_infos`); each entry carries its pp rank."""
+    tps = list(getattr(info, "target_tp_ranks", None) or [])
+    pps = list(reversed(getattr(info, "target_pp_ranks", None) or []))
+    prefix = f"{addr}_"
+    rows = []
+    for key, entries in pool.items():
+        parts = key[len(prefix) :].split("_") if key.startswith(prefix) else []
+        try:
+            dp, cp, key_tp = (int(part) for part in parts)
+        except ValueError:  # not a row of this prefill
+            continue
+        order = [t for t in tps for _ in pps] if len(tps) * len(pps) == len(entries) else []
+        for i, entry in enumerate(entries):
+            ip, port = entry.get("rank_ip"), entry.get("rank_port")
+            if not isinstance(ip, str) or port is None:
+                continue
+            tp = order[i] if order else key_tp
+            rows.append(CachedRow(dp, cp, tp, int(entry.get("pp_rank", 0)), ip, int(port)))
+    return rows
+
+
+class _Watch:
+    """The checks of one prefill from one decode manager: its connection and evidence."""
+
+    def __init__(self, addr: str) -> None:
+        self.transport = HttpTransport(f"http://{addr}", path="/route", timeout=_TIMEOUT)
+        self.cache: Any = None
+        self.pending: str | None = None
+
+    def ask(self, row: CachedRow) -> RowAnswer:
+        query = {
+            "prefill_dp_rank": row.dp,
+            "prefill_cp_rank": row.cp,
+            "target_tp_rank": row.tp,
+            "target_pp_rank": row.pp,
+        }
+        result = self.transport.send("GET", "/route", params=query)
+        if result.error is not None or result.status_code is None:
+            return RowAnswer(None, reconnected=result.reconnected)
+        ip = port = None
+        if result.status_code == 200:
+            try:
+                found = load_json(result.text)
+                ip, port = str(found["rank_ip"]), int(found["rank_port"])
+            except (ValueError, KeyError, TypeError):  # a 200 that names no address: no answer
+                return RowAnswer(None, reconnected=result.reconnected)
+        return RowAnswer(result.status_code, ip, port, result.reconnected)
+
+
+_lock = threading.Lock()
+
+
+def check_prefill(manager: Any, addr: str) -> str | None:
+    """Check the rows `manager` cached for the prefill at `addr`; drop them through SGLang's
+    `_handle_node_failure` if they are stale. Why they were dropped, or None."""
+    with manager.connection_lock:
+        info = manager.prefill_info_table.get(addr)
+        pool = {k: list(v) for k, v in manager.connection_pool.items() if k.startswith(addr + "_")}
+    rows = cached_rows(addr, pool, info) if info is not None else []
+    with _lock:
+        watches: dict[str, _Watch] = manager.__dict__.setdefault(_STATE, {})
+        watch = watches.setdefault(addr, _Watch(addr))
+    if not rows:
+        watch.cache, watch.pending = None, None
+        return None
+    same_cache = watch.cache is info
+    if not same_cache:
+        watch.cache, watch.pending = info, None
+    decision = decide(((row, watch.ask(row)) for row in rows), watch.pending, same_cache)
+    watch.pending = decision.pending
+    if decision.drop is None:
+        return None
+    watch.cache, watch.pending = None, None
+    logger.warning(
+        "registrar: the prefill at %s restarted (%s); dropping the decode's cached addresses "
+        "of it through SGLang's node-failure handling",
+        addr,
+        clean(decision.drop, 300),
+    )
+    manager._handle_node_failure(addr)
+    return decision.drop
+
+
+def close_checks(manager: Any) -> None:
+    """Close the connections the checks of `manager` keep (its teardown)."""
+    with _lock:
+        watches: dict[str, _Watch] = manager.__dict__.pop(_STATE, {})
+    for watch in watches.values():
+        watch.transport.close()
+
+
+def after_heartbeat_success(result: Any, manager: Any, addr: str, *args: Any, **kw: Any) -> Any:
+    """AFTER `CommonKVManager._on_heartbeat_success` (decode only): check that prefill's rows.
+    Never raises into SGLang's heartbeat thread."""
+    try:
+        check_prefill(manager, addr)
+    except Exception:
+        logger.exception("registrar: checking the prefill at %s for a restart failed", addr)
+    return result

@@ -1,0 +1,1 @@
+"""The end-to-end suite's pieces: the model, the servers, the test-only start-up module."""

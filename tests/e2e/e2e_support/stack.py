@@ -1,0 +1,261 @@
+"""One deployment under test: a prefill and a decode `launch_server`, the `smg` router in front,
+requests sent through the router all along, and what every health endpoint says at each step.
+
+`Stack(registrar=True)` loads registrar's plugin in every SGLang process; `registrar=False`
+filters it out through `SGLANG_PLUGINS`: stock SGLang 0.5.23.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from .deploy import (
+    Deployment,
+    Process,
+    control,
+    free_port,
+    read_control,
+    server_env,
+    wait_http,
+)
+
+__all__ = ["PROMPTS", "Probe", "Sample", "Stack", "generate"]
+
+PROMPTS = ("w1 w2 w3 w4", "w10 w20 w30 w40 w50 w60", "w7 w7 w7", "w123 w456 w789 w5 w6 w8 w9")
+SERVE_TIMEOUT = 420.0
+"""How long a server may take to start here (2 shared cores: 40-90 s is usual)."""
+
+
+def generate(url: str, text: str = PROMPTS[0], timeout: float = 30.0) -> tuple[int | None, str]:
+    """One greedy /generate; the status (None for no answer) and the text or error."""
+    body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+    try:
+        answer = requests.post(f"{url}/generate", json=body, timeout=timeout)
+    except requests.RequestException as exc:
+        return None, type(exc).__name__
+    if answer.status_code == 200:
+        with contextlib.suppress(ValueError):
+            return 200, str(answer.json()["text"])
+    return answer.status_code, answer.text[:300]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request through the router: when it was sent (seconds from the probe's zero), its
+    status and whether it was served."""
+
+    t: float
+    done: float
+    status: int | None
+    ok: bool
+    detail: str
+
+
+class Probe:
+    """Requests through the router one after another until stopped (timeline of a scenario)."""
+
+    def __init__(self, url: str, zero: float, gap: float = 0.5) -> None:
+        self.url = url
+        self.zero = zero
+        self.gap = gap
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            status, detail = generate(self.url, timeout=25.0)
+            ok = status == 200 and bool(detail.strip())
+            sent_at, done_at = round(sent - self.zero, 2), round(time.monotonic() - self.zero, 2)
+            self.samples.append(Sample(sent_at, done_at, status, ok, detail[:160]))
+            self._stop.wait(self.gap)
+
+    def first_ok(self, after: float = float("-inf")) -> Sample | None:
+        """The first request served that was answered after `after`."""
+        return next((s for s in list(self.samples) if s.ok and s.done >= after), None)
+
+    def wait_ok(self, timeout: float, after: float = float("-inf")) -> Sample | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.first_ok(after)
+            if found is not None:
+                return found
+            time.sleep(0.2)
+        return self.first_ok(after)
+
+    def since(self, t: float) -> list[Sample]:
+        """The requests answered after `t`."""
+        return [s for s in list(self.samples) if s.done >= t]
+
+
+@dataclass
+class Record:
+    """What one scenario measured, for the report (docs/e2e.md and its picture)."""
+
+    scenario: str
+    registrar: bool
+    events: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    health: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class Stack:
+    """A prefill/decode deployment with the router in front, all started on free ports."""
+
+    def __init__(self, registrar: bool, model: Path, logs: Path) -> None:
+        self.registrar = registrar
+        self.logs = logs
+        self.deploy = Deployment(model, logs)
+        self.prefill_port = free_port()
+        self.bootstrap_port = free_port()
+        self.decode_port = free_port()
+        self.router_port = free_port()
+        self.prefill: Process | None = None
+        self.decode: Process | None = None
+        self.router: Process | None = None
+        self.single: Process | None = None
+        """A reference server without disaggregation, when `start(single=True)`."""
+        self.control_url = ""
+        self.decode_control_url = ""
+        self.launches = 0
+
+    # ------------------------------------------------------------ starting and stopping
+
+    def start(self, *, hold: bool, single: bool = False) -> None:
+        """Decode and prefill (its bootstrap server held if `hold`) at once, and a single
+        reference server beside them if asked; then the router once they answer."""
+        if single:
+            self.single = self.deploy.single(free_port(), server_env(plugin=False))
+        decode_dir = self.logs / "control-decode"
+        decode_dir.mkdir()
+        env = server_env(plugin=self.registrar, control_dir=decode_dir)
+        self.decode = self.deploy.decode(self.decode_port, env)
+        self.launch_prefill(hold=hold)
+        with ThreadPoolExecutor(3) as pool:
+            waits = [
+                pool.submit(wait_http, p, "/health", SERVE_TIMEOUT)
+                for p in (self.prefill, self.decode, self.single)
+                if p is not None
+            ]
+            for wait in waits:
+                wait.result()
+        assert self.prefill is not None
+        assert self.decode is not None
+        self.decode_control_url = read_control(self.decode, decode_dir, "decode")
+        self.router = self.deploy.router(
+            self.router_port, self.prefill.url, self.bootstrap_port, self.decode.url
+        )
+        self.wait_router_ready()
+
+    def launch_prefill(self, *, hold: bool) -> Process:
+        control_dir = self.logs / f"control-{self.launches}"
+        control_dir.mkdir()
+        self.launches += 1
+        env = server_env(plugin=self.registrar, control_dir=control_dir)
+        if hold:
+            env["E2E_BOOTSTRAP_HOLD"] = "1"
+        self.prefill = self.deploy.prefill(self.prefill_port, self.bootstrap_port, env)
+        self.control_url = read_control(self.prefill, control_dir)
+        return self.prefill
+
+    def relaunch_prefill(self, *, kill: bool) -> Process:
+        """End the prefill (SIGKILL to its group for a crash, else SIGTERM) and launch it again
+        on the same ports, its bootstrap server not held."""
+        assert self.prefill is not None
+        if kill:
+            self.prefill.kill()
+        else:
+            self.prefill.stop()
+        return self.launch_prefill(hold=False)
+
+    def wait_prefill_up(self) -> None:
+        assert self.prefill is not None
+        wait_http(self.prefill, "/health", SERVE_TIMEOUT)
+
+    def wait_router_ready(self, timeout: float = 120.0) -> None:
+        assert self.router is not None
+        wait_http(self.router, "/readiness", timeout)
+
+    def stop(self) -> None:
+        self.deploy.stop_all()
+
+    # ------------------------------------------------------------ looking
+
+    @property
+    def router_url(self) -> str:
+        assert self.router is not None
+        return self.router.url
+
+    def bootstrap(self, action: str | None = None) -> dict[str, Any]:
+        return control(self.control_url, action)
+
+    def decode_heartbeat(self, action: str | None = None) -> dict[str, Any]:
+        return control(self.decode_control_url, action)
+
+    def health(self, step: str) -> dict[str, Any]:
+        """What each health endpoint says now."""
+        assert self.prefill is not None
+        assert self.decode is not None
+        assert self.router is not None
+        row: dict[str, Any] = {"step": step}
+        for name, url, path in (
+            ("prefill /health", self.prefill.url, "/health"),
+            ("prefill /ready", self.prefill.url, "/ready"),
+            ("decode /health", self.decode.url, "/health"),
+            ("router /readiness", self.router.url, "/readiness"),
+        ):
+            row[name] = _status(url + path)
+        row["registrar in /server_info"] = self._registrar_status()
+        return row
+
+    def _registrar_status(self) -> str:
+        assert self.prefill is not None
+        try:
+            info = requests.get(self.prefill.url + "/server_info", timeout=10).json()
+        except (requests.RequestException, ValueError):
+            return "no answer"
+        states = [
+            row.get("state")
+            for internal in info.get("internal_states") or []
+            for row in (internal.get("registrar") or {}).get("rows", [])
+        ]
+        boot = info.get("registrar_bootstrap")
+        if not states and boot is None:
+            return "absent"
+        parts = [f"rank {', '.join(str(s) for s in states)}"] if states else []
+        if boot is not None and boot.get("missing_count") is None:
+            parts.append("bootstrap server: no row yet")
+        elif boot is not None:
+            missing, expected = boot["missing_count"], boot["expected_rows"]
+            parts.append(f"bootstrap server: {missing} of {expected} rows missing")
+        return "; ".join(parts)
+
+    def log_since(self, process: Process, pattern: str, start: int = 0) -> list[str]:
+        return [m for m in re.findall(pattern, process.text()[start:])]
+
+
+def _status(url: str) -> str:
+    try:
+        return str(requests.get(url, timeout=10).status_code)
+    except requests.RequestException as exc:
+        return type(exc).__name__
