@@ -79,6 +79,26 @@ def _no_duplicates(router: str) -> list[str]:
     return urls
 
 
+def _shown(router: str, servers: tuple[Process, ...], timeout: float = 60.0) -> None:
+    """Each server's /server_info shows its gateway registration, with the id the router
+    lists it under now."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = {w["url"].rstrip("/"): w["id"] for w in _listed(router)}
+        shown = {
+            s.url: requests.get(f"{s.url}/server_info", timeout=30).json().get("registrar_gateway")
+            for s in servers
+        }
+        if all(
+            g and g[0]["state"] == "registered" and g[0]["worker_id"] == ids.get(url)
+            for url, g in shown.items()
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"/server_info {shown} against the router's ids {ids}")
+        time.sleep(0.5)
+
+
 def _drain(router: str, server: Process, record: Record) -> None:
     """SIGTERM to the server's main process: the router stops listing it while it serves."""
     sent = time.monotonic()
@@ -119,6 +139,7 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
     with Probe(router.url, zero) as probe:
         assert probe.wait_ok(LISTED_BOUND) is not None, f"not serving: {probe.samples[-3:]}"
         assert sorted(_no_duplicates(router.url)) == sorted(urls)
+        _shown(router.url, (prefill, decode))
 
         router.kill()
         record.events["router killed"] = round(time.monotonic() - zero, 2)
@@ -133,6 +154,7 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
         record.figures["router_listening_to_served_s"] = round(first.done - since, 2)
         time.sleep(12)  # a few watch intervals: nothing is added twice
         assert sorted(_no_duplicates(router.url)) == sorted(urls)
+        _shown(router.url, (prefill, decode))
     record.samples = [
         asdict(s) | {"t": round(s.t, 2), "done": round(s.done, 2)} for s in probe.samples
     ]
