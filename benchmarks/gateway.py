@@ -29,9 +29,8 @@ from typing import Any
 
 import requests
 
-from registrar import Registrar, State
+from registrar import Registrar, SmgTransport, State, smg_registrar
 from registrar.devtools.gateway import Gateway, StandInWorker
-from registrar.protocols.smg import SmgTransport, smg_registrar
 
 REPO = Path(__file__).resolve().parent.parent
 

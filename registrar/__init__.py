@@ -8,8 +8,8 @@ Start it in the background, never block on it, and ask it where it stands::
 
 from __future__ import annotations
 
-__version__ = "0.2.0"
-
+from ._version import __version__
+from .assembly import etcd_registrar, smg_registrar, smg_registrars
 from .core.aio import in_loop
 from .core.backoff import Backoff
 from .core.clock import Clock, SystemClock
@@ -31,10 +31,10 @@ from .core.status import Status
 from .core.transport import IdleWatcher, Transport
 from .core.waker import Waker
 from .moved import install as _install_moved
-from .protocols.etcd import EtcdTransport, etcd_registrar
+from .protocols.etcd import EtcdTransport
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
-from .protocols.smg import SmgTransport, smg_registrar, smg_registrars
+from .protocols.smg import SmgTransport
 
 __all__ = [
     "DEFAULT_BACKOFF",

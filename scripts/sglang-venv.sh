@@ -13,35 +13,21 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
-pins="$here/sglang-pins.txt"
-python=${PYTHON:-python3}
-rebuild=0
-[ "${1:-}" = "--rebuild" ] && rebuild=1
+# shellcheck source=scripts/cached-venv.sh
+. "$here/cached-venv.sh"
 
-key=$({ cat "$pins"; "$python" -c 'import sys; print(sys.version_info[:2])'; } | sha256sum | cut -c1-12)
-root=${REGISTRAR_CACHE:-$HOME/.cache/registrar}
-venv="$root/sglang-$key"
-mkdir -p "$root"
-
-log() { echo "sglang-venv: $*" >&2; }
-
-exec 8>"$venv.lock"
-flock 8
-if [ "$rebuild" = 1 ] || [ ! -f "$venv/.complete" ]; then
-  started=$(date +%s)
-  log "building $venv (first run: a few minutes)"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
+build() {
+  local venv=$1 pins=$2
   # torch first and alone: its CPU build must come from a --find-links folder, never PyPI.
   if ! "$venv/bin/python" -m pip install -q --no-deps "$(grep '^torch==' "$pins")" >&2; then
-    log "no $(grep '^torch==' "$pins") wheel found: put the CPU build in a folder named by"
-    log "PIP_FIND_LINKS (PyPI's torch is the CUDA build and is not used here)"
+    echo "sglang-venv: no $(grep '^torch==' "$pins") wheel found: put the CPU build in a folder" >&2
+    echo "sglang-venv: named by PIP_FIND_LINKS (PyPI's torch is the CUDA build, not used here)" >&2
     exit 1
   fi
-  "$venv/bin/python" -m pip install -q --no-deps -r "$pins" 2> >(grep -v '^WARNING: Location' >&2)
-  touch "$venv/.complete"
-  log "built in $(( $(date +%s) - started )) s, $(du -sh "$venv" | cut -f1)"
-fi
+  install_pins "$venv" "$pins"
+}
+
+cached_venv sglang "$here/sglang-pins.txt" build "${1:-}"
 # This checkout, editable, so SGLang's plugin loader finds registrar's entry point. Offline:
 # the build backend is among the pins.
 # The distribution was named `registrar` before 0.2.0 (`sglang-registrar` since): a checkout of

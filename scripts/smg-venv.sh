@@ -11,29 +11,14 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-pins="$here/smg-pins.txt"
-python=${PYTHON:-python3}
-rebuild=0
-[ "${1:-}" = "--rebuild" ] && rebuild=1
+# shellcheck source=scripts/cached-venv.sh
+. "$here/cached-venv.sh"
 
-key=$({ cat "$pins"; "$python" -c 'import sys; print(sys.version_info[:2])'; } | sha256sum | cut -c1-12)
-root=${REGISTRAR_CACHE:-$HOME/.cache/registrar}
-venv="$root/smg-$key"
-mkdir -p "$root"
+build() {
+  install_pins "$1" "$2"
+  "$1/bin/smg" --help >/dev/null
+}
 
-log() { echo "smg-venv: $*" >&2; }
-
-exec 8>"$venv.lock"
-flock 8
-if [ "$rebuild" = 1 ] || [ ! -f "$venv/.complete" ]; then
-  started=$(date +%s)
-  log "building $venv"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --no-deps -r "$pins" 2> >(grep -v '^WARNING: Location' >&2)
-  "$venv/bin/smg" --help >/dev/null
-  touch "$venv/.complete"
-  log "built in $(( $(date +%s) - started )) s, $(du -sh "$venv" | cut -f1)"
-fi
+cached_venv smg "$here/smg-pins.txt" build "${1:-}"
 flock -u 8
 echo "$venv/bin/smg"

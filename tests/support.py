@@ -181,3 +181,10 @@ CLI_ENV = {
 }
 """The environment `registrar` subprocesses run in: none of the variables it reads, unbuffered."""
 CLI_ENV["PYTHONUNBUFFERED"] = "1"
+
+
+def scripted_protocol(
+    payload: Mapping[str, Any], options: Any
+) -> tuple[ScriptedTransport, dict[str, Any]]:
+    """A protocol factory for the registry's tests (found through an entry point)."""
+    return ScriptedTransport([accepted()]), dict(payload)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -12,10 +13,19 @@ from pathlib import Path
 
 import pytest
 import requests
-from support import CLI_ENV, free_port, sglang_payload, wait_until
+from support import (
+    CLI_ENV,
+    FakeClock,
+    ScriptedTransport,
+    accepted,
+    free_port,
+    sglang_payload,
+    wait_until,
+)
 
-from registrar import mermaid_diagram
+from registrar import Registrar, State, mermaid_diagram
 from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.surfaces.health import start_health_server
 
 ENV = CLI_ENV
 
@@ -203,3 +213,37 @@ def test_bootstrap_port_in_use(busy_port: int) -> None:
     result = run("bootstrap", "--port", str(busy_port))
     assert result.returncode == 2
     assert "Address already in use" in result.stderr
+
+
+@pytest.mark.parametrize("form", [(), ("--json",)])
+def test_status_to_a_reader_that_closed_early(registrars: list, form: tuple[str, ...]) -> None:
+    """`registrar status | head -c 1`: the reader is gone before the answer is written. No
+    traceback, and the exit status is still the answer's (registered: 0), not 1."""
+    reg = Registrar(
+        "http://127.0.0.1:8998",
+        {"service": "demo"},
+        transport=ScriptedTransport([accepted()]),
+        clock=FakeClock(),
+        watch_interval=None,
+    )
+    registrars.append(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader closed early: every write gets EPIPE
+    try:
+        with start_health_server(reg, metrics=False) as health:
+            result = subprocess.run(
+                [sys.executable, "-m", "registrar", "status", "--health-url", health.url, *form],
+                check=False,
+                stdout=writer,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                env=ENV,
+            )
+    finally:
+        os.close(writer)
+    assert "Traceback" not in result.stderr
+    assert "BrokenPipeError" not in result.stderr
+    assert result.returncode == 0, result.stderr

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from registrar import ConfigError
+from registrar.assembly import etcd_registrar
 from registrar.protocols.etcd import (
     ChunkedLines,
     EtcdTransport,
     StreamError,
-    etcd_registrar,
     parse_answer,
     watch_change,
     watch_interval_for,

@@ -271,3 +271,19 @@ def test_metrics_true_serves_metrics_and_false_does_not(registrars: list) -> Non
     ):
         assert "registrar_state" in get(f"{on.url}/metrics").text
         assert get(f"{off.url}/metrics").status_code == 404
+
+
+def test_head_metrics_announces_the_length_of_the_get_body(registrars: list) -> None:
+    """HEAD answers the headers GET would: a Content-Length of the body it leaves out."""
+    reg = scripted(registrars, [accepted()])
+    metrics = RegistrarMetrics(CollectorRegistry()).attach(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    with start_health_server(reg, metrics=metrics) as health:
+        # Uncompressed both times (a client asking for gzip gets a gzip length).
+        plain = {"Accept-Encoding": "identity"}
+        body = requests.get(f"{health.url}/metrics", headers=plain, timeout=5).content
+        head = requests.head(f"{health.url}/metrics", headers=plain, timeout=5)
+    assert body
+    assert (head.status_code, head.content) == (200, b"")
+    assert int(head.headers["Content-Length"]) == len(body)

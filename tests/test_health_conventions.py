@@ -210,6 +210,11 @@ def test_asgi_app_under_uvicorn_answers_as_the_wsgi_app(registrars: list) -> Non
         assert b"registrar_state" in gzip.decompress(raw.raw.read())
         head = requests.head(f"{asgi}/metrics", timeout=5)
         assert (head.status_code, head.content) == (200, b"")
+        # HEAD announces the length of the body GET sends.
+        plain_only = {"Accept-Encoding": "identity"}
+        head = requests.head(f"{asgi}/metrics", headers=plain_only, timeout=5)
+        body = get(f"{asgi}/metrics", headers=plain_only).content
+        assert int(head.headers["Content-Length"]) == len(body) > 0
         # The same through the WSGI app.
         om = get(f"{wsgi.url}/metrics", headers={"Accept": "application/openmetrics-text"})
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")

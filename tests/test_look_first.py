@@ -149,3 +149,57 @@ def test_reference_missing_route_is_registered_once(registrars: list[Registrar])
         assert reg.wait_for(State.REGISTERED, timeout=10)
         assert [r.method for r in server.records()][:2] == ["GET", "PUT"]
         assert server.registered_count == 1
+
+
+def test_the_snapshot_at_registered_does_not_carry_the_look_before_the_put(
+    registrars: list[Registrar], clock: FakeClock
+) -> None:
+    """The look before the first PUT finds the route missing; the transition to `registered`
+    must not publish that stale "missing" beside `registered` (health said "the server has
+    forgotten this route" until the check after the PUT landed)."""
+    transport = ScriptedTransport([retry(), retry(), accepted()], checks=[])
+    seen: list[tuple[State, str | None]] = []
+    reg = Registrar(
+        "http://127.0.0.1:8998",
+        PAYLOAD,
+        transport=transport,
+        clock=clock,
+        rng=lambda: 0.0,
+        watch_interval=None,
+    )
+    registrars.append(reg)
+    reg.add_listener(lambda old, new, status: seen.append((new, status.route)))
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    assert transport.looked >= 1
+    at_registered = [found for state, found in seen if state is State.REGISTERED]
+    assert at_registered
+    assert "missing" not in at_registered
+
+
+def test_an_unanswered_attempt_is_not_sent_again_while_the_count_cannot_tell(
+    registrars: list[Registrar], clock: FakeClock
+) -> None:
+    """After a PUT whose answer was lost, a server that is not ready answers 503 with a count
+    that may include it: sending again could count the rank twice. The loop holds until the
+    server is ready (the attempt arrived) or empty."""
+    lost = retry(None, "no complete answer within the request deadline of 1 s")
+    maybe = RouteCheck(Route.UNDETERMINED, 503, "503 with 1 workers registered", count=1)
+    transport = ScriptedTransport(
+        [lost, accepted()], checks=[maybe, maybe, maybe, maybe, route(Route.PRESENT)]
+    )
+    reg = make(registrars, transport, clock)
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    assert len(transport.registered) == 1  # held through four ambiguous looks, never resent
+    assert reg.status().registrations == 1  # the lost attempt, found arrived
+
+
+def test_an_unanswered_attempt_is_sent_again_when_the_server_counts_none(
+    registrars: list[Registrar], clock: FakeClock
+) -> None:
+    lost = retry(None, "no complete answer within the request deadline of 1 s")
+    empty = RouteCheck(Route.MISSING, 503, "503 with 0 workers registered", count=0)
+    transport = ScriptedTransport([lost, accepted()], checks=[empty, route(Route.PRESENT)])
+    reg = make(registrars, transport, clock)
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+    assert len(transport.registered) == 2

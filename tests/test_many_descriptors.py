@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -62,3 +64,62 @@ def test_probing_watching_and_reusing_above_descriptor_1024(
         assert reg.status().registrations == 2  # no false evidence, no further PUT
         assert server.registered_count == 1
     assert not reg.thread_died
+
+
+_SERVER = """
+import sys
+from registrar.devtools.bootstrap_server import BootstrapServer
+server = BootstrapServer("127.0.0.1", 0).start()
+print(server.url, flush=True)
+sys.stdin.read()
+server.close()
+"""
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.timeout(120)
+def test_at_most_two_descriptors_per_registrar(registrars: list[Registrar]) -> None:
+    """Registered and idle on its kept-alive connection, a registrar holds its connection and
+    its waker's descriptor: two. It held four (a duplicate of the connection for the deadline
+    thread, a socket pair for the waker), and 500 registrars in one process went past the
+    usual limit of 1024. The server runs in another process, so only the registrars' own
+    descriptors are counted here."""
+    fleet = 100
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        before = _open_descriptors()
+        made = [
+            Registrar(
+                url,
+                sglang_payload(tp_rank=i, tp_size=fleet, port=20000 + i),
+                watch_interval=600.0,
+            )
+            for i in range(fleet)
+        ]
+        registrars.extend(made)
+        for reg in made:
+            reg.start()
+        assert wait_until(lambda: all(r.status().route is not None for r in made), timeout=60)
+        # Each now waits on its idle connection, which makes its waker's descriptor.
+        assert wait_until(lambda: _open_descriptors() - before >= 2 * fleet, timeout=10)
+        time.sleep(0.2)
+        held = _open_descriptors() - before
+        assert held == 2 * fleet, f"{held / fleet:.2f} descriptors per registrar"
+        assert all(r.state is State.REGISTERED for r in made)
+    finally:
+        for reg in registrars:
+            reg.stop(timeout=5)
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=10)
+        server.stdout.close()

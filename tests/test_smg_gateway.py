@@ -22,9 +22,8 @@ import requests
 from smg_support import Gateway, StandInWorker, gateway_binary, workers
 from support import CLI_ENV, wait_until
 
-from registrar import Registrar, State
+from registrar import Registrar, SmgTransport, State, smg_registrar
 from registrar.core.backoff import Backoff
-from registrar.protocols.smg import SmgTransport, smg_registrar
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from support import CLI_ENV, FakeClock, wait_until
 
-from registrar import ConfigError, Registrar, Route, State, Verdict
+from registrar import ConfigError, Registrar, Route, State, Verdict, smg_registrar
 from registrar.core.backoff import Backoff
 from registrar.protocols.http import HttpResult
 from registrar.protocols.smg import (
     DEFAULT_CONFIRM_TIMEOUT,
     SmgTransport,
-    smg_registrar,
     validate_spec,
     worker_spec,
 )

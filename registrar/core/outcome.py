@@ -65,6 +65,10 @@ class RouteCheck:
     broken: bool = False
     """UNREACHABLE because the kept-alive connection broke under the check (reset, closed): the
     server process is going away or was replaced; the loop looks again soon, a few times."""
+    count: int | None = None
+    """How many registrations the server said it holds, when it said (SGLang's 503 "N workers
+    registered"): after an attempt whose answer was lost, only a count of 0 proves that the
+    attempt did not arrive while the topology is not ready."""
 
     @property
     def reachable(self) -> bool:

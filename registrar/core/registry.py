@@ -1,21 +1,28 @@
 """Protocol names and the factories that build their transports.
 
-`Registrar(url, payload, protocol="sglang")` resolves the name here, so the core never imports a
-protocol: `registrar.protocols` registers the built-in ones when the package is imported, and a
-third-party protocol registers itself the same way (or is passed as `transport=`).
+`Registrar(url, payload, protocol="sglang")` resolves the name here, so the loop never imports a
+protocol. A name is found, in this order: registered at run time (`register_protocol`), declared
+in the `registrar.protocols` entry-point group by any installed distribution
+(`[project.entry-points."registrar.protocols"] myproto = "mypkg.module:factory"`), or one of the
+built-in ones (named here by module path, imported only when chosen). Nothing registers itself
+by being imported.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 from .errors import ConfigError
 from .transport import Timeout, Token, Transport
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ProtocolFactory",
     "TransportOptions",
     "make_transport",
@@ -39,8 +46,37 @@ ProtocolFactory = Callable[[Mapping[str, Any], TransportOptions], tuple[Transpor
 """Builds a transport and returns it with the payload it will send (validated and normalised by
 the protocol; raise `ConfigError` naming the field for a payload the protocol cannot use)."""
 
+ENTRY_POINT_GROUP = "registrar.protocols"
+_BUILTIN = {
+    "sglang": "registrar.protocols:sglang_protocol",
+    "http": "registrar.protocols:http_protocol",
+    "smg": "registrar.protocols:smg_protocol",
+}
+"""The built-in protocols, by the factory's import path (also declared as entry points)."""
+
+logger = logging.getLogger(__name__)
 _factories: dict[str, ProtocolFactory] = {}
 _lock = threading.Lock()
+
+
+def _declared() -> dict[str, str]:
+    """Every protocol name known without importing it: the built-in ones, then the entry-point
+    group's (an installed distribution may add or replace one)."""
+    found = dict(_BUILTIN)
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        found[point.name] = point.value
+    return found
+
+
+def _load(name: str, target: str) -> ProtocolFactory:
+    module, _, attribute = target.partition(":")
+    try:
+        factory: ProtocolFactory = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"protocol {name!r} cannot be loaded from {target!r}: {exc}") from None
+    if not callable(factory):
+        raise ConfigError(f"protocol {name!r} at {target!r} is not callable")
+    return factory
 
 
 def register_protocol(name: str, factory: ProtocolFactory) -> None:
@@ -54,9 +90,10 @@ def register_protocol(name: str, factory: ProtocolFactory) -> None:
 
 
 def protocol_names() -> tuple[str, ...]:
-    """The registered protocol names, sorted."""
+    """Every protocol name that can be chosen, sorted."""
     with _lock:
-        return tuple(sorted(_factories))
+        registered = set(_factories)
+    return tuple(sorted(registered | set(_declared())))
 
 
 def make_transport(
@@ -65,7 +102,12 @@ def make_transport(
     """The transport for protocol `name` and the payload it will send, or `ConfigError`."""
     with _lock:
         factory = _factories.get(name) if isinstance(name, str) else None
-        known = ", ".join(repr(n) for n in sorted(_factories))
     if factory is None:
-        raise ConfigError(f"protocol must be one of {known}, got {name!r}")
+        declared = _declared()
+        target = declared.get(name) if isinstance(name, str) else None
+        if target is None:
+            known = ", ".join(repr(n) for n in protocol_names())
+            raise ConfigError(f"protocol must be one of {known}, got {name!r}")
+        assert isinstance(name, str)
+        factory = _load(name, target)
     return factory(payload, options)

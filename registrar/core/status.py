@@ -50,7 +50,8 @@ class Status:
     last_check_at: float | None = None
     """When the route was last checked."""
     route: str | None = None
-    """What the last route check found: present, conflict, missing, undetermined, unreachable."""
+    """What the last route check found: present, conflict, missing, undetermined, unreachable;
+    None before any, and from an accepted registration until the check after it."""
     retrying: bool = False
     """True while attempts are scheduled or in flight (also in FAILED with on_failure="retry")."""
     last_request_at: float | None = None

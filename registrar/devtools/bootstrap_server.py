@@ -18,6 +18,7 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -543,6 +544,9 @@ class BootstrapServer:
             return 200, "OK", "text/plain", None
         if path != "/route":
             return 404, "404: Not Found", "text/plain", None
+        return self._route(h, method, body)
+
+    def _route(self, h: _Handler, method: str, body: bytes) -> tuple[int, str, str, int | None]:
         if method == "PUT":
             if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
                 return 401, "Unauthorized", "text/plain", None
@@ -565,9 +569,7 @@ class BootstrapServer:
         data = json.loads(body)
         fields = {name: data[name] for name in _REQUIRED}
         rank_port = int(fields["rank_port"])
-        page_size = int(fields["page_size"])
-        kv_layout = data.get("kv_layout")
-        prefill_http_port = data.get("prefill_http_port")
+        int(fields["page_size"])  # a null page_size fails here, before the table changes
         dsv41_spec_layout = data.get("dsv41_spec_layout")
         with self._lock:
             self._same_process(h)
@@ -581,31 +583,7 @@ class BootstrapServer:
             t.dsv41_spec_layout = dsv41_spec_layout
             t.decode_allocation_policy = policy
             single = fields["system_dp_size"] == 1
-            if t.attn_tp_size is None:
-                t.attn_tp_size = fields["attn_tp_size"]
-            if t.attn_cp_size is None:
-                t.attn_cp_size = fields["attn_cp_size"]
-            if t.dp_size is None:
-                t.dp_size = fields["attn_dp_size"] if single else fields["system_dp_size"]
-            if t.pp_size is None:
-                t.pp_size = fields["pp_size"]
-            if t.page_size is None:
-                t.page_size = page_size
-            if t.kv_cache_dtype is None and fields["kv_cache_dtype"] is not None:
-                t.kv_cache_dtype = fields["kv_cache_dtype"]
-            if t.kv_layout is None and kv_layout is not None:
-                t.kv_layout = kv_layout
-            if t.prefill_http_port is None and prefill_http_port is not None:
-                t.prefill_http_port = int(prefill_http_port)
-            if t.follow_bootstrap_room is None:
-                method = data.get("load_balance_method", "follow_bootstrap_room")
-                t.follow_bootstrap_room = method == "follow_bootstrap_room"
-            if t.enable_dsa_cache_layer_split is None:
-                t.enable_dsa_cache_layer_split = bool(
-                    data.get("enable_dsa_cache_layer_split", False)
-                )
-            if t.enable_kv_cache_sharding is None:
-                t.enable_kv_cache_sharding = bool(data.get("enable_kv_cache_sharding", False))
+            _first_writer_wins(t, data, fields, single)
             dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
             key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
             t.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
@@ -646,3 +624,30 @@ class BootstrapServer:
             )
             return 404, text, "text/plain"
         return 200, json.dumps(found), "application/json"
+
+
+def _first_writer_wins(
+    t: Any, data: dict[str, Any], fields: dict[str, Any], single: bool
+) -> None:
+    """The topology's fields are set by the first registration that carries them, in SGLang's
+    order of assignments (so that a bad value fails at the same point)."""
+    port = data.get("prefill_http_port")
+    policy = data.get("load_balance_method", "follow_bootstrap_room")
+    firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("attn_tp_size", lambda: fields["attn_tp_size"]),
+        ("attn_cp_size", lambda: fields["attn_cp_size"]),
+        ("dp_size", lambda: fields["attn_dp_size"] if single else fields["system_dp_size"]),
+        ("pp_size", lambda: fields["pp_size"]),
+        ("page_size", lambda: int(fields["page_size"])),
+        ("kv_cache_dtype", lambda: fields["kv_cache_dtype"]),
+        ("kv_layout", lambda: data.get("kv_layout")),
+        ("prefill_http_port", lambda: None if port is None else int(port)),
+        ("follow_bootstrap_room", lambda: policy == "follow_bootstrap_room"),
+        ("enable_dsa_cache_layer_split", lambda: bool(data.get("enable_dsa_cache_layer_split"))),
+        ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
+    )
+    for name, value in firsts:
+        if getattr(t, name) is None:
+            chosen = value()
+            if chosen is not None:
+                setattr(t, name, chosen)

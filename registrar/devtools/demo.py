@@ -77,19 +77,7 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
     problems: list[str] = []
     narrator = _Narrator(say)
     log = logging.getLogger("registrar")
-    quiet = [
-        logging.getLogger(name)
-        for name in (
-            "transitions",
-            "registrar.devtools.bootstrap_server",
-            "registrar.surfaces.health",
-        )
-    ]
-    saved = [(lg, lg.level) for lg in [log, *quiet]]
-    log.addHandler(narrator)
-    log.setLevel(logging.INFO)
-    for lg in quiet:
-        lg.setLevel(logging.WARNING)
+    saved = _narrate(log, narrator)
 
     server = BootstrapServer("127.0.0.1", 0).start()
     server.stop()  # keep the port, refuse connections: the startup race
@@ -156,6 +144,24 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
         log.removeHandler(narrator)
         for lg, level in saved:
             lg.setLevel(level)
+
+
+def _narrate(log: logging.Logger, narrator: logging.Handler) -> list[tuple[logging.Logger, int]]:
+    """Tell registrar's log through `narrator`, quiet the rest; the levels to restore."""
+    quiet = [
+        logging.getLogger(name)
+        for name in (
+            "transitions",
+            "registrar.devtools.bootstrap_server",
+            "registrar.surfaces.health",
+        )
+    ]
+    saved = [(lg, lg.level) for lg in [log, *quiet]]
+    log.addHandler(narrator)
+    log.setLevel(logging.INFO)
+    for lg in quiet:
+        lg.setLevel(logging.WARNING)
+    return saved
 
 
 def _wait(predicate: object, timeout: float) -> bool:

@@ -1,8 +1,11 @@
-"""The protocols registrar speaks, side by side; importing this package registers the built-in
-ones (`"sglang"`, `"http"`, `"smg"`) with `registrar.core.registry`. etcd needs a key and a
-TTL, which the registry's options do not carry: build it with `etcd_registrar(...)` or pass
-`transport=EtcdTransport(...)`. `"smg"` adds a worker to SGLang's model gateway with the
-defaults; `smg_registrar(...)` also sets readiness, drain and the key file."""
+"""The protocols registrar speaks, side by side, and the factories of the built-in ones
+(`"sglang"`, `"http"`, `"smg"`). Importing this package registers nothing: `registrar.core.registry`
+finds a protocol by name through the `registrar.protocols` entry-point group (the built-in ones
+are declared there too, and known to the registry by name should the package's metadata be
+missing). etcd needs a key and a TTL, which the registry's options do not carry: build it with
+`registrar.etcd_registrar(...)` or pass `transport=EtcdTransport(...)`. `"smg"` adds a worker to
+SGLang's model gateway with the defaults; `registrar.smg_registrar(...)` also sets readiness,
+drain and the key file."""
 
 from __future__ import annotations
 
@@ -10,25 +13,25 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.registry import TransportOptions, register_protocol
+from ..core.registry import TransportOptions
 from ..core.transport import Transport
-from .etcd import EtcdTransport, etcd_registrar
+from .etcd import EtcdTransport
 from .http import HttpTransport
 from .sglang import SGLangTransport, token_from_env, token_source, validate_payload
-from .smg import KEY_ENV, SmgTransport, smg_registrar, smg_registrars, validate_spec
+from .smg import KEY_ENV, SmgTransport, validate_spec
 
 __all__ = [
     "EtcdTransport",
     "HttpTransport",
     "SGLangTransport",
     "SmgTransport",
-    "etcd_registrar",
-    "smg_registrar",
-    "smg_registrars",
+    "http_protocol",
+    "sglang_protocol",
+    "smg_protocol",
 ]
 
 
-def _sglang(
+def sglang_protocol(
     payload: Mapping[str, Any], options: TransportOptions
 ) -> tuple[Transport, dict[str, Any]]:
     checked = validate_payload(payload)
@@ -42,7 +45,7 @@ def _sglang(
     return transport, checked
 
 
-def _http(
+def http_protocol(
     payload: Mapping[str, Any], options: TransportOptions
 ) -> tuple[Transport, dict[str, Any]]:
     transport = HttpTransport(
@@ -51,7 +54,10 @@ def _http(
     return transport, dict(payload)
 
 
-def _smg(payload: Mapping[str, Any], options: TransportOptions) -> tuple[Transport, dict[str, Any]]:
+
+def smg_protocol(
+    payload: Mapping[str, Any], options: TransportOptions
+) -> tuple[Transport, dict[str, Any]]:
     checked = validate_spec(payload)
     token = options.token if options.token is not None else (os.environ.get(KEY_ENV) or None)
     transport = SmgTransport(
@@ -62,8 +68,3 @@ def _smg(payload: Mapping[str, Any], options: TransportOptions) -> tuple[Transpo
         verify=options.verify,
     )
     return transport, checked
-
-
-register_protocol("sglang", _sglang)
-register_protocol("smg", _smg)
-register_protocol("http", _http)

@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..core.errors import ConfigError, describe_exception
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
-from ..core.registrar import Registrar
 from ..core.transport import Timeout, Waker, validate_timeout, validate_url
 from ..core.untrusted import load_json
 from .http import HttpResult, HttpTransport, TlsError, TlsFiles
@@ -52,7 +51,6 @@ __all__ = [
     "EtcdAnswer",
     "EtcdTransport",
     "StreamError",
-    "etcd_registrar",
     "watch_change",
     "watch_interval_for",
 ]
@@ -197,13 +195,24 @@ def watch_change(
     if isinstance(message.get("error"), Mapping):
         return "the watch ended with an error"
     if result.get("canceled"):
-        reason = clean(result.get("cancel_reason") or "", 120)
-        if _int(result.get("compact_revision")):
-            reason = f"history compacted up to {_int(result.get('compact_revision'))}"
-        return f"the watch was cancelled ({reason or 'no reason given'})"
+        return _cancelled(result)
     events = result.get("events")
     if not isinstance(events, list):
         return None
+    return _event_change(events, key, value, lease, from_revision)
+
+
+def _cancelled(result: Mapping[str, Any]) -> str:
+    reason = clean(result.get("cancel_reason") or "", 120)
+    if _int(result.get("compact_revision")):
+        reason = f"history compacted up to {_int(result.get('compact_revision'))}"
+    return f"the watch was cancelled ({reason or 'no reason given'})"
+
+
+def _event_change(
+    events: list[Any], key: bytes, value: bytes, lease: int, from_revision: int
+) -> str | None:
+    """Why one of `events` changed our key since `from_revision`, or None."""
     for event in events:
         kv = event.get("kv") if isinstance(event, Mapping) else None
         if not isinstance(kv, Mapping) or _unb64(kv.get("key")) != key:
@@ -216,6 +225,50 @@ def watch_change(
         if _unb64(kv.get("value")) != value or _int(kv.get("lease")) != lease:
             return f"the key was overwritten (revision {revision})"
     return None
+
+
+def _lease_options(ttl: object, keepalive_fraction: object) -> tuple[int, float]:
+    """The lease's TTL in whole seconds (rounded up, as etcd takes them) and the fraction of it
+    after which it is renewed, or ConfigError."""
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not 1 <= ttl <= 9_000_000_000
+    ):
+        raise ConfigError(f"ttl must be a number of seconds >= 1, got {ttl!r}")
+    if (
+        isinstance(keepalive_fraction, bool)
+        or not isinstance(keepalive_fraction, int | float)
+        or not 0.05 <= keepalive_fraction <= 0.5
+    ):
+        raise ConfigError(
+            f"keepalive_fraction must be within [0.05, 0.5] (of the TTL), "
+            f"got {keepalive_fraction!r}"
+        )
+    return int(-(-ttl // 1)), float(keepalive_fraction)
+
+
+def _check_credentials(username: object, password: object) -> None:
+    if (username is None) != (password is None):
+        raise ConfigError("username and password go together: give both or neither")
+    for name, value in (("username", username), ("password", password)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{name} must be a non-empty string")
+
+
+def _stream_ready(stream: _WatchStream, waker: Waker, limit: float) -> bool | None:
+    """Wait for the stream to be readable: True when it is, False when the waker is set (or
+    closed: the registrar is ending), None when `limit` seconds passed."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream.sock, selectors.EVENT_READ)
+        try:
+            selector.register(waker.fileno(), selectors.EVENT_READ, "waker")
+        except (ValueError, OSError):
+            return False
+        ready = selector.select(limit)
+    if any(key.data == "waker" for key, _ in ready):
+        return False
+    return True if ready else None
 
 
 class StreamError(ValueError):
@@ -240,41 +293,51 @@ class ChunkedLines:
         """The complete messages `data` finishes, in order."""
         self._raw += data
         messages: list[Any] = []
+        steps = {"size": self._size, "data": self._data, "crlf": self._crlf}
         while self._raw and not self.ended:
-            if self._state == "size":
-                end = self._raw.find(b"\r\n")
-                if end < 0:
-                    if len(self._raw) > _MAX_SIZE_LINE:
-                        raise StreamError("chunk-size line too long")
-                    break
-                text = bytes(self._raw[:end]).split(b";", 1)[0].strip()
-                del self._raw[: end + 2]
-                try:
-                    size = int(text, 16)
-                except ValueError:
-                    raise StreamError(f"bad chunk size {clean(text, 40)!r}") from None
-                if size < 0:
-                    raise StreamError("negative chunk size")
-                if size == 0:
-                    self.ended = True
-                    break
-                self._left, self._state = size, "data"
-            elif self._state == "data":
-                take = min(self._left, len(self._raw))
-                self._line += self._raw[:take]
-                del self._raw[:take]
-                self._left -= take
-                if self._left == 0:
-                    self._state = "crlf"
-                messages.extend(self._messages())
-            else:
-                if len(self._raw) < 2:
-                    break
-                if self._raw[:2] != b"\r\n":
-                    raise StreamError("chunk not followed by CRLF")
-                del self._raw[:2]
-                self._state = "size"
+            if not steps[self._state](messages):
+                break
         return messages
+
+    def _size(self, messages: list[Any]) -> bool:
+        """Read a chunk-size line; False when more bytes are needed (or the stream ended)."""
+        end = self._raw.find(b"\r\n")
+        if end < 0:
+            if len(self._raw) > _MAX_SIZE_LINE:
+                raise StreamError("chunk-size line too long")
+            return False
+        text = bytes(self._raw[:end]).split(b";", 1)[0].strip()
+        del self._raw[: end + 2]
+        try:
+            size = int(text, 16)
+        except ValueError:
+            raise StreamError(f"bad chunk size {clean(text, 40)!r}") from None
+        if size < 0:
+            raise StreamError("negative chunk size")
+        if size == 0:
+            self.ended = True
+            return False
+        self._left, self._state = size, "data"
+        return True
+
+    def _data(self, messages: list[Any]) -> bool:
+        take = min(self._left, len(self._raw))
+        self._line += self._raw[:take]
+        del self._raw[:take]
+        self._left -= take
+        if self._left == 0:
+            self._state = "crlf"
+        messages.extend(self._messages())
+        return True
+
+    def _crlf(self, messages: list[Any]) -> bool:
+        if len(self._raw) < 2:
+            return False
+        if self._raw[:2] != b"\r\n":
+            raise StreamError("chunk not followed by CRLF")
+        del self._raw[:2]
+        self._state = "size"
+        return True
 
     def _messages(self) -> list[Any]:
         found = []
@@ -410,28 +473,8 @@ class EtcdTransport:
             raise ConfigError(f"key must be a non-empty single-line string, got {key!r}")
         self._key = key.encode()
         self._key_text = key
-        if (
-            isinstance(ttl, bool)
-            or not isinstance(ttl, int | float)
-            or not 1 <= ttl <= 9_000_000_000
-        ):
-            raise ConfigError(f"ttl must be a number of seconds >= 1, got {ttl!r}")
-        self._ttl = int(-(-ttl // 1))  # etcd takes whole seconds: round up
-        if (
-            isinstance(keepalive_fraction, bool)
-            or not isinstance(keepalive_fraction, int | float)
-            or not 0.05 <= keepalive_fraction <= 0.5
-        ):
-            raise ConfigError(
-                f"keepalive_fraction must be within [0.05, 0.5] (of the TTL), "
-                f"got {keepalive_fraction!r}"
-            )
-        self._fraction = float(keepalive_fraction)
-        if (username is None) != (password is None):
-            raise ConfigError("username and password go together: give both or neither")
-        for name, value in (("username", username), ("password", password)):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ConfigError(f"{name} must be a non-empty string")
+        self._ttl, self._fraction = _lease_options(ttl, keepalive_fraction)
+        _check_credentials(username, password)
         self._username = username
         self._password = password
         self._timeout = validate_timeout(timeout)
@@ -855,17 +898,9 @@ class EtcdTransport:
     def _wait_stream(self, stream: _WatchStream, waker: Waker, limit: float) -> bool | None:
         """One wait on the stream; True/False to return, None to keep waiting."""
         if not stream.buffered():
-            with selectors.DefaultSelector() as selector:
-                selector.register(stream.sock, selectors.EVENT_READ)
-                try:
-                    selector.register(waker.fileno(), selectors.EVENT_READ, "waker")
-                except (ValueError, OSError):
-                    return False  # the waker is closed: the registrar is ending
-                ready = selector.select(limit)
-            if any(key.data == "waker" for key, _ in ready):
-                return False
-            if not ready:
-                return None
+            ready = _stream_ready(stream, waker, limit)
+            if ready is not True:
+                return ready
         try:
             messages = stream.read()
         except (OSError, StreamError) as exc:
@@ -876,40 +911,46 @@ class EtcdTransport:
             # its data: check now. One that never got going only waits for its next try.
             return True if was_created else None
         for message in messages:
-            if not isinstance(message, Mapping):
-                continue
-            result = message.get("result")
-            result = result if isinstance(result, Mapping) else {}
-            compacted = _int(result.get("compact_revision"))
-            if compacted:
-                # History before it is gone: the next watch starts there (the check that
-                # follows reads the key as it is now).
-                self._seen_revision = max(self._seen_revision, compacted - 1)
-            reason = watch_change(
-                message, self._key, self._value, self._lease, self._seen_revision + 1
-            )
-            if reason is not None and "permission denied" in reason:
-                # Checks still renew the lease and read the key; only the early notice is lost.
-                logger.warning(
-                    "etcd watch at %s: %s; the key is checked every watch interval only",
-                    stream.endpoint,
-                    reason,
-                )
-                self._drop_stream(broken=False)
-                self._watch_denied = True
-                return None
-            if reason is not None:
-                logger.info("etcd watch at %s: %s", stream.endpoint, reason)
-                if reason.startswith("the watch"):  # cancelled or failed: open a new one
-                    self._drop_stream(broken=True)
-                return True
-            if result.get("created") and not stream.created:
-                stream.created = True
-                if self._stream_broken:
-                    self._stream_broken = False
-                    logger.info("etcd watch at %s is back; checking now", stream.endpoint)
-                    return True
+            if isinstance(message, Mapping):
+                done, answer = self._on_message(stream, message)
+                if done:
+                    return answer
         return None
+
+    def _on_message(
+        self, stream: _WatchStream, message: Mapping[str, Any]
+    ) -> tuple[bool, bool | None]:
+        """What one watch message means: (done, what `_wait_stream` answers when done)."""
+        result = message.get("result")
+        result = result if isinstance(result, Mapping) else {}
+        compacted = _int(result.get("compact_revision"))
+        if compacted:
+            # History before it is gone: the next watch starts there (the check that follows
+            # reads the key as it is now).
+            self._seen_revision = max(self._seen_revision, compacted - 1)
+        reason = watch_change(message, self._key, self._value, self._lease, self._seen_revision + 1)
+        if reason is not None and "permission denied" in reason:
+            # Checks still renew the lease and read the key; only the early notice is lost.
+            logger.warning(
+                "etcd watch at %s: %s; the key is checked every watch interval only",
+                stream.endpoint,
+                reason,
+            )
+            self._drop_stream(broken=False)
+            self._watch_denied = True
+            return True, None
+        if reason is not None:
+            logger.info("etcd watch at %s: %s", stream.endpoint, reason)
+            if reason.startswith("the watch"):  # cancelled or failed: open a new one
+                self._drop_stream(broken=True)
+            return True, True
+        if result.get("created") and not stream.created:
+            stream.created = True
+            if self._stream_broken:
+                self._stream_broken = False
+                logger.info("etcd watch at %s is back; checking now", stream.endpoint)
+                return True, True
+        return False, None
 
     def _watch_request(self, index: int) -> bytes:
         body = json.dumps(
@@ -1019,55 +1060,3 @@ def _encode_value(payload: Mapping[str, Any]) -> bytes:
     """The stored value: compact JSON with sorted keys, so the same payload is the same bytes
     in every life of the process (readers comparing values see no change)."""
     return json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
-
-
-def etcd_registrar(
-    endpoints: str | Sequence[str],
-    key: str,
-    payload: Mapping[str, Any],
-    *,
-    ttl: float = DEFAULT_TTL,
-    keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION,
-    username: str | None = None,
-    password: str | None = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
-    verify: bool = True,
-    ca_bundle: str | None = None,
-    cert: tuple[str, str] | None = None,
-    watch_interval: float | None = None,
-    **options: Any,
-) -> Registrar:
-    """A `Registrar` keeping `payload` under `key` in etcd (not started).
-
-    The watch interval derives from the TTL (`watch_interval_for`) so that every lease renewal
-    is on time; a longer one is refused. Other keyword arguments go to `Registrar` (backoff,
-    max_attempts, on_failure, clock, rng, ...)."""
-    if ca_bundle is not None and not os.path.isfile(ca_bundle):
-        raise ConfigError(f"ca_bundle {ca_bundle!r} is not a readable file")
-    transport = EtcdTransport(
-        endpoints,
-        key,
-        ttl=ttl,
-        keepalive_fraction=keepalive_fraction,
-        username=username,
-        password=password,
-        timeout=timeout,
-        verify=ca_bundle if ca_bundle is not None else bool(verify),
-        cert=cert,
-    )
-    longest = transport.watch_interval
-    if watch_interval is None:
-        watch_interval = longest
-    elif (
-        isinstance(watch_interval, bool)
-        or not isinstance(watch_interval, int | float)
-        or not 0 < watch_interval <= longest
-    ):
-        transport.close()
-        raise ConfigError(
-            f"watch_interval must be within (0, {longest:g}] s for ttl={transport.ttl} and "
-            f"keepalive_fraction={keepalive_fraction:g}: each check renews the lease, got "
-            f"{watch_interval!r}"
-        )
-    first = _endpoints(endpoints)[0]
-    return Registrar(first, payload, transport=transport, watch_interval=watch_interval, **options)

@@ -43,7 +43,7 @@ from email.utils import mktime_tz, parsedate_tz
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..core.errors import ConfigError, describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
@@ -106,16 +106,21 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         if len(text.lstrip("0")) > len(str(int(RETRY_AFTER_CEILING))):
             return RETRY_AFTER_CEILING
         return min(float(int(text)), RETRY_AFTER_CEILING)
-    try:
-        moment = parsedate_tz(text)
-        if moment is None:
-            return None
-        seconds = float(mktime_tz(moment)) - now
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
-    if not math.isfinite(seconds):
+    seconds = _seconds_until(text, now)
+    if seconds is None or not math.isfinite(seconds):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CEILING)
+
+
+def _seconds_until(date: str, now: float) -> float | None:
+    """Seconds from `now` to an HTTP-date, None when it is not one (or overflows)."""
+    try:
+        moment = parsedate_tz(date)
+        if moment is None:
+            return None
+        return float(mktime_tz(moment)) - now
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -223,8 +228,8 @@ class _Watchdog:
     When the request in flight outlives its deadline, the process's deadline thread
     (`_Deadlines`) shuts the transport's sockets down: that wakes a blocked connect, TLS
     handshake or read at once, where a socket timeout would wait again after every byte.
-    Sockets are duplicates of the connections' own, so the shutdown reaches a TLS socket
-    during its handshake too."""
+    Sockets are the connections' own (a TLS socket is handed over before its handshake), so
+    the shutdown reaches a handshake too."""
 
     def __init__(self) -> None:
         self.at: float | None = None
@@ -297,7 +302,9 @@ def _shutdown(sock: socket.socket) -> None:
         # reach the server later from the send queue (a PUT counted after a look found nothing).
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):  # already closed by its peer or its connection
-        sock.shutdown(socket.SHUT_RDWR)
+        # The plain socket's shutdown, on a TLS socket too: `SSLSocket.shutdown` would also
+        # unwrap it under the thread that is reading it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class TlsFiles:
@@ -357,8 +364,8 @@ class _Link:
 
     Opened on demand (on the socket a probe already connected, when there is one), counted
     (a kept-alive connection that had to be opened again is evidence that the server
-    restarted), and watched: a duplicate of its socket goes to the watchdog, whose shutdown
-    then reaches it even inside a TLS handshake."""
+    restarted), and watched: its socket goes to the watchdog, whose shutdown then reaches it
+    even inside a TLS handshake."""
 
     def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: _Watchdog) -> None:
         self.host = host
@@ -395,22 +402,36 @@ class _Link:
                 fresh.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except TimeoutError as exc:
             raise ConnectTimeout(f"connect timed out after {connect_timeout:g} s") from exc
-        self.watched = fresh.dup()
-        self.watchdog.track(self.watched)
         conn = http.client.HTTPConnection(self.host, self.port)
         conn.sock = fresh
         self.conn = conn
+        self._watch(fresh)
         if self.tls is None:
             return
         fresh.settimeout(connect_timeout)
         try:
-            conn.sock = self.tls.context().wrap_socket(fresh, server_hostname=self.host)
+            # Wrapped first, shaken hands after: the watchdog then holds the TLS socket (the
+            # same descriptor; `fresh` is detached by the wrap) during the handshake too.
+            wrapped = self.tls.context().wrap_socket(
+                fresh, server_hostname=self.host, do_handshake_on_connect=False
+            )
+            conn.sock = wrapped
+            self._watch(wrapped)
+            wrapped.do_handshake()
         except TimeoutError as exc:
             raise ConnectTimeout(f"TLS handshake timed out after {connect_timeout:g} s") from exc
         except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
             raise  # the server closed the connection: a broken connection, not a TLS verdict
         except (ssl.SSLError, ssl.CertificateError) as exc:
             raise TlsError(describe_exception(exc)) from exc
+
+    def _watch(self, sock: socket.socket) -> None:
+        """Hand the connection's own socket to the watchdog (no duplicate: one descriptor
+        per connection, so a fleet of registrars in one process stays within its limit)."""
+        if self.watched is not None:
+            self.watchdog.untrack(self.watched)
+        self.watched = sock
+        self.watchdog.track(sock)
 
     def take_probe(self) -> socket.socket | None:
         sock, self.probe = self.probe, None
@@ -422,13 +443,14 @@ class _Link:
             sock.close()
 
     def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.close()
+        # Untracked before it is closed: the deadline thread never shuts down a descriptor
+        # that may have been closed and numbered again for another connection.
         watched, self.watched = self.watched, None
         if watched is not None:
             self.watchdog.untrack(watched)
-            watched.close()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
 
 
 def _decoder(encoding: str) -> Any:
@@ -736,9 +758,51 @@ class HttpTransport:
             and self._last_end is not None
             and started - self._last_end < KEEPALIVE_WINDOW
         )
+        prepared = self._prepare(method, path, json, params, headers)
+        if isinstance(prepared, HttpResult):
+            return prepared
+        target, data, sent = prepared
         response: http.client.HTTPResponse | None = None
         error: BaseException | None = None
         body, complete = b"", False
+        due = self._watchdog.begin(self._deadline)
+        try:
+            self._link.ensure(self._connect_timeout())
+            response, body, complete = self._exchange(method, target, data, sent, limit)
+        except _EXCHANGE_ERRORS as exc:
+            error = exc
+        finally:
+            fired = self._watchdog.end()
+        self._last_end = time.monotonic()
+        self._refused = False
+        # A socket timeout as long as the deadline can end the request a moment before the
+        # deadline thread does (a busy machine): it ran out of the same time.
+        if fired or (isinstance(error, TimeoutError) and self._last_end >= due):
+            return self._abandoned()
+        if error is not None or response is None:
+            return self._failed(error, was_alive)
+        # Only an answer read whole leaves its connection reusable: one cut at the cap is
+        # closed here, and re-opening it is our own doing, not evidence of a restart.
+        self._kept_alive = complete and response.version == 11 and not response.will_close
+        if not self._kept_alive:
+            self._link.close()
+        reconnected = was_alive and self._link.opened > opened_before
+        text = body.decode("utf-8", "replace")
+        answer_headers: Mapping[str, str] = response.headers  # type: ignore[assignment]
+        return HttpResult(
+            response.status, answer_headers, text, None, reconnected, complete=complete
+        )
+
+    def _prepare(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        params: Mapping[str, str | int] | None,
+        headers: Mapping[str, str] | None,
+    ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
+        """The request's target, body and headers, or the result of a request that cannot be
+        made (a token provider that failed, a payload that is not JSON)."""
         try:
             auth = self._auth_header()
         except Exception as exc:  # a provider that fails fails this request, like the network
@@ -760,55 +824,34 @@ class HttpTransport:
         target = f"{self._prefix}{path}"
         if params:
             target = f"{target}?{urlencode(params)}"
-        due = self._watchdog.begin(self._deadline)
-        try:
-            self._link.ensure(self._connect_timeout())
-            response, body, complete = self._exchange(method, target, data, sent, limit)
-        except _EXCHANGE_ERRORS as exc:
-            error = exc
-        finally:
-            fired = self._watchdog.end()
-        # A step that timed out once the whole request was due ran out of the request's time:
-        # with a float timeout a silent server reaches both at once, and which one the loaded
-        # deadline thread notices first must not change what is reported.
-        fired = fired or (isinstance(error, TimeoutError) and time.monotonic() >= due)
-        self._last_end = time.monotonic()
-        self._refused = False
-        if fired:
-            # Whatever the shutdown made the exchange look like (an EOF inside the headers can
-            # even pass for a complete answer), it ran out of time.
-            self._kept_alive = False
-            self._link.close()
-            exceeded = DeadlineExceeded(
-                "request abandoned: stopping"
-                if self._watchdog.by_abort
-                else f"no complete answer within the request deadline of {self._deadline:g} s"
-            )
-            return HttpResult(None, {}, "", exceeded, reconnected=False)
-        if error is not None or response is None:
-            self._kept_alive = False
-            self._link.close()
-            # A kept-alive connection that breaks under a request was closed by the server: the
-            # same evidence of a restart as having to open it again.
-            broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
-                error, TimeoutError | TlsError | _LocalError
-            )
-            # A refusal is evidence of its own; this is about the connection we had.
-            refused = isinstance(error, ConnectionRefusedError)
-            lost = was_alive and broken and not refused
-            self._refused = refused
-            return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
-        # Only an answer read whole leaves its connection reusable: one cut at the cap is
-        # closed here, and re-opening it is our own doing, not evidence of a restart.
-        self._kept_alive = complete and response.version == 11 and not response.will_close
-        if not self._kept_alive:
-            self._link.close()
-        reconnected = was_alive and self._link.opened > opened_before
-        text = body.decode("utf-8", "replace")
-        answer_headers: Mapping[str, str] = response.headers  # type: ignore[assignment]
-        return HttpResult(
-            response.status, answer_headers, text, None, reconnected, complete=complete
+        return target, data, sent
+
+    def _abandoned(self) -> HttpResult:
+        """The deadline (or a stop) ended the request: whatever the shutdown made the exchange
+        look like (an EOF inside the headers can even pass for a complete answer), it ran out
+        of time."""
+        self._kept_alive = False
+        self._link.close()
+        exceeded = DeadlineExceeded(
+            "request abandoned: stopping"
+            if self._watchdog.by_abort
+            else f"no complete answer within the request deadline of {self._deadline:g} s"
         )
+        return HttpResult(None, {}, "", exceeded, reconnected=False)
+
+    def _failed(self, error: BaseException | None, was_alive: bool) -> HttpResult:
+        self._kept_alive = False
+        self._link.close()
+        # A kept-alive connection that breaks under a request was closed by the server: the
+        # same evidence of a restart as having to open it again.
+        broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
+            error, TimeoutError | TlsError | _LocalError
+        )
+        # A refusal is evidence of its own; this is about the connection we had.
+        refused = isinstance(error, ConnectionRefusedError)
+        lost = was_alive and broken and not refused
+        self._refused = refused
+        return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
 
     def _exchange(
         self,

@@ -148,6 +148,14 @@ def validate_payload(payload: object) -> dict[str, Any]:
         raise ConfigError(
             f"payload must be a mapping of SGLang registration fields, got {type(payload).__name__}"
         )
+    problems = [*_field_problems(payload), *_range_problems(payload)]
+    if problems:
+        raise ConfigError("invalid SGLang payload: " + "; ".join(problems))
+    return dict(payload)
+
+
+def _field_problems(payload: Mapping[str, Any]) -> list[str]:
+    """Required fields missing or of the wrong type."""
     problems: list[str] = []
     missing = [name for name in REQUIRED_FIELDS if name not in payload]
     if missing:
@@ -160,6 +168,12 @@ def validate_payload(payload: object) -> dict[str, Any]:
             problems.append(f"{name} must be an integer, got {value!r}")
         elif kind is str and (not isinstance(value, str) or not value):
             problems.append(f"{name} must be a non-empty string, got {value!r}")
+    return problems
+
+
+def _range_problems(payload: Mapping[str, Any]) -> list[str]:
+    """Sizes below 1, ranks outside their size, a port outside [1, 65535]."""
+    problems: list[str] = []
     for size, rank in _SIZE_RANK:
         s, r = payload.get(size), payload.get(rank)
         if _is_int(s) and s < 1:  # type: ignore[operator]
@@ -169,9 +183,7 @@ def validate_payload(payload: object) -> dict[str, Any]:
     port = payload.get("rank_port")
     if _is_int(port) and not 1 <= port <= 65535:  # type: ignore[operator]
         problems.append(f"rank_port must be within [1, 65535], got {port!r}")
-    if problems:
-        raise ConfigError("invalid SGLang payload: " + "; ".join(problems))
-    return dict(payload)
+    return problems
 
 
 def rank_of(payload: Mapping[str, Any]) -> Rank:
@@ -329,9 +341,7 @@ class SGLangTransport(HttpTransport):
         reasons = self._evidence.reasons_forgotten(count)
         self._evidence.highest_count = max(self._evidence.highest_count, count)
         if reasons:
-            return RouteCheck(
-                Route.MISSING, 503, f"503 with {count} workers registered: " + "; ".join(reasons)
-            )
-        return RouteCheck(
-            Route.UNDETERMINED, 503, f"503 with {count} workers registered (other ranks missing)"
-        )
+            text = f"503 with {count} workers registered: " + "; ".join(reasons)
+            return RouteCheck(Route.MISSING, 503, text, count=count)
+        text = f"503 with {count} workers registered (other ranks missing)"
+        return RouteCheck(Route.UNDETERMINED, 503, text, count=count)

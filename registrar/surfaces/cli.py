@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..core.errors import ConfigError, describe_exception
 from ..core.group import RegistrarGroup
 from ..core.machine import State, mermaid_diagram
@@ -43,6 +43,7 @@ from .health import start_health_server
 from .verbose import log_request
 
 __all__ = [
+    "EXIT_BROKEN_PIPE",
     "EXIT_INTERRUPTED",
     "EXIT_NOT_REGISTERED",
     "EXIT_OK",
@@ -63,6 +64,9 @@ EXIT_UNREACHABLE = 4
 """`registrar status`: no usable answer from the agent (nothing listens, not a registrar)."""
 EXIT_INTERRUPTED = 130
 """A second Ctrl-C (SIGINT) or SIGTERM while stopping: ended at once."""
+EXIT_BROKEN_PIPE = 141
+"""The reader of the output went away before it was written (`registrar diagram | head -1`),
+as a shell reports a writer ended by SIGPIPE. `status` answers what it found instead."""
 EXIT_STATUSES = {
     EXIT_OK: "success (register: stopped cleanly on SIGTERM/SIGINT; status: registered)",
     EXIT_NOT_REGISTERED: "status: the agent is not registered",
@@ -70,6 +74,8 @@ EXIT_STATUSES = {
     EXIT_CODE: "register --on-failure exit: the startup budget was spent",
     EXIT_UNREACHABLE: "status: the agent cannot be reached, or is not a registrar",
     EXIT_INTERRUPTED: "interrupted a second time while stopping",
+    EXIT_BROKEN_PIPE: "the reader of the output went away (128 + SIGPIPE); "
+    "status still answers 0, 1 or 4",
 }
 
 
@@ -498,7 +504,7 @@ def _etcd_registrar(
     flags: dict[str, Any], payload: dict[str, Any], token: Any, options: dict[str, Any]
 ) -> Registrar:
     """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
-    from ..protocols.etcd import etcd_registrar  # noqa: PLC0415 - only --etcd needs it
+    from ..assembly import etcd_registrar  # noqa: PLC0415 - only --etcd needs it
 
     if "url" in flags or "protocol" in flags or token is not None:
         raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
@@ -534,7 +540,7 @@ _GATEWAY_ONLY = (
 
 def _gateway_group(chosen: dict[str, Any], options: dict[str, Any]) -> RegistrarGroup:
     """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
-    from ..protocols.smg import smg_registrars  # noqa: PLC0415 - only --gateway needs it
+    from ..assembly import smg_registrars  # noqa: PLC0415 - only --gateway needs it
 
     clash = [
         f"--{name.replace('_', '-')}"
@@ -716,15 +722,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     outcome = EXIT_OK if registered else EXIT_NOT_REGISTERED
     if args.json:
         # The document as the agent sent it (parsed and re-encoded: valid JSON, one line).
-        print(json.dumps(document, sort_keys=False))
-        return outcome
+        return _answer([json.dumps(document, sort_keys=False)], outcome)
+    lines: list[str] = []
     for number, check in enumerate(entries):
         if number:
-            print()
-        _print_registration(document, check)
+            lines.append("")
+        lines.extend(_registration_lines(document, check))
     if document.get("output"):
-        print(f"problem:      {_field(document, 'output')}")
-    return outcome
+        lines.append(f"problem:      {_field(document, 'output')}")
+    return _answer(lines, outcome)
 
 
 def _field(source: dict[str, Any], name: str, default: str = "") -> str:
@@ -734,30 +740,46 @@ def _field(source: dict[str, Any], name: str, default: str = "") -> str:
     return clean(value, 200) if value not in (None, "") else default
 
 
-def _print_registration(document: dict[str, Any], check: dict[str, Any]) -> None:
+def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list[str]:
     """One registration (of one registry) for a person."""
-    print(
+    lines = [
         f"registration: {_field(check, 'observedValue')} ({_field(document, 'status')})"
-        f" since {_field(check, 'since')}"
-    )
-    print(f"bootstrap:    {_field(check, 'url')}")
-    print(
+        f" since {_field(check, 'since')}",
+        f"bootstrap:    {_field(check, 'url')}",
         f"route:        {_field(check, 'route', 'not checked yet')}"
         f" (last check {_field(check, 'lastCheckAt', 'never')},"
-        f" server reachable: {_field(check, 'serverReachable')})"
-    )
-    print(
+        f" server reachable: {_field(check, 'serverReachable')})",
         f"attempts:     {_field(check, 'attemptsTotal')} sent, "
         f"{_field(check, 'registrations')} accepted, "
-        f"{_plural(_field(check, 'reregistrations'), 're-registration')}"
-    )
-    print(f"last success: {_field(check, 'lastSuccessAt', 'never')}")
+        f"{_plural(_field(check, 'reregistrations'), 're-registration')}",
+        f"last success: {_field(check, 'lastSuccessAt', 'never')}",
+    ]
     if check.get("nextAttemptAt"):
-        print(f"next attempt: {_field(check, 'nextAttemptAt')}")
+        lines.append(f"next attempt: {_field(check, 'nextAttemptAt')}")
+    return lines
 
 
 def _plural(count: str, noun: str) -> str:
     return f"{count} {noun}" if count == "1" else f"{count} {noun}s"
+
+
+def _answer(lines: list[str], outcome: int) -> int:
+    """Write the answer; a reader that closed early (`registrar status | head -c 400`) cuts
+    the output, not the answer: the exit status still says what was found."""
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+    return outcome
+
+
+def _stdout_to_devnull() -> None:
+    """Python's recipe for a reader gone (SIGPIPE, docs of the `signal` module): point stdout
+    at devnull, so the interpreter's last flush at exit cannot fail again with a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -791,16 +813,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `registrar` and `python -m registrar`."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "register":
-            return _cmd_register(args)
-        if args.command == "status":
-            return _cmd_status(args)
-        if args.command == "diagram":
-            sys.stdout.write(mermaid_diagram())
-            return EXIT_OK
-        if args.command == "bootstrap":
-            return _cmd_bootstrap(args)
-        return _cmd_demo(args)
+        code = _dispatch(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of the output went away (`registrar diagram | head -1`): no traceback;
+        # the status a shell reports for a writer ended by SIGPIPE.
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _cmd_diagram(args: argparse.Namespace) -> int:
+    sys.stdout.write(mermaid_diagram())
+    return EXIT_OK
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "register": _cmd_register,
+        "status": _cmd_status,
+        "diagram": _cmd_diagram,
+        "bootstrap": _cmd_bootstrap,
+    }
+    try:
+        return commands.get(args.command, _cmd_demo)(args)
     except (UsageError, ConfigError) as exc:
         print(f"registrar: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qs
 
-from .. import __version__
+from .._version import __version__
 from ..core.machine import State
 from ..core.redact import clean
 from ..core.status import Status, iso_utc
@@ -498,16 +498,27 @@ def health_app(
             service_id=service_id,
         )
         if answer is None:
-            if metrics_app is None:
-                answer = _no_metrics()
-            else:
-                # prometheus-client answers GET only; HEAD is the same answer without a body.
-                body = metrics_app({**environ, "REQUEST_METHOD": "GET"}, start_response)
-                return [] if method == "HEAD" else body
+            answer = _no_metrics() if metrics_app is None else _wsgi_metrics(metrics_app, environ)
         start_response(_REASONS.get(answer.code, f"{answer.code} Status"), list(answer.headers))
         return [] if method == "HEAD" else [answer.body]
 
     return app
+
+
+def _wsgi_metrics(metrics_app: WSGIApp, environ: dict[str, Any]) -> Answer:
+    """prometheus-client's answer to GET, as one `Answer` with its Content-Length: it answers
+    GET only, and HEAD must announce the length of the body it leaves out (a WSGI server
+    would otherwise count the empty body of HEAD and say 0)."""
+    started: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        started.append((status, headers))
+        return lambda data: None
+
+    body = b"".join(metrics_app({**environ, "REQUEST_METHOD": "GET"}, capture))
+    status, headers = started[-1]
+    kept = tuple(h for h in headers if h[0].lower() != "content-length")
+    return Answer(int(status.split(" ", 1)[0]), (*kept, ("Content-Length", str(len(body)))), body)
 
 
 def _no_metrics() -> Answer:
@@ -548,7 +559,7 @@ def health_asgi_app(
             if metrics_app is None:
                 answer = _no_metrics()
             else:
-                await metrics_app({**scope, "method": "GET"}, receive, _drop_body(send, method))
+                await metrics_app({**scope, "method": "GET"}, receive, _with_length(send, method))
                 return
         await send(
             {
@@ -562,16 +573,25 @@ def health_asgi_app(
     return app
 
 
-def _drop_body(send: ASGISend, method: str) -> ASGISend:
-    if method != "HEAD":
-        return send
+def _with_length(send: ASGISend, method: str) -> ASGISend:
+    """prometheus-client's ASGI answer (one start, one body) held until its body is known, so
+    that it carries a Content-Length, and HEAD announces the length of the body it leaves out."""
+    held: list[dict[str, Any]] = []
 
-    async def without_body(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            message = {**message, "body": b""}
+    async def sized(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            held.append(message)
+            return
+        if message["type"] == "http.response.body" and held and not message.get("more_body"):
+            body: bytes = message.get("body", b"")
+            start = held.pop()
+            headers = [h for h in start.get("headers", []) if h[0].lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            message = {**message, "body": b"" if method == "HEAD" else body}
         await send(message)
 
-    return without_body
+    return sized
 
 
 async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from .._version import __version__
 from ..core.errors import ConfigError
 from ..core.machine import State
 from ..core.status import Status

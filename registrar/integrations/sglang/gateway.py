@@ -122,7 +122,7 @@ def start(
         if value is not None:
             extra[name] = value
     if make is None:
-        from ...protocols.smg import smg_registrars  # noqa: PLC0415 - only with a gateway
+        from ...assembly import smg_registrars  # noqa: PLC0415 - only with a gateway
 
         make = smg_registrars
     group = make(

@@ -1,0 +1,164 @@
+"""The status board: the one published `Status` snapshot, the state machine behind it, and the
+listeners who hear every change, in order, outside any lock.
+
+Every snapshot is replaced whole under one lock, so a reader never sees half a decision; the
+listeners are called by one thread at a time (the registrar's own while it runs, else a
+short-lived "registrar-events" thread), never by a caller of `start()` or `stop()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from .clock import Clock
+from .errors import ConfigError
+from .machine import State, Trigger, build_machine, fire
+from .status import Status
+
+__all__ = ["Listener", "RequestEvent", "RequestListener", "StatusBoard"]
+
+logger = logging.getLogger("registrar")
+
+Listener = Callable[[State, State, Status], None]
+"""Called as fn(old_state, new_state, status) after every transition, outside any lock."""
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    """One request the registrar sent, for metrics: what, how it ended, how long it took."""
+
+    kind: Literal["register", "check"]
+    result: str
+    """The verdict of a registration or the route a check found."""
+    duration: float
+    status_code: int | None
+
+
+RequestListener = Callable[[RequestEvent], None]
+
+
+class StatusBoard:
+    """The published snapshot and who hears about it."""
+
+    def __init__(self, status: Status, clock: Clock) -> None:
+        self.status = status
+        self._clock = clock
+        self._machine, self._model = build_machine(status.state)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self._listeners: list[Listener] = []
+        self._request_listeners: list[RequestListener] = []
+        self._pending: deque[tuple[State, State, Status]] = deque()
+        self.deliverer: threading.Thread | None = None
+        """The one thread that calls listeners: the loop thread while it runs, else a
+        short-lived "registrar-events" thread. Never a caller of start() or stop()."""
+        self._draining = False  # the deliverer's alone
+
+    def after_fork(self, status: Status) -> None:
+        """In a forked child: locks another thread held are made again, nothing is pending."""
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self._machine, self._model = build_machine(status.state)
+        self._pending.clear()
+        self.deliverer = None
+        self._draining = False
+        self.status = status
+
+    def add_listener(self, listener: Listener) -> None:
+        if not callable(listener):
+            raise ConfigError(f"listener must be callable, got {listener!r}")
+        with self.lock:
+            self._listeners.append(listener)
+
+    def add_request_listener(self, listener: RequestListener) -> None:
+        if not callable(listener):
+            raise ConfigError(f"listener must be callable, got {listener!r}")
+        with self.lock:
+            self._request_listeners.append(listener)
+
+    def publish(self, status: Status) -> None:
+        """Replace the snapshot (the lock held). The one rule every snapshot obeys whoever
+        wrote it: once stopped, nothing is scheduled, whatever the loop was about to say."""
+        if status.state is State.STOPPED and (status.retrying or status.next_attempt_at):
+            status = replace(status, retrying=False, next_attempt_at=None)
+        self.status = status
+        self.changed.notify_all()
+
+    def update(self, **changes: Any) -> Status:
+        """Change fields of the snapshot at once: a reader sees all of them or none."""
+        with self.changed:
+            self.publish(replace(self.status, **changes))
+            return self.status
+
+    def fire(self, trigger: Trigger, changes: dict[str, Any]) -> bool:
+        """Fire `trigger` and publish the new state with `changes` in one snapshot (the lock
+        held); the transition is queued for the listeners."""
+        old = self.status.state
+        if not fire(self._model, trigger):
+            return False
+        new = State(self._model.state)
+        self.publish(replace(self.status, state=new, since=self._clock.time(), **changes))
+        self._pending.append((old, new, self.status))
+        if self.deliverer is None:
+            # No registrar thread to deliver it (not started, ended, or a forked child).
+            helper = threading.Thread(target=self.deliver_all, name="registrar-events")
+            helper.daemon = True
+            self.deliverer = helper
+            helper.start()
+        return True
+
+    def transition(self, trigger: Trigger, **changes: Any) -> bool:
+        with self.changed:
+            fired = self.fire(trigger, changes)
+            mine = self.deliverer is threading.current_thread()
+        if fired and mine:
+            self.drain()
+        return fired
+
+    def drain(self) -> None:
+        """Call the listeners for every queued transition, in order; the deliverer only. A
+        listener that causes a transition has it delivered after its own, by this loop."""
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while True:
+                with self.lock:
+                    if not self._pending:
+                        return
+                    old, new, status = self._pending.popleft()
+                    listeners = list(self._listeners)
+                for listener in listeners:
+                    try:
+                        listener(old, new, status)
+                    except Exception:
+                        logger.exception(
+                            "listener %r failed on %s -> %s; ignored", listener, old, new
+                        )
+        finally:
+            self._draining = False
+
+    def deliver_all(self) -> None:
+        """Drain until nothing is queued, then give up the deliverer's role (stop() waits for
+        that, within its timeout)."""
+        while True:
+            self.drain()
+            with self.changed:
+                if not self._pending:
+                    self.deliverer = None
+                    self.changed.notify_all()
+                    return
+
+    def emit(self, event: RequestEvent) -> None:
+        with self.lock:
+            listeners = list(self._request_listeners)
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("request listener %r failed; ignored", listener)

@@ -1,0 +1,35 @@
+# Sourced by the *-venv.sh scripts: one virtual environment per pin file, built once per machine
+# outside the repo and reused by every clone and CI run. The environment is keyed by the pins and
+# the Python version:  ${REGISTRAR_CACHE:-$HOME/.cache/registrar}/NAME-<hash>
+#
+#   cached_venv NAME PINS BUILD [--rebuild]
+#
+# holds a lock on the environment (builds are serialised; concurrent callers wait), calls
+# `BUILD VENV PINS` when the environment is missing or incomplete (or asked to rebuild), and
+# leaves the lock held (file descriptor 8) and the path in $venv for the caller's last steps.
+# Every package is installed with --no-deps: nothing is resolved, nothing unpinned slips in.
+
+cached_venv() {
+  local name=$1 pins=$2 build=$3 rebuild=${4:-}
+  local python=${PYTHON:-python3} key root started
+  key=$({ cat "$pins"; "$python" -c 'import sys; print(sys.version_info[:2])'; } | sha256sum | cut -c1-12)
+  root=${REGISTRAR_CACHE:-$HOME/.cache/registrar}
+  venv="$root/$name-$key"
+  mkdir -p "$root"
+  exec 8>"$venv.lock"
+  flock 8
+  if [ "$rebuild" = "--rebuild" ] || [ ! -f "$venv/.complete" ]; then
+    started=$(date +%s)
+    echo "$name-venv: building $venv" >&2
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+    "$build" "$venv" "$pins"
+    touch "$venv/.complete"
+    echo "$name-venv: built in $(( $(date +%s) - started )) s, $(du -sh "$venv" | cut -f1)" >&2
+  fi
+}
+
+# pip's --no-deps install of a pin file, without its noise about missing --find-links folders.
+install_pins() {
+  "$1/bin/python" -m pip install -q --no-deps -r "$2" 2> >(grep -v '^WARNING: Location' >&2)
+}
