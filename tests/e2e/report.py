@@ -23,6 +23,7 @@ TITLES = {
     "2": "2. The bootstrap server restarted, empty, in the live prefill",
     "3": "3. The prefill killed and relaunched",
     "5": "5. Greedy outputs, prefill/decode pair against a single server",
+    "6": "6. The router knows no worker but what the plugin tells it: killed, restarted, drained",
 }
 EVENT_ZERO = {
     "1": "bootstrap server listening",
@@ -103,6 +104,9 @@ def tables(records: dict[tuple[str, bool], dict[str, Any]]) -> str:
         for row in five["figures"].get("outputs", []):
             out.append(f"| `{row['prompt']}` | `{row['pd'].strip()}` | `{row['single'].strip()}` |")
         out.append("")
+    six = records.get(("6", True))
+    if six is not None:
+        out += [f"#### {TITLES['6']}", "", *_figures(None, six)]
     return "\n".join(out)
 
 

@@ -54,7 +54,7 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["missing"] == []
-    assert len(result["targets"]) == 6
+    assert len(result["targets"]) == 8
     assert "registrar -> registrar.integrations.sglang:load" in done.stderr
     assert "Loaded plugin registrar from group sglang.srt.plugins" in done.stderr
     assert "Applied 1 hook(s) to " + "sglang.srt.disaggregation.common.conn" in done.stderr
@@ -62,7 +62,7 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
     loading = done.stderr.split("--- loaded")[0]
     [active] = [line for line in loading.splitlines() if ACTIVE in line]
     assert f"sglang-registrar {__version__} active in sglang 0.5.23 (pid " in active
-    assert "6 of 6 patches applied" in active
+    assert "8 of 8 patches applied" in active
     assert "(supports sglang 0.5.23)" in active
 
 

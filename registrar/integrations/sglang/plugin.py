@@ -16,6 +16,10 @@ What it patches, through SGLang's own `HookRegistry` (no change to SGLang's sour
   bootstrap server's missing rows under `registrar_bootstrap`.
 - AFTER `CommonKVManager._on_heartbeat_success` (decode): drop a restarted prefill's stale
   cached addresses through SGLang's own node-failure handling (stale_prefill.py).
+- BEFORE `http_server._setup_and_run_http_server` and AROUND
+  `TokenizerManager.sigterm_watchdog`: with `REGISTRAR_GATEWAY`, node 0's HTTP process keeps
+  the server listed by the smg gateway(s) once `/ready` holds, and drains from them at SIGTERM
+  before SGLang stops serving (gateway.py); `/server_info` shows it under `registrar_gateway`.
 
 `HookRegistry` only logs a patch that failed, so after SGLang applies the hooks the plugin checks
 each target: all applied, it logs the one line that proves it is active (`ACTIVE`); otherwise
@@ -44,6 +48,7 @@ from ...core.machine import State
 from ...core.registrar import EXIT_CODE, Registrar
 from ...protocols.sglang import rank_of
 from ...surfaces.verbose import make_verbose
+from .gateway import around_sigterm_watchdog, before_http_server, gateway_summary
 from .settings import PluginConfig, read_config
 from .stale_prefill import after_heartbeat_success, close_checks
 
@@ -81,6 +86,8 @@ INTERNAL_STATE = (
 SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 HEARTBEAT_OK = f"{_CONN}.CommonKVManager._on_heartbeat_success"
 _HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+HTTP_SERVER_START = f"{_HTTP_SERVER}._setup_and_run_http_server"
+SIGTERM_WATCHDOG = "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog"
 _MAX_LISTED = 64
 """At most this many missing rows are listed in /server_info (the count is always there)."""
 
@@ -283,7 +290,17 @@ def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
     server = getattr(manager, "bootstrap_server", None)
     if isinstance(result, dict) and hasattr(server, "prefill_port_table"):
         result["registrar_bootstrap"] = bootstrap_summary(server)
+    gateways = gateway_summary()
+    if isinstance(result, dict) and gateways is not None:
+        result["registrar_gateway"] = gateways
     return result
+
+
+def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE `_setup_and_run_http_server`: with `REGISTRAR_GATEWAY`, start keeping this server
+    listed by the gateway(s) (gateway.py)."""
+    config = _config if _config is not None else read_config()
+    before_http_server(config.gateway, server_args, tokenizer_manager)
 
 
 def _hooks() -> list[tuple[str, Callable[..., Any], str]]:
@@ -294,6 +311,8 @@ def _hooks() -> list[tuple[str, Callable[..., Any], str]]:
         (INTERNAL_STATE, after_internal_state, "AFTER"),
         (SERVER_INFO, after_server_info, "AFTER"),
         (HEARTBEAT_OK, after_heartbeat_success, "AFTER"),
+        (HTTP_SERVER_START, start_gateway, "BEFORE"),
+        (SIGTERM_WATCHDOG, around_sigterm_watchdog, "AROUND"),
     ]
 
 

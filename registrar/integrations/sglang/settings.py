@@ -30,6 +30,7 @@ from ...surfaces.env import (
     parse_flag,
     parse_seconds_or_zero,
 )
+from .gateway import GatewayConfig
 
 __all__ = [
     "HONOURED",
@@ -62,7 +63,9 @@ PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
 )
 """The plugin's own variables (no other surface reads them)."""
 
-_COMMAND_ONLY_HONOURED = ("TOKEN", "TOKEN_FILE", "VERBOSE")
+_GATEWAY_HONOURED = ("GATEWAY", "WORKER_URL", "READY_GRACE", "GATEWAY_KEY_FILE", "DRAIN_TIMEOUT")
+"""The gateway's variables the plugin honours (docs/gateway.md, docs/sglang.md)."""
+_COMMAND_ONLY_HONOURED = ("TOKEN", "TOKEN_FILE", "VERBOSE", *_GATEWAY_HONOURED)
 
 HONOURED: tuple[str, ...] = (
     *(v.name for v in ENV_VARS if not v.option.startswith("cli.")),
@@ -72,10 +75,7 @@ HONOURED: tuple[str, ...] = (
 
 _BUILT_BY_SGLANG = "SGLang builds each row's bootstrap URL and payload itself"
 _NO_ETCD = "the plugin registers with SGLang's bootstrap server, not etcd"
-_NO_GATEWAY = (
-    "the plugin does not register with the smg gateway yet: run `registrar register --gateway` "
-    "beside the server (docs/gateway.md)"
-)
+_FROM_SERVER_ARGS = "with REGISTRAR_GATEWAY the plugin reads it from SGLang's own arguments"
 _REPORTED_BY_SGLANG = "inside SGLang, /ready and /server_info report registration (docs/sglang.md)"
 
 REFUSED: dict[str, str] = {
@@ -94,19 +94,9 @@ REFUSED: dict[str, str] = {
     "HEALTH_HOST": _REPORTED_BY_SGLANG,
     "HEALTH_PORT": _REPORTED_BY_SGLANG,
     "EXPOSE_PAYLOAD": _REPORTED_BY_SGLANG,
-    **dict.fromkeys(
-        (
-            "GATEWAY",
-            "WORKER_URL",
-            "WORKER_TYPE",
-            "BOOTSTRAP_PORT",
-            "READY_URL",
-            "READY_GRACE",
-            "GATEWAY_KEY_FILE",
-            "DRAIN_TIMEOUT",
-        ),
-        _NO_GATEWAY,
-    ),
+    "WORKER_TYPE": _FROM_SERVER_ARGS + " (--disaggregation-mode)",
+    "BOOTSTRAP_PORT": _FROM_SERVER_ARGS + " (--disaggregation-bootstrap-port)",
+    "READY_URL": "with REGISTRAR_GATEWAY the server's own /ready gates the offer",
 }
 """The shared table's variables that mean nothing inside SGLang, with the reason."""
 
@@ -131,6 +121,8 @@ class PluginConfig:
     init_wait: float = 0.0
     strict: bool = False
     verbose: bool = False
+    gateway: GatewayConfig | None = None
+    """With `REGISTRAR_GATEWAY`: node 0's HTTP process keeps the server listed there."""
     warnings: tuple[str, ...] = field(default=())
     """One line each, for the log: names that look like a mistyped variable."""
 
@@ -150,11 +142,35 @@ def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
     if token is not None:
         options["token"] = token
     return PluginConfig(
+        gateway=_gateway(command, options),
         registrar=options,
         init_wait=float(own.get("init_wait", 0.0)),
         strict=bool(own.get("strict", False)),
         verbose=bool(command.get("verbose", False)),
         warnings=tuple(near_misses(env)),
+    )
+
+
+def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayConfig | None:
+    """The gateway settings, or None without `REGISTRAR_GATEWAY` (its companions alone are one
+    line naming the missing variable)."""
+    gateways = command.get("gateway")
+    if not gateways:
+        stray = [ENV_PREFIX + n for n in _GATEWAY_HONOURED[1:] if n.lower() in command]
+        if stray:
+            raise ConfigError(
+                f"{', '.join(stray)} go with {ENV_PREFIX}GATEWAY; set it or unset them"
+            )
+        return None
+    if command.get("gateway_key_file") is not None:
+        file_token(command["gateway_key_file"], f"{ENV_PREFIX}GATEWAY_KEY_FILE")  # checked now
+    return GatewayConfig(
+        gateways=tuple(gateways),
+        worker_url=command.get("worker_url"),
+        key_file=command.get("gateway_key_file"),
+        grace=command.get("ready_grace"),
+        drain_timeout=command.get("drain_timeout"),
+        options=dict(options),
     )
 
 
