@@ -11,9 +11,7 @@ be gone from the router's list while its HTTP server still answers.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ from typing import Any
 
 import pytest
 import requests
-from e2e_support.deploy import HOST, Deployment, Process, free_port, server_env, wait_http
+from e2e_support.deploy import Deployment, Process, free_port, server_env, wait_http
 from e2e_support.scenarios import run
 from e2e_support.stack import SERVE_TIMEOUT, Probe, Record
 
@@ -32,21 +30,6 @@ pytestmark = pytest.mark.timeout(900)
 LISTED_BOUND = 120.0
 """Within this the router must list a worker that is ready (2 loaded cores)."""
 DRAIN_TIMEOUT = 30.0
-
-
-def _router(deploy: Deployment, port: int) -> Process:
-    smg = shutil.which("smg", path=str(Path(sys.executable).parent))
-    if smg is None:
-        raise AssertionError(f"no smg beside {sys.executable}: rebuild scripts/sglang-venv.sh")
-    cmd = [
-        smg, "launch", "--pd-disaggregation",
-        "--host", HOST, "--port", str(port),
-        "--disable-retries", "--disable-circuit-breaker",
-        "--worker-startup-check-interval", "1", "--health-check-interval-secs", "2",
-        "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REGISTRAR_", "E2E_"))}
-    return deploy._launch("router", cmd, env, f"http://{HOST}:{port}")
 
 
 def _listed(router: str) -> list[dict[str, Any]]:
@@ -122,7 +105,7 @@ def _drain(router: str, server: Process, record: Record) -> None:
 
 def gateway_restart(deploy: Deployment, record: Record) -> None:
     router_port = free_port()
-    router = _router(deploy, router_port)
+    router = deploy.router(router_port)
     wait_http(router, "/workers", 60)
     env = server_env(
         plugin=True,
@@ -143,7 +126,7 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
 
         router.kill()
         record.events["router killed"] = round(time.monotonic() - zero, 2)
-        router = _router(deploy, router_port)
+        router = deploy.router(router_port)
         listening = router.started + wait_http(router, "/workers", 60)
         since = listening - zero
         record.events["router listening again"] = round(since, 2)

@@ -187,14 +187,19 @@ class Deployment:
     def single(self, port: int, env: dict[str, str]) -> Process:
         return self.sglang("single", port, ["--disable-overlap-schedule"], env)
 
-    def router(self, port: int, prefill: str, bootstrap_port: int, decode: str) -> Process:
+    def router(self, port: int, workers: tuple[str, int, str] | None = None) -> Process:
+        """The smg router on `port`; `workers` = (prefill URL, its bootstrap port, decode URL)
+        as static workers, or None for a router that starts empty (workers added through its
+        control plane)."""
         smg = shutil.which("smg", path=str(Path(sys.executable).parent))
         if smg is None:
             raise AssertionError(f"no smg beside {sys.executable}: rebuild scripts/sglang-venv.sh")
+        static: list[str] = []
+        if workers is not None:
+            prefill, bootstrap_port, decode = workers
+            static = ["--prefill", prefill, str(bootstrap_port), "--decode", decode]
         cmd = [
-            smg, "launch", "--pd-disaggregation",
-            "--prefill", prefill, str(bootstrap_port),
-            "--decode", decode,
+            smg, "launch", "--pd-disaggregation", *static,
             "--host", HOST, "--port", str(port),
             # The timeline shows the servers, not the router's own retry and breaker policy, and
             # the router looks at its workers every 2 s instead of every 30 s / 60 s.

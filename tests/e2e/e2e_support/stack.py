@@ -163,7 +163,7 @@ class Stack:
         assert self.decode is not None
         self.decode_control_url = read_control(self.decode, decode_dir, "decode")
         self.router = self.deploy.router(
-            self.router_port, self.prefill.url, self.bootstrap_port, self.decode.url
+            self.router_port, (self.prefill.url, self.bootstrap_port, self.decode.url)
         )
         self.wait_router_ready()
 
