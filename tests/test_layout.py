@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import select
 import subprocess
 import sys
@@ -238,22 +239,47 @@ def test_no_function_of_the_package_is_above_mccabe_10() -> None:
     assert "noqa: C901" not in "".join(p.read_text() for p in (root / "registrar").rglob("*.py"))
 
 
-PROTOCOLS = Path(registrar.__file__).parent / "protocols"
+PACKAGE = Path(registrar.__file__).parent
+PROTOCOLS = PACKAGE / "protocols"
 ENGINE = ("core.registrar", "core.runner", "core.decide", "core.board", "core.failure")
 
 
-@pytest.mark.parametrize("module", sorted(PROTOCOLS.glob("*.py")), ids=lambda p: p.name)
+def _resolved_imports(path: Path) -> list[tuple[str, str]]:
+    """Each import of `path` as written and as the absolute module it names (a relative one
+    resolved against the package `path` is in, however deep)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    package = ".".join(parts[:-1])
+    return [
+        (name, importlib.util.resolve_name(name, package) if name.startswith(".") else name)
+        for name in _imports(path)
+    ]
+
+
+@pytest.mark.parametrize(
+    "module", sorted(PROTOCOLS.rglob("*.py")), ids=lambda p: str(p.relative_to(PROTOCOLS))
+)
 def test_protocols_import_neither_surfaces_devtools_the_root_nor_the_engine(module: Path) -> None:
     """A protocol is a leaf beside the engine: it speaks the transport contract (core's values,
-    errors, redaction) and nothing above it; the version comes from its own module."""
-    for name in _imports(module):
-        if not name.startswith(".."):
+    errors, redaction) and nothing above it; the version comes from its own module. The same
+    holds in a protocol's own folder (`protocols/etcd/`), at any depth."""
+    for written, name in _resolved_imports(module):
+        if not written.startswith("."):
             assert not name.startswith("registrar"), f"{module.name} imports {name}"
             continue
-        inside = name[2:]
-        assert inside, f"{module.name} imports the package root"
+        assert name != "registrar", f"{module.name} imports the package root"
+        inside = name.removeprefix("registrar.")
         assert not inside.startswith(("surfaces", "devtools", "integrations")), name
         assert not inside.startswith(ENGINE), f"{module.name} imports the engine: {name}"
+
+
+def test_the_import_resolution_reaches_into_folders() -> None:
+    """The rule above would pass vacuously if relative imports in a folder were misread."""
+    found = dict(_resolved_imports(PROTOCOLS / "etcd" / "client.py"))
+    assert found["...core.errors"] == "registrar.core.errors"
+    assert found["..http"] == "registrar.protocols.http"
+    assert dict(_resolved_imports(PROTOCOLS / "etcd" / "__init__.py"))[".transport"] == (
+        "registrar.protocols.etcd.transport"
+    )
 
 
 def test_importing_the_protocols_registers_nothing() -> None:
