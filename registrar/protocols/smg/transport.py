@@ -1,50 +1,24 @@
-"""SGLang's model gateway (`smg`, the successor of sgl-router) as the registry: a worker added
-through its control plane and kept there.
-
-The gateway keeps the workers added by `POST /workers` in memory only, and "accepted" is not
-"registered": the POST answers 202 with the worker's id, then a background job probes the
-worker and lists it, or fails and forgets it without telling anyone. So:
-
-- `register` looks up the id it already has (an earlier attempt may still be in the gateway's
-  queue), else POSTs, then polls `GET /workers/{id}` with a short backoff, within
-  `confirm_timeout`, until the worker is listed ready. A 404 meanwhile (the job failed, or the
-  gateway restarted) is a failed attempt, retried. A 409 names the worker the gateway already
-  holds at our URL: it is adopted, never added twice (the gateway keys workers by URL).
-- `check` reads `GET /workers/{id}`: 404 means the gateway forgot us (every id is new after a
-  restart; an operator's DELETE ends the same way) and the loop registers again. Before we know
-  an id (the look before the first POST, or after an answer was lost) it searches the list for
-  our URL and adopts what it finds.
-- Between checks it waits on the idle kept-alive connection (`HttpTransport.wait_idle`): a
-  gateway process that dies closes it, and the loop checks at once instead of at the next
-  interval. While a readiness check is configured it also follows the served process: a
-  worker not ready for `grace` seconds is withdrawn (DELETE) and offered again once ready
-  (`not_ready`, the `Gated` hook the loop calls before each attempt).
-- `close` (called once when the registrar stops) drains: `DELETE /workers/{id}`, then waits,
-  within `drain_timeout`, until the gateway no longer lists the worker. The gateway marks it
-  draining at once (no new requests) and removes it after its settle time (5 s by default),
-  while the server is still up to finish what it was sent.
-
-The control-plane key (`--control-plane-api-keys`) is sent as a bearer token, taken from a
-file read before each request or from `$REGISTRAR_GATEWAY_KEY`; it never appears in a log or a
-status. See docs/gateway.md.
-"""
+"""`SmgTransport`: one worker kept listed by the gateway, from the POST that offers it to the
+DELETE that drains it (the model is in the package's docstring, `registrar.protocols.smg`).
+The gateway's answers are read by `.answers`; the served process's readiness is followed by
+`.gate`."""
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from ..core.clock import Clock, SystemClock
-from ..core.errors import ConfigError
-from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from ..core.redact import clean
-from ..core.transport import Timeout, Token, validate_url
-from ..core.untrusted import load_json
-from ..core.waker import Waker
-from .http import HttpResult, HttpTransport
+from ...core.clock import Clock, SystemClock
+from ...core.errors import ConfigError
+from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ...core.redact import clean
+from ...core.transport import Timeout, Token
+from ...core.waker import Waker
+from ..http import HttpResult, HttpTransport
+from .answers import json_object, listed_check, worker_check, worker_id_in, workers_at
+from .gate import Readiness, ReadinessGate
 
 __all__ = [
     "DEFAULT_CONFIRM_TIMEOUT",
@@ -53,20 +27,14 @@ __all__ = [
     "DEFAULT_READY_INTERVAL",
     "DEFAULT_WATCH_INTERVAL",
     "KEY_ENV",
-    "WORKER_TYPES",
-    "Readiness",
+    "MAX_LIST_BYTES",
     "SmgTransport",
-    "UrlReadiness",
-    "readiness",
-    "validate_spec",
-    "worker_spec",
 ]
 
 logger = logging.getLogger(__name__)
 
 KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 """The variable holding the gateway's control-plane key when no key file is given."""
-WORKER_TYPES = ("prefill", "decode", "regular")
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 """Seconds one attempt waits for the gateway to list the worker ready after its POST (a stand-in
 worker is listed in about 0.1 s; a worker whose /health fails is dropped within about 2 s)."""
@@ -83,78 +51,6 @@ MAX_LIST_BYTES = 16 * 1024 * 1024
 """`GET /workers` is read up to this (about 600 bytes per worker); every other answer up to the
 HTTP transport's usual cap (64 KiB)."""
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-
-Readiness = Callable[[], str | None]
-"""None when the served process is ready, else why not (one line)."""
-
-
-def worker_spec(
-    url: str, worker_type: str = "regular", bootstrap_port: int | None = None, **fields: Any
-) -> dict[str, Any]:
-    """The `POST /workers` body for a worker at `url`, or `ConfigError` naming the field. Other
-    fields of the gateway's WorkerSpec (priority, cost, labels, ...) pass through."""
-    spec: dict[str, Any] = {"url": url, "worker_type": worker_type, **fields}
-    if bootstrap_port is not None:
-        spec["bootstrap_port"] = bootstrap_port
-    return validate_spec(spec)
-
-
-def validate_spec(payload: object) -> dict[str, Any]:
-    """A copy of `payload` with its URL normalised, or one `ConfigError` naming the field."""
-    if not isinstance(payload, Mapping):
-        raise ConfigError(f"payload must be a worker spec mapping, got {type(payload).__name__}")
-    spec = dict(payload)
-    spec["url"] = validate_url(spec.get("url"), "worker url")
-    kind = spec.setdefault("worker_type", "regular")
-    if kind not in WORKER_TYPES:
-        raise ConfigError(f"worker_type must be one of {', '.join(WORKER_TYPES)}, got {kind!r}")
-    port = spec.get("bootstrap_port")
-    if port is not None:
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ConfigError(f"bootstrap_port must be a port within [1, 65535], got {port!r}")
-        if kind != "prefill":
-            raise ConfigError("bootstrap_port is for a prefill worker (worker_type=prefill)")
-    return spec
-
-
-def readiness(ready: str | Callable[[], bool] | None, timeout: float = 2.0) -> Readiness | None:
-    """A readiness check from a URL (ready while it answers 2xx, e.g. SGLang's `/ready`) or a
-    callable answering True when ready; None for none."""
-    if ready is None:
-        return None
-    if callable(ready):
-        check = ready
-
-        def called() -> str | None:
-            try:
-                return None if check() else "the readiness callable answered False"
-            except Exception as exc:
-                return f"the readiness callable raised {type(exc).__name__}"
-
-        return called
-    return UrlReadiness(ready, timeout)
-
-
-class UrlReadiness:
-    """Ready while `GET url` answers 2xx, on one kept-alive connection (closed by `close`)."""
-
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
-        self._url = validate_url(url, "ready url")
-        parts = self._url.split("/", 3)
-        self._path = "/" + parts[3] if len(parts) > 3 else "/"
-        self._http = HttpTransport("/".join(parts[:3]), timeout=timeout)
-
-    def __call__(self) -> str | None:
-        result = self._http.send("GET", self._path)
-        if result.error is not None:
-            return f"GET {self._url}: {self._http.describe_error(result.error)}"
-        if result.status_code is not None and 200 <= result.status_code < 300:
-            return None
-        return f"GET {self._url} answered {result.status_code}"
-
-    def close(self) -> None:
-        self._http.close()
 
 
 class SmgTransport:
@@ -202,12 +98,10 @@ class SmgTransport:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        self._ready = ready
-        self._grace = float(grace)
-        self._ready_interval = float(ready_interval)
         self._confirm_timeout = float(confirm_timeout)
         self._drain_timeout = float(drain_timeout)
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self._gate = ReadinessGate(ready, self._clock, float(grace), float(ready_interval))
         self._sender = sender.send if sender is not None else self._http.send
         self.requests_sent = 0
         """Requests that reached the gateway so far (a refused connection is not counted)."""
@@ -218,7 +112,6 @@ class SmgTransport:
         self._url: str | None = None
         self._posted = False
         """A POST was sent whose worker we may not know the id of (its answer was lost)."""
-        self._unready_since: float | None = None
         self._draining_seen = False
         """The worker an attempt follows was being removed (a withdrawal or an operator's
         DELETE not finished yet): once it is gone, POST again at once."""
@@ -240,26 +133,13 @@ class SmgTransport:
 
     @property
     def ready_interval(self) -> float:
-        return self._ready_interval
+        return self._gate.interval
 
     # ----------------------------------------------------------------- readiness
 
     def not_ready(self) -> str | None:
         """The `Gated` hook: why the worker must not be offered now (None: offer it)."""
-        if self._ready is None:
-            return None
-        reason = self._ready()
-        if reason is None:
-            self._unready_since = None
-        elif self._unready_since is None:
-            self._unready_since = self._clock.monotonic()
-        return reason
-
-    def _unready_for(self) -> float:
-        """Seconds the served process has been seen not ready (0 when ready), asking now."""
-        if self.not_ready() is None or self._unready_since is None:
-            return 0.0
-        return self._clock.monotonic() - self._unready_since
+        return self._gate.not_ready()
 
     # ----------------------------------------------------------------- registering
 
@@ -278,7 +158,7 @@ class SmgTransport:
             code = result.status_code
             if result.error is not None or code not in (200, 201, 202, 409):
                 return self._http.classify_registration(result)
-            worker_id = self._id_in(result)
+            worker_id = worker_id_in(result)
             if worker_id is None:
                 return RegisterOutcome(
                     Verdict.RETRY,
@@ -308,21 +188,6 @@ class SmgTransport:
             "/health?) or the gateway restarted",
         )
 
-    def _id_in(self, result: HttpResult) -> str | None:
-        """The worker id a 202 (`worker_id`) or a 409 (in its error text) names."""
-        try:
-            body = load_json(result.text)
-        except ValueError:
-            body = None
-        if isinstance(body, dict):
-            if isinstance(body.get("worker_id"), str) and _UUID.fullmatch(body["worker_id"]):
-                return str(body["worker_id"])
-            text = body.get("error")
-            if isinstance(text, str):
-                found = _UUID.search(text)
-                return found.group(0) if found else None
-        return None
-
     def _confirm(self, worker_id: str) -> RegisterOutcome | None:
         """Poll our worker until listed ready (ACCEPTED), within `confirm_timeout`. None when
         the gateway does not know the id (it was dropped: POST again); a RETRY outcome when the
@@ -338,7 +203,7 @@ class SmgTransport:
             if code in (400, 404):
                 self._worker_id = None
                 return None
-            info = self._info(result)
+            info = json_object(result)
             if code != 200 or info is None:
                 return self._http.classify_registration(result)
             status = info.get("status")
@@ -368,22 +233,13 @@ class SmgTransport:
     def _get_worker(self, worker_id: str) -> HttpResult:
         return self._send("GET", f"/workers/{worker_id}")
 
-    def _info(self, result: HttpResult) -> dict[str, Any] | None:
-        if not result.complete:
-            return None
-        try:
-            body = load_json(result.text)
-        except ValueError:
-            return None
-        return body if isinstance(body, dict) else None
-
     # ----------------------------------------------------------------- the watch
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         self._url = str(payload["url"])
-        if self._ready is not None and self._worker_id is not None:
-            unready = self._unready_for()
-            if unready >= self._grace:
+        if self._gate.ready is not None and self._worker_id is not None:
+            unready = self._gate.unready_for()
+            if unready >= self._gate.grace:
                 return self._withdraw_unready(unready)
         if self._worker_id is None:
             return self._find()
@@ -393,80 +249,32 @@ class SmgTransport:
         return check
 
     def _classify(self, result: HttpResult) -> RouteCheck:
-        if result.error is not None:
-            return RouteCheck(
-                Route.UNREACHABLE,
-                evidence=self._http.describe_error(result.error),
-                refused=result.refused,
-                broken=result.reconnected,
-            )
-        code = result.status_code
-        if code in (400, 404):
-            forgotten, self._worker_id = self._worker_id, None
-            return RouteCheck(
-                Route.MISSING,
-                code,
-                f"the gateway does not know worker {forgotten} (it restarted, "
-                "or the worker was removed)",
-            )
-        info = self._info(result) if code == 200 else None
-        if info is None:
-            return RouteCheck(
-                Route.UNDETERMINED, code, f"unexpected {code}: {self._http.excerpt(result)}"
-            )
-        return self._classify_listed(info, code)
-
-    def _classify_listed(self, info: Mapping[str, Any], code: int | None) -> RouteCheck:
-        listed = str(info.get("url", "")).rstrip("/")
-        ours = (self._url or "").rstrip("/")
-        if listed != ours:
-            theirs = clean(listed, 200)
-            return RouteCheck(Route.CONFLICT, code, f"our worker id lists {theirs}, not {ours}")
-        status = clean(info.get("status"), 40)
-        if info.get("status") == "pending":
-            return RouteCheck(Route.UNDETERMINED, code, "the gateway is still adding the worker")
-        if info.get("status") == "draining":
-            return RouteCheck(
-                Route.UNDETERMINED,
-                code,
-                "the gateway is removing the worker (draining); it is added again once gone",
-            )
-        health = (
-            "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
-        )
-        return RouteCheck(Route.PRESENT, code, f"listed as {self._worker_id} ({status}, {health})")
+        check = worker_check(result, self._url, self._worker_id, self._http)
+        if check.route is Route.MISSING:
+            self._worker_id = None  # the gateway forgot it: the loop registers again
+        return check
 
     def _find(self) -> RouteCheck:
         """Before we know an id: our URL in the gateway's list, adopted when found."""
         result = self._send("GET", "/workers", limit=MAX_LIST_BYTES)
-        if result.error is not None or result.status_code != 200:
-            return (
-                self._classify(result)
-                if result.error is not None
-                else RouteCheck(
-                    Route.UNDETERMINED,
-                    result.status_code,
-                    f"unexpected {result.status_code} for the worker list: "
-                    f"{self._http.excerpt(result)}",
-                )
+        if result.error is not None:
+            return self._classify(result)
+        if result.status_code != 200:
+            return RouteCheck(
+                Route.UNDETERMINED,
+                result.status_code,
+                f"unexpected {result.status_code} for the worker list: "
+                f"{self._http.excerpt(result)}",
             )
-        body = self._info(result)
-        listed = body.get("workers") if body is not None else None
-        if not isinstance(listed, list):
-            return RouteCheck(Route.UNDETERMINED, 200, "the worker list could not be read")
         ours = (self._url or "").rstrip("/")
-        mine = [
-            w
-            for w in listed
-            if isinstance(w, dict)
-            and str(w.get("url", "")).rstrip("/") == ours
-            and isinstance(w.get("id"), str)
-        ]
+        mine = workers_at(json_object(result), ours)
+        if mine is None:
+            return RouteCheck(Route.UNDETERMINED, 200, "the worker list could not be read")
         if not mine:
             return RouteCheck(Route.MISSING, 200, f"the gateway lists no worker at {ours}")
         self._worker_id = str(mine[0]["id"])
         self._posted = False
-        return self._classify_listed(mine[0], 200)
+        return listed_check(mine[0], 200, self._url, self._worker_id)
 
     def _withdraw_unready(self, unready: float) -> RouteCheck:
         reason = self.not_ready() or "not ready"
@@ -488,19 +296,9 @@ class SmgTransport:
         """Wait on the idle connection (a gateway that dies closes it: True at once); with a
         readiness check, look at the served process every `ready_interval` seconds, and say
         True once it has been not ready for `grace` (the check then withdraws the worker)."""
-        if self._ready is None:
+        if self._gate.ready is None:
             return self._http.wait_idle(timeout, waker)
-        end = self._clock.monotonic() + timeout
-        while True:
-            left = end - self._clock.monotonic()
-            if left <= 0 or waker.is_set():
-                return False
-            if self._http.wait_idle(min(left, self._ready_interval), waker):
-                return True
-            if waker.is_set():
-                return False
-            if self._unready_for() >= self._grace:
-                return True
+        return self._gate.wait(self._http.wait_idle, timeout, waker)
 
     # ----------------------------------------------------------------- the end
 
@@ -567,7 +365,4 @@ class SmgTransport:
             self._remove()
         finally:
             self._http.close()
-            closing = getattr(self._ready, "close", None)
-            if callable(closing):
-                closing()
-
+            self._gate.close()

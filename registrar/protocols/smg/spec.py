@@ -1,0 +1,44 @@
+"""The worker the gateway is asked to add: the `POST /workers` body (the gateway's WorkerSpec),
+checked once where a registrar is configured, so that a bad field is one `ConfigError` naming it
+rather than a 400 from the gateway at every attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...core.errors import ConfigError
+from ...core.transport import validate_url
+
+__all__ = ["WORKER_TYPES", "validate_spec", "worker_spec"]
+
+WORKER_TYPES = ("prefill", "decode", "regular")
+
+
+def worker_spec(
+    url: str, worker_type: str = "regular", bootstrap_port: int | None = None, **fields: Any
+) -> dict[str, Any]:
+    """The `POST /workers` body for a worker at `url`, or `ConfigError` naming the field. Other
+    fields of the gateway's WorkerSpec (priority, cost, labels, ...) pass through."""
+    spec: dict[str, Any] = {"url": url, "worker_type": worker_type, **fields}
+    if bootstrap_port is not None:
+        spec["bootstrap_port"] = bootstrap_port
+    return validate_spec(spec)
+
+
+def validate_spec(payload: object) -> dict[str, Any]:
+    """A copy of `payload` with its URL normalised, or one `ConfigError` naming the field."""
+    if not isinstance(payload, Mapping):
+        raise ConfigError(f"payload must be a worker spec mapping, got {type(payload).__name__}")
+    spec = dict(payload)
+    spec["url"] = validate_url(spec.get("url"), "worker url")
+    kind = spec.setdefault("worker_type", "regular")
+    if kind not in WORKER_TYPES:
+        raise ConfigError(f"worker_type must be one of {', '.join(WORKER_TYPES)}, got {kind!r}")
+    port = spec.get("bootstrap_port")
+    if port is not None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ConfigError(f"bootstrap_port must be a port within [1, 65535], got {port!r}")
+        if kind != "prefill":
+            raise ConfigError("bootstrap_port is for a prefill worker (worker_type=prefill)")
+    return spec
