@@ -282,6 +282,30 @@ def test_the_import_resolution_reaches_into_folders() -> None:
     )
 
 
+HEALTH = PACKAGE / "surfaces" / "health"
+HEALTH_READS = (
+    "registrar._version",
+    "registrar.core.",
+    "registrar.surfaces.health.",
+    "registrar.surfaces.httpserver",
+    "registrar.surfaces.metrics",
+)
+
+
+@pytest.mark.parametrize(
+    "module", sorted(HEALTH.rglob("*.py")), ids=lambda p: str(p.relative_to(HEALTH))
+)
+def test_health_reads_snapshots_only(module: Path) -> None:
+    """Health turns status snapshots into answers: it imports the core's values, its own parts
+    and the two sibling surfaces it serves with (metrics, the small HTTP server), never a
+    protocol, the assembly, the devtools or another surface."""
+    found = _resolved_imports(module)
+    assert found, module
+    for _, name in found:
+        if name.startswith("registrar"):
+            assert name.startswith(HEALTH_READS), f"{module.name} imports {name}"
+
+
 def test_importing_the_protocols_registers_nothing() -> None:
     before = dict(registry._factories)
     importlib.reload(importlib.import_module("registrar.protocols"))

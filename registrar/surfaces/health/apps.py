@@ -1,0 +1,149 @@
+"""The health endpoints as a WSGI app and as an ASGI app, with no framework: mount either in any
+server, under Flask, or into FastAPI/Starlette. `/metrics` is prometheus-client's own app,
+given the Content-Length that HEAD must announce."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from ..metrics import RegistrarMetrics
+from .answer import Answer, answer_health, no_metrics
+from .document import HealthGroup, HealthSource
+
+__all__ = ["ASGIApp", "WSGIApp", "health_app", "health_asgi_app"]
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[dict[str, Any], ASGIReceive, ASGISend], Awaitable[None]]
+_REASONS = {
+    200: "200 OK",
+    404: "404 Not Found",
+    405: "405 Method Not Allowed",
+    503: "503 Service Unavailable",
+}
+
+
+def health_app(
+    registrar: HealthSource | HealthGroup,
+    *,
+    metrics: RegistrarMetrics | None = None,
+    expose_payload: bool = False,
+    service_id: str | None = None,
+) -> WSGIApp:
+    """A WSGI app serving `/health`, `/readyz`, `/livez`, one path per check, and `/metrics`
+    with `metrics`. Mount it in any WSGI server or under Flask (see docs/operations.md)."""
+    metrics_app = metrics.wsgi_app() if metrics is not None else None
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        answer = answer_health(
+            registrar,
+            method,
+            environ.get("PATH_INFO", ""),
+            environ.get("QUERY_STRING", ""),
+            expose_payload=expose_payload,
+            service_id=service_id,
+        )
+        if answer is None:
+            answer = no_metrics() if metrics_app is None else _wsgi_metrics(metrics_app, environ)
+        start_response(_REASONS.get(answer.code, f"{answer.code} Status"), list(answer.headers))
+        return [] if method == "HEAD" else [answer.body]
+
+    return app
+
+
+def _wsgi_metrics(metrics_app: WSGIApp, environ: dict[str, Any]) -> Answer:
+    """prometheus-client's answer to GET, as one `Answer` with its Content-Length: it answers
+    GET only, and HEAD must announce the length of the body it leaves out (a WSGI server
+    would otherwise count the empty body of HEAD and say 0)."""
+    started: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        started.append((status, headers))
+        return lambda data: None
+
+    body = b"".join(metrics_app({**environ, "REQUEST_METHOD": "GET"}, capture))
+    status, headers = started[-1]
+    kept = tuple(h for h in headers if h[0].lower() != "content-length")
+    return Answer(int(status.split(" ", 1)[0]), (*kept, ("Content-Length", str(len(body)))), body)
+
+
+def health_asgi_app(
+    registrar: HealthSource | HealthGroup,
+    *,
+    metrics: RegistrarMetrics | None = None,
+    expose_payload: bool = False,
+    service_id: str | None = None,
+) -> ASGIApp:
+    """The same endpoints as an ASGI app, with no framework: run it under any ASGI server, or
+    mount it into FastAPI/Starlette (`app.mount("/registrar", health_asgi_app(reg))`). Reading
+    the status never blocks, so it is safe on the event loop."""
+    metrics_app = metrics.asgi_app() if metrics is not None else None
+
+    async def app(scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            raise ValueError(f"the health app serves HTTP only, not {scope['type']!r}")
+        path: str = scope.get("path", "/")
+        root: str = scope.get("root_path", "")
+        # Mounted under a prefix, the path still carries it (ASGI): strip it.
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        method: str = scope.get("method", "GET")
+        query = scope.get("query_string", b"").decode("latin-1")
+        answer = answer_health(
+            registrar, method, path, query, expose_payload=expose_payload, service_id=service_id
+        )
+        if answer is None:
+            if metrics_app is None:
+                answer = no_metrics()
+            else:
+                await metrics_app({**scope, "method": "GET"}, receive, _with_length(send, method))
+                return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": answer.code,
+                "headers": [(k.lower().encode(), v.encode()) for k, v in answer.headers],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else answer.body})
+
+    return app
+
+
+def _with_length(send: ASGISend, method: str) -> ASGISend:
+    """prometheus-client's ASGI answer (one start, one body) held until its body is known, so
+    that it carries a Content-Length, and HEAD announces the length of the body it leaves out."""
+    held: list[dict[str, Any]] = []
+
+    async def sized(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            held.append(message)
+            return
+        if message["type"] == "http.response.body" and held and not message.get("more_body"):
+            body: bytes = message.get("body", b"")
+            start = held.pop()
+            headers = [h for h in start.get("headers", []) if h[0].lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            message = {**message, "body": b"" if method == "HEAD" else body}
+        await send(message)
+
+    return sized
+
+
+async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:
+    """Nothing to set up or tear down: acknowledge the server's lifespan events."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

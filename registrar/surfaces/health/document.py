@@ -1,0 +1,174 @@
+"""The documents: health+json for a probe (`/readyz`, `/livez`, `/health`) or one check, and
+Kubernetes' `?verbose` text, for one registrar or a group of them (one per registry).
+
+They follow the draft "Health Check Response Format for HTTP APIs": `pass` and `warn` answer
+200, `fail` answers 503, and the top-level status is the worst of the checks shown, so the
+levels always agree."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ..._version import __version__
+from ...core.status import Status
+from .checks import LIVENESS_CHECKS, READINESS_CHECKS, Check, group_checks, health_checks, worst
+
+__all__ = [
+    "HEALTH_CONTENT_TYPE",
+    "PROBES",
+    "HealthGroup",
+    "HealthSource",
+    "default_service_id",
+    "described_checks",
+    "render_group_health",
+    "render_health",
+    "render_probe",
+    "snapshot",
+    "verbose_text",
+]
+
+HEALTH_CONTENT_TYPE = "application/health+json"
+PROBES: dict[str, tuple[str, ...]] = {
+    "readyz": READINESS_CHECKS,
+    "livez": LIVENESS_CHECKS,
+    "health": READINESS_CHECKS + LIVENESS_CHECKS,
+}
+"""The checks behind each probe path."""
+
+
+class HealthSource(Protocol):
+    """What the health endpoints read: a `Registrar` fits."""
+
+    def status(self) -> Status: ...
+
+    @property
+    def thread_died(self) -> bool: ...
+
+    @property
+    def payload(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class HealthGroup(Protocol):
+    """Several registrations of one service, one per registry (a `RegistrarGroup` fits):
+    every check shows one entry per member."""
+
+    def members(self) -> Sequence[HealthSource]: ...
+
+
+def snapshot(source: HealthSource) -> tuple[Status, bool]:
+    """A member's status and whether its thread died: the flag first, then the snapshot, and
+    the snapshot's own field wins, so a reader never sees "died" without the reason that was
+    published with it."""
+    flagged = source.thread_died
+    status = source.status()
+    return status, status.thread_died or flagged
+
+
+def described_checks(
+    members: Sequence[tuple[Status, bool]], *, group: bool, now: float | None = None
+) -> tuple[dict[str, Check], str]:
+    """Every check, by name, of one registrar (its (status, thread_died) alone in `members`)
+    or of a group, and what the document is about."""
+    if group:
+        urls = ", ".join(status.url for status, _ in members)
+        every = group_checks(members, now=now)
+        return every, f"registration with {len(members)} registries: {urls}"
+    status, died = members[0]
+    every = health_checks(status, thread_died=died, now=now)
+    return every, f"registration with the bootstrap server at {status.url}"
+
+
+def default_service_id(payload: Mapping[str, Any] | None) -> str:
+    """What this health document is about: the rank's address from the payload
+    (`rank_ip:rank_port`), else this host and process."""
+    if payload and payload.get("rank_ip") and payload.get("rank_port") is not None:
+        host = str(payload["rank_ip"])
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{payload['rank_port']}"
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def render_health(
+    status: Status,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    thread_died: bool = False,
+    probe: Literal["health", "readyz", "livez"] = "health",
+    only: str | None = None,
+    exclude: Sequence[str] = (),
+    service_id: str | None = None,
+    now: float | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the health+json document of `probe` (or of its one check `only`),
+    leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
+    every, description = described_checks([(status, thread_died)], group=False, now=now)
+    return render_probe(every, description, payload, probe, only, exclude, service_id)
+
+
+def render_group_health(
+    members: Sequence[tuple[Status, bool]],
+    *,
+    payload: Mapping[str, Any] | None = None,
+    probe: Literal["health", "readyz", "livez"] = "health",
+    only: str | None = None,
+    exclude: Sequence[str] = (),
+    service_id: str | None = None,
+    now: float | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """`render_health` for a group: (status, thread_died) per member, one entry each."""
+    every, description = described_checks(members, group=True, now=now)
+    return render_probe(every, description, payload, probe, only, exclude, service_id)
+
+
+def render_probe(
+    every: Mapping[str, Check],
+    description: str,
+    payload: Mapping[str, Any] | None,
+    probe: str,
+    only: str | None,
+    exclude: Sequence[str],
+    service_id: str | None,
+) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the document of `probe` (or of its one check `only`) from `every`
+    check, leaving out those named in `exclude`."""
+    names = [only] if only is not None else list(PROBES[probe])
+    shown = [every[n] for n in names if n not in exclude]
+    verdict = worst(c.status for c in shown)
+    document: dict[str, Any] = {
+        "status": verdict,
+        "releaseId": __version__,
+        "serviceId": service_id or default_service_id(payload),
+        "description": description,
+    }
+    if verdict != "pass":
+        document["output"] = "; ".join(c.reason for c in shown if c.reason)
+    document["checks"] = {c.key: [c.entry, *c.more] for c in shown}
+    if payload is not None:
+        document["payload"] = dict(payload)
+    return (503 if verdict == "fail" else 200), document
+
+
+def verbose_text(
+    checks: Sequence[Check], excluded: Sequence[str], unknown: Sequence[str], probe: str
+) -> tuple[int, str]:
+    """Kubernetes' `?verbose` output: one `[+]name ok` or `[-]name failed: reason` line per
+    check (a warning shows as `[+]name warn: reason`), then the verdict."""
+    lines = []
+    for check in checks:
+        if check.status == "pass":
+            lines.append(f"[+]{check.name} ok")
+        elif check.status == "warn":
+            lines.append(f"[+]{check.name} warn: {check.reason}")
+        else:
+            lines.append(f"[-]{check.name} failed: {check.reason}")
+    lines.extend(f"[+]{name} excluded: ok" for name in excluded)
+    if unknown:
+        listed = ", ".join(repr(n) for n in unknown)
+        lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
+    failed = any(c.status == "fail" for c in checks)
+    lines.append(f"{probe} check {'failed' if failed else 'passed'}")
+    return (503 if failed else 200), "\n".join(lines) + "\n"
