@@ -44,6 +44,7 @@ def endpoint_urls(value: object) -> list[str]:
 
 
 def check_credentials(username: object, password: object) -> None:
+    """Both or neither, each a non-empty string, or ConfigError."""
     if (username is None) != (password is None):
         raise ConfigError("username and password go together: give both or neither")
     for name, value in (("username", username), ("password", password)):
@@ -52,6 +53,7 @@ def check_credentials(username: object, password: object) -> None:
 
 
 def check_cert(cert: object) -> tuple[str, str] | None:
+    """A (certificate file, key file) pair of existing files, or None, or ConfigError."""
     if cert is None:
         return None
     if (
@@ -66,8 +68,8 @@ def check_cert(cert: object) -> tuple[str, str] | None:
 
 
 class EtcdClient:
-    """Sends to a cluster's members with failover, auth and TLS (arguments checked by the
-    functions above: `EtcdTransport` checks them in the order it documents)."""
+    """Sends to a cluster's members with failover, auth and TLS. Its arguments arrive checked
+    (by the functions above, called by `EtcdTransport` among its own checks)."""
 
     def __init__(
         self,
