@@ -22,12 +22,14 @@ from .redact import clean, redact_url
 __all__ = [
     "Invalid",
     "Rule",
+    "at_least_one",
     "check_fields",
     "count",
     "count_or_none",
     "describe",
+    "each_seconds",
     "existing_path",
-    "flag",
+    "fraction",
     "fraction_open",
     "seconds",
     "seconds_or_none",
@@ -35,6 +37,7 @@ __all__ = [
     "single_line",
     "timeout",
     "url",
+    "urls",
 ]
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
@@ -61,15 +64,15 @@ def describe(name: str, value: object, exc: Invalid) -> str:
     return f"{name} {exc.rule}, got {value!r}"
 
 
-def check_fields(target: object, rules: Mapping[str, Rule]) -> None:
+def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") -> None:
     """Apply `rules` to the fields of the frozen dataclass `target`, keeping each value as its
-    rule normalised it, or `ConfigError` naming the field."""
+    rule normalised it, or `ConfigError` naming the field (after `prefix`)."""
     for name, rule in rules.items():
         value = getattr(target, name)
         try:
             kept = rule(value)
         except Invalid as exc:
-            raise ConfigError(describe(name, value, exc)) from None
+            raise ConfigError(describe(prefix + name, value, exc)) from None
         object.__setattr__(target, name, kept)
 
 
@@ -117,21 +120,31 @@ def fraction_open(value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
-def flag(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise Invalid("must be True or False")
-    return value
+def at_least_one(value: object) -> float:
+    if not _number(value) or not 1 <= value < math.inf:  # type: ignore[operator]
+        raise Invalid("must be a number >= 1")
+    return float(value)  # type: ignore[arg-type]
+
+
+def fraction(value: object) -> float:
+    if not _number(value) or not 0 <= value <= 1:  # type: ignore[operator]
+        raise Invalid("must be a number within [0, 1]")
+    return float(value)  # type: ignore[arg-type]
+
+
+def each_seconds(value: object) -> float | tuple[float, float]:
+    """`seconds` for a number, or for each of a (connect, read) pair."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return (seconds(value[0]), seconds(value[1]))
+    return seconds(value)
 
 
 def timeout(value: object) -> float | tuple[float, float]:
     """A positive float, or a (connect, read) pair of them."""
-    if _number(value) and 0 < value < math.inf:  # type: ignore[operator]
-        return float(value)  # type: ignore[arg-type]
-    if isinstance(value, tuple) and len(value) == 2:
-        pair = [v for v in value if _number(v) and 0 < v < math.inf]
-        if len(pair) == 2:
-            return (float(pair[0]), float(pair[1]))
-    raise Invalid("must be positive seconds or a (connect, read) pair")
+    try:
+        return each_seconds(value)
+    except Invalid:
+        raise Invalid("must be positive seconds or a (connect, read) pair") from None
 
 
 def single_line(value: object) -> str | None:
@@ -180,3 +193,20 @@ def url(value: object) -> str:
     if parts.query or parts.fragment:
         raise Invalid("must not carry a query or fragment", shown)
     return value.rstrip("/")
+
+
+def urls(kind: str, example: str) -> Rule:
+    """The rule of a list of `kind` URLs (a sequence, or one string, comma-separated): at least
+    one, each an http(s) URL, none twice."""
+
+    def rule(value: object) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list | tuple) or not value:
+            raise Invalid(f"must name at least one {kind} URL, e.g. {example}")
+        found = tuple(url(item) for item in value)
+        if len(set(found)) != len(found):
+            raise Invalid(f"must not give a {kind} URL twice")
+        return found
+
+    return rule

@@ -17,18 +17,6 @@ from .etcd import DEFAULT_KEEPALIVE_FRACTION, DEFAULT_TIMEOUT, DEFAULT_TTL
 __all__ = ["EtcdSettings"]
 
 
-def _endpoints(value: object) -> tuple[str, ...]:
-    """Client URLs: a comma-separated string or a sequence, each an http(s) URL, none twice."""
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, Sequence) or not value:
-        raise rules.Invalid("must name at least one etcd client URL, e.g. http://127.0.0.1:2379")
-    urls = tuple(rules.url(item) for item in value)
-    if len(set(urls)) != len(urls):
-        raise rules.Invalid("must not repeat an etcd URL")
-    return urls
-
-
 def _cert(value: object) -> tuple[str, str] | None:
     if value is None:
         return None
@@ -59,7 +47,7 @@ class EtcdSettings:
     cert: tuple[str, str] | None = None
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
-        "endpoints": _endpoints,
+        "endpoints": rules.urls("etcd client", "http://127.0.0.1:2379"),
         "key": rules.single_line,
         "ttl": rules.seconds,
         "keepalive_fraction": rules.fraction_open,

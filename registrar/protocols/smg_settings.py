@@ -23,17 +23,6 @@ from .smg import (
 __all__ = ["SmgSettings"]
 
 
-def _gateways(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = (value,)
-    if not isinstance(value, Sequence) or not value:
-        raise rules.Invalid("must name at least one gateway URL, e.g. http://127.0.0.1:30000")
-    urls = tuple(rules.url(item) for item in value)
-    if len(set(urls)) != len(urls):
-        raise rules.Invalid("must not give a gateway URL twice")
-    return urls
-
-
 def _worker_type(value: object) -> str:
     if value not in WORKER_TYPES:
         raise rules.Invalid(f"must be one of {', '.join(WORKER_TYPES)}")
@@ -84,7 +73,7 @@ class SmgSettings:
     ca_bundle: str | None = None
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
-        "gateways": _gateways,
+        "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
         "worker_url": rules.url,
         "worker_type": _worker_type,
         "bootstrap_port": _port,
