@@ -101,7 +101,10 @@ def test_a_bad_flag_names_the_flag_and_a_bad_variable_the_variable() -> None:
     flag = subprocess.run(
         [*run, "--backoff-jitter", "2"], capture_output=True, text=True, timeout=60, check=False
     )
-    assert "argument --backoff-jitter: must be a number within [0, 1], got '2'" in flag.stderr
+    assert (
+        "argument --backoff-jitter: must be a number within [0, 1], got '2'; "
+        "e.g. --backoff-jitter 0.25" in flag.stderr
+    )
     env = subprocess.run(
         run,
         capture_output=True,

@@ -13,6 +13,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import MISSING, fields
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,12 +68,15 @@ def describe(name: str, value: object, exc: Invalid) -> str:
 def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") -> None:
     """Apply `rules` to the fields of the frozen dataclass `target`, keeping each value as its
     rule normalised it, or `ConfigError` naming the field (after `prefix`)."""
+    defaults = {f.name: f.default for f in fields(target)}  # type: ignore[arg-type]
     for name, rule in rules.items():
         value = getattr(target, name)
         try:
             kept = rule(value)
         except Invalid as exc:
-            raise ConfigError(describe(prefix + name, value, exc)) from None
+            good = defaults.get(name)
+            example = "" if good in (None, MISSING) else f"; e.g. {name}={good!r}"
+            raise ConfigError(describe(prefix + name, value, exc) + example) from None
         object.__setattr__(target, name, kept)
 
 

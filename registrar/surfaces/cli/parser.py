@@ -70,15 +70,17 @@ def flag_type(option: Option, check: bool = True) -> Any:
     """The argparse `type` of `option`'s flag: the same parser (and rule) as its variable, an
     error naming the rule and the text given."""
 
+    good = f"; e.g. {option.flag_name} {option.example}"
+
     def parse(text: str) -> Any:
         try:
             return option.read(text) if check else option.parse(text)
         except rules.Invalid as exc:
             if exc.shown is not None:
-                raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}") from None
-            raise argparse.ArgumentTypeError(f"{exc.rule}, got {text!r}") from None
+                raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}{good}") from None
+            raise argparse.ArgumentTypeError(f"{exc.rule}, got {text!r}{good}") from None
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{exc}, got {text!r}{good}") from None
 
     return parse
 
