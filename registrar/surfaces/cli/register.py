@@ -12,6 +12,7 @@ from typing import Any
 
 from ..._version import __version__
 from ...core import rules
+from ...core.backoff import Backoff
 from ...core.errors import ConfigError, describe_exception
 from ...core.group import RegistrarGroup
 from ...core.machine import State
@@ -73,9 +74,10 @@ def _fields(chosen: dict[str, Any], settings: type, only: tuple[str, ...] = ()) 
 def _loop_options(chosen: dict[str, Any]) -> dict[str, Any]:
     """The loop's `Registrar` keyword arguments that were chosen (others keep the protocol's
     default: the watch interval differs by protocol)."""
-    loop = (LoopSettings, type(LoopSettings().backoff))
     return registrar_options(
-        (o, chosen[o.key]) for o in OPTIONS if o.settings in loop and o.key in chosen
+        (o, chosen[o.key])
+        for o in OPTIONS
+        if o.settings in (LoopSettings, Backoff) and o.key in chosen
     )
 
 
