@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,11 +51,37 @@ def _where(url: str) -> tuple[str, str]:
     return target, clean(redact_url(target), 200)
 
 
-def _fetch(target: str, timeout: float) -> bytes:
-    """The answer's body, read up to the cap (one more byte tells a larger one), or
-    `requests.RequestException`."""
+class DeadlineError(Exception):
+    """No complete answer within --timeout in all."""
+
+
+def _get(target: str, timeout: float) -> bytes:
     with requests.get(target, timeout=timeout, stream=True) as response:
         body: bytes = response.raw.read(MAX_HEALTH_BYTES + 1, decode_content=True)
+    return body
+
+
+def _fetch(target: str, timeout: float) -> bytes:
+    """The answer's body, read up to the cap (one more byte tells a larger one), within
+    `timeout` seconds in all (requests bounds each read, not the whole answer: a server that
+    trickles its headers would hold it for ever), or the exception that ended it."""
+    found: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            found["body"] = _get(target, timeout)
+        except Exception as exc:
+            found["error"] = exc
+
+    # A daemon thread: the command ends when the deadline passes, whatever the read does.
+    reader = threading.Thread(target=run, name="registrar-status", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        raise DeadlineError(f"no complete answer within the request deadline of {timeout:g} s")
+    if "error" in found:
+        raise found["error"]
+    body: bytes = found["body"]
     return body
 
 
@@ -62,7 +89,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     target, shown = _where(args.health_url.rstrip("/"))
     try:
         body = _fetch(target, args.timeout)
-    except (requests.RequestException, OSError) as exc:
+    except (requests.RequestException, OSError, DeadlineError) as exc:
         print(f"registrar: cannot reach {shown}: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     try:
