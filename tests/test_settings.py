@@ -3,6 +3,8 @@ naming the field; a transport given directly needs no URL; a CA may be a directo
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from registrar import (
     etcd_registrar,
 )
 from registrar.core.settings import default_of
+from registrar.devtools.bootstrap_server import BootstrapServer
 
 
 def test_a_given_transport_needs_no_url_and_no_http_option(registrars: list[Registrar]) -> None:
@@ -97,3 +100,43 @@ def test_the_per_protocol_defaults_are_read_from_the_settings() -> None:
 def test_etcd_registrar_invents_no_url() -> None:
     reg = etcd_registrar("http://127.0.0.1:2379,http://127.0.0.2:2379", "/k", {"a": 1})
     assert "127.0.0.1:2379" in reg.status().url
+
+
+def _ca_directory(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A self-signed certificate for 127.0.0.1, its key, and a CA directory holding it under
+    its subject hash (as `openssl rehash` names it)."""
+    cert, key, folder = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "cas"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    digest = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(cert)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    folder.mkdir()
+    shutil.copy(cert, folder / f"{digest}.0")
+    return cert, key, folder
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_a_ca_directory_verifies_a_real_tls_server(
+    registrars: list[Registrar], tmp_path: Path
+) -> None:
+    cert, key, folder = _ca_directory(tmp_path)
+    with BootstrapServer(certfile=str(cert), keyfile=str(key)) as server:
+        reg = Registrar(server.url, sglang_payload(), ca_bundle=str(folder), watch_interval=None)
+        registrars.append(reg)
+        reg.start()
+        # Verified against the directory (without it, verification fails: test_security.py).
+        assert reg.wait_for(State.REGISTERED, timeout=10)
+        assert reg.status().last_error is None
