@@ -93,14 +93,15 @@ def seconds(value: object) -> float:
 def seconds_or_none(value: object) -> float | None:
     if value is None:
         return None
-    if not _number(value) or not 0 < value < math.inf:  # type: ignore[operator]
-        raise Invalid("must be a positive number of seconds or None")
-    return float(value)  # type: ignore[arg-type]
+    try:
+        return seconds(value)
+    except Invalid:
+        raise Invalid("must be a positive number of seconds or None") from None
 
 
 def seconds_or_zero(value: object) -> float:
     if not _number(value) or not 0 <= value < math.inf:  # type: ignore[operator]
-        raise Invalid("must be a number of seconds >= 0 (0 ignores Retry-After)")
+        raise Invalid("must be a number of seconds >= 0")
     return float(value)  # type: ignore[arg-type]
 
 
@@ -113,9 +114,10 @@ def count(value: object) -> int:
 def count_or_none(value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise Invalid("must be an integer >= 1 or None")
-    return value
+    try:
+        return count(value)
+    except Invalid:
+        raise Invalid("must be an integer >= 1 or None") from None
 
 
 def fraction_open(value: object) -> float:

@@ -60,6 +60,13 @@ def _token(value: object) -> Token | None:
     return value
 
 
+def _retry_after_cap(value: object) -> float:
+    try:
+        return rules.seconds_or_zero(value)
+    except rules.Invalid:
+        raise rules.Invalid("must be a number of seconds >= 0 (0 ignores Retry-After)") from None
+
+
 def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
     """The rule of each field of a settings class (a surface checks a variable with it)."""
     found: Mapping[str, rules.Rule] = settings.RULES
@@ -91,7 +98,7 @@ class LoopSettings:
         "max_elapsed": rules.seconds_or_none,
         "on_failure": _on_failure,
         "watch_interval": rules.seconds_or_none,
-        "max_retry_after": rules.seconds_or_zero,
+        "max_retry_after": _retry_after_cap,
         "max_payload_bytes": rules.count,
     }
 
