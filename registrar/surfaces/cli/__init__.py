@@ -42,6 +42,7 @@ __all__ = [
     "main",
 ]
 
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `registrar` and `python -m registrar`."""
     args = _parser().parse_args(argv)
