@@ -9,7 +9,13 @@ Start it in the background, never block on it, and ask it where it stands::
 from __future__ import annotations
 
 from ._version import __version__
-from .assembly import etcd_registrar, smg_registrar, smg_registrars
+from .assembly import (
+    etcd_registrar,
+    etcd_registrar_from,
+    smg_registrar,
+    smg_registrars,
+    smg_registrars_from,
+)
 from .core.aio import in_loop
 from .core.backoff import Backoff
 from .core.clock import Clock, SystemClock
@@ -27,14 +33,17 @@ from .core.registrar import (
     RequestListener,
 )
 from .core.registry import TransportOptions, protocol_names, register_protocol
+from .core.settings import Hooks, HttpSettings, LoopSettings
 from .core.status import Status
 from .core.transport import IdleWatcher, Transport
 from .core.waker import Waker
 from .moved import install as _install_moved
 from .protocols.etcd import EtcdTransport
+from .protocols.etcd_settings import EtcdSettings
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
 from .protocols.smg import SmgTransport
+from .protocols.smg_settings import SmgSettings
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -43,10 +52,14 @@ __all__ = [
     "Backoff",
     "Clock",
     "ConfigError",
+    "EtcdSettings",
     "EtcdTransport",
+    "Hooks",
+    "HttpSettings",
     "HttpTransport",
     "IdleWatcher",
     "Listener",
+    "LoopSettings",
     "OnFailure",
     "RegisterOutcome",
     "Registrar",
@@ -57,6 +70,7 @@ __all__ = [
     "Route",
     "RouteCheck",
     "SGLangTransport",
+    "SmgSettings",
     "SmgTransport",
     "State",
     "StateError",
@@ -69,6 +83,7 @@ __all__ = [
     "Waker",
     "__version__",
     "etcd_registrar",
+    "etcd_registrar_from",
     "in_loop",
     "make_payload",
     "mermaid_diagram",
@@ -78,6 +93,7 @@ __all__ = [
     "root_cause",
     "smg_registrar",
     "smg_registrars",
+    "smg_registrars_from",
     "validate_payload",
 ]
 

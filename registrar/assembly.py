@@ -1,39 +1,44 @@
 """Registrars assembled for a protocol that needs more than a URL: the one place that imports
 both the engine (`registrar.core`) and a protocol (`registrar.protocols`), so that neither
-imports the other. A protocol is chosen where the registrar is configured."""
+imports the other. A protocol is chosen where the registrar is configured.
+
+Each front door (`etcd_registrar`, `smg_registrar`, `smg_registrars`) keeps the keyword options
+users know and turns them into the protocol's settings value (`EtcdSettings`, `SmgSettings`);
+the `*_from` functions take that value as it is."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .core.errors import ConfigError
 from .core.group import RegistrarGroup
 from .core.registrar import Registrar
-from .core.transport import Timeout, Token, file_token, validate_url
-from .protocols.etcd import (
-    DEFAULT_KEEPALIVE_FRACTION,
-    DEFAULT_TIMEOUT,
-    DEFAULT_TTL,
-    EtcdTransport,
-)
+from .core.transport import Timeout
+from .protocols.etcd import DEFAULT_KEEPALIVE_FRACTION, DEFAULT_TIMEOUT, DEFAULT_TTL, EtcdTransport
+from .protocols.etcd_settings import EtcdSettings
 from .protocols.smg import (
     DEFAULT_CONFIRM_TIMEOUT,
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_GRACE,
     DEFAULT_READY_INTERVAL,
     DEFAULT_WATCH_INTERVAL,
-    KEY_ENV,
     SmgTransport,
     readiness,
     worker_spec,
 )
+from .protocols.smg_settings import SmgSettings
 
-__all__ = ["etcd_registrar", "smg_registrar", "smg_registrars"]
+__all__ = [
+    "etcd_registrar",
+    "etcd_registrar_from",
+    "smg_registrar",
+    "smg_registrars",
+    "smg_registrars_from",
+]
 
 
-def etcd_registrar(
+def etcd_registrar(  # noqa: PLR0913 - a front door: the etcd options as keywords, as documented
     endpoints: str | Sequence[str],
     key: str,
     payload: Mapping[str, Any],
@@ -54,9 +59,7 @@ def etcd_registrar(
     The watch interval derives from the TTL (`watch_interval_for`) so that every lease renewal
     is on time; a longer one is refused. Other keyword arguments go to `Registrar` (backoff,
     max_attempts, on_failure, clock, rng, ...)."""
-    if ca_bundle is not None and not os.path.isfile(ca_bundle):
-        raise ConfigError(f"ca_bundle {ca_bundle!r} is not a readable file")
-    transport = EtcdTransport(
+    settings = EtcdSettings(
         endpoints,
         key,
         ttl=ttl,
@@ -64,10 +67,21 @@ def etcd_registrar(
         username=username,
         password=password,
         timeout=timeout,
-        verify=ca_bundle if ca_bundle is not None else bool(verify),
+        verify=verify,
+        ca_bundle=ca_bundle,
         cert=cert,
     )
+    return etcd_registrar_from(settings, payload, watch_interval=watch_interval, **options)
+
+
+def etcd_registrar_from(
+    settings: EtcdSettings, payload: Mapping[str, Any], **options: Any
+) -> Registrar:
+    """`etcd_registrar` from its settings value; `options` go to `Registrar` (`watch_interval`
+    None or absent: derived from the TTL)."""
+    transport = EtcdTransport(settings.endpoints, settings.key, **settings.transport_options())
     longest = transport.watch_interval
+    watch_interval = options.pop("watch_interval", None)
     if watch_interval is None:
         watch_interval = longest
     elif (
@@ -78,14 +92,13 @@ def etcd_registrar(
         transport.close()
         raise ConfigError(
             f"watch_interval must be within (0, {longest:g}] s for ttl={transport.ttl} and "
-            f"keepalive_fraction={keepalive_fraction:g}: each check renews the lease, got "
-            f"{watch_interval!r}"
+            f"keepalive_fraction={settings.keepalive_fraction:g}: each check renews the lease, "
+            f"got {watch_interval!r}"
         )
-    first = transport.endpoints[0]  # only checked: the transport is given
-    return Registrar(first, payload, transport=transport, watch_interval=watch_interval, **options)
+    return Registrar(payload=payload, transport=transport, watch_interval=watch_interval, **options)
 
 
-def smg_registrar(
+def smg_registrar(  # noqa: PLR0913 - a front door: the gateway options as keywords, as documented
     gateway: str,
     worker_url: str,
     worker_type: str = "regular",
@@ -110,32 +123,42 @@ def smg_registrar(
     request), else `$REGISTRAR_GATEWAY_KEY`. `spec` adds fields of the gateway's WorkerSpec.
     Other keyword arguments go to `Registrar`. `stop()` drains (see `SmgTransport.close`):
     give it `drain_timeout` and a request deadline (`Registrar.stop(timeout=...)`)."""
-    payload = worker_spec(worker_url, worker_type, bootstrap_port, **dict(spec or {}))
-    token: Token | None
-    if key is not None and key_file is not None:
-        raise ConfigError("give the gateway key or the gateway key file, not both")
-    if key_file is not None:
-        token, source = file_token(key_file, "the gateway key file"), f"the key file {key_file}"
-    elif key:
-        token, source = key, "the gateway key"
-    else:
-        token, source = os.environ.get(KEY_ENV) or None, f"${KEY_ENV}"
-    transport = SmgTransport(
-        gateway,
-        token=token,
-        token_source=source,
-        timeout=timeout,
-        verify=ca_bundle if ca_bundle is not None else bool(verify),
-        ready=readiness(ready),
+    settings = SmgSettings(
+        (gateway,),
+        worker_url,
+        worker_type,
+        bootstrap_port=bootstrap_port,
+        ready=ready,
         grace=grace,
         ready_interval=ready_interval,
         confirm_timeout=confirm_timeout,
         drain_timeout=drain_timeout,
+        key=key,
+        key_file=key_file,
+        timeout=timeout,
+        verify=verify,
+        ca_bundle=ca_bundle,
+    )
+    return _smg_registrar(settings, settings.gateways[0], spec, watch_interval, options)
+
+
+def _smg_registrar(
+    settings: SmgSettings,
+    gateway: str,
+    spec: Mapping[str, Any] | None,
+    watch_interval: float | None,
+    options: dict[str, Any],
+) -> Registrar:
+    payload = worker_spec(
+        settings.worker_url, settings.worker_type, settings.bootstrap_port, **dict(spec or {})
+    )
+    transport = SmgTransport(
+        gateway,
+        ready=readiness(settings.ready),
         clock=options.get("clock"),
+        **settings.transport_options(),
     )
-    return Registrar(
-        gateway, payload, transport=transport, watch_interval=watch_interval, **options
-    )
+    return Registrar(payload=payload, transport=transport, watch_interval=watch_interval, **options)
 
 
 def smg_registrars(
@@ -143,16 +166,36 @@ def smg_registrars(
 ) -> RegistrarGroup:
     """One `smg_registrar` per gateway (an HA pair, a mesh), each with its own state, as one
     group (started and stopped together; health shows each)."""
-    urls = [validate_url(g, "gateway url") for g in gateways]
-    if not urls:
-        raise ConfigError("name at least one gateway URL")
-    if len(set(urls)) != len(urls):
-        raise ConfigError("a gateway URL is given twice")
-    drain = float(options.get("drain_timeout", DEFAULT_DRAIN_TIMEOUT))
-    timeout = options.get("timeout", 5.0)
-    deadline = float(sum(timeout) if isinstance(timeout, tuple) else timeout)
+    fields = {k: options.pop(k) for k in _SMG_FIELDS if k in options}
+    settings = SmgSettings(tuple(gateways), worker_url, worker_type, **fields)
+    return smg_registrars_from(settings, **options)
+
+
+_SMG_FIELDS = (
+    "bootstrap_port",
+    "ready",
+    "grace",
+    "ready_interval",
+    "confirm_timeout",
+    "drain_timeout",
+    "key",
+    "key_file",
+    "timeout",
+    "verify",
+    "ca_bundle",
+)
+"""The `smg_registrar` keywords that are fields of `SmgSettings`."""
+
+
+def smg_registrars_from(settings: SmgSettings, **options: Any) -> RegistrarGroup:
+    """`smg_registrars` from its settings value: one registrar per gateway it names; `options`
+    go to `Registrar` (and `spec`, `watch_interval` as for `smg_registrar`)."""
+    spec = options.pop("spec", None)
+    watch_interval = options.pop("watch_interval", DEFAULT_WATCH_INTERVAL)
     return RegistrarGroup(
-        (smg_registrar(url, worker_url, worker_type, **options) for url in urls),
-        # The drain's DELETE and last look, each within a request deadline, and the wait.
-        stop_timeout=drain + 2 * deadline + 1.0,
+        (
+            _smg_registrar(settings, gateway, spec, watch_interval, options)
+            for gateway in settings.gateways
+        ),
+        stop_timeout=settings.stop_timeout,
     )

@@ -173,7 +173,7 @@ def busy_port() -> Iterator[int]:
         (["--watch-interval", "soon"], "--watch-interval: must be a positive number"),
         (["--health-port", "70000"], "--health-port: must be a port number within [0, 65535]"),
         (["--on-failure", "explode"], "--on-failure: must be retry, stop or exit"),
-        (["--ca-bundle", "/nonexistent/ca.pem"], "ca_bundle '/nonexistent/ca.pem' is not"),
+        (["--ca-bundle", "/nonexistent/ca.pem"], "--ca-bundle: '/nonexistent/ca.pem' is not"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:

@@ -158,7 +158,7 @@ def test_construction_errors_name_the_option(kwargs: dict[str, Any], error: str)
 
 def test_etcd_registrar_derives_and_bounds_the_watch_interval() -> None:
     reg = etcd_registrar("http://127.0.0.1:2379", "/k", {"a": 1}, ttl=9)
-    assert reg._watch_interval == pytest.approx(2.0)
+    assert reg.settings.watch_interval == pytest.approx(2.0)
     assert reg.status().url == "http://127.0.0.1:2379 key /k"
     with pytest.raises(ConfigError, match="watch_interval must be within"):
         etcd_registrar("http://127.0.0.1:2379", "/k", {"a": 1}, ttl=9, watch_interval=5)

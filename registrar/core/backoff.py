@@ -7,8 +7,11 @@ maths is tested exactly and a 30-second schedule runs in microseconds.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
+from . import rules
 from .errors import ConfigError
 
 __all__ = [
@@ -44,21 +47,15 @@ class Backoff:
     maximum: float = 5.0
     jitter: float = 0.25
 
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "initial": rules.seconds,
+        "multiplier": rules.at_least_one,
+        "maximum": rules.seconds,
+        "jitter": rules.fraction,
+    }
+
     def __post_init__(self) -> None:
-        for name in ("initial", "multiplier", "maximum", "jitter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"backoff {name} must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ConfigError(f"backoff {name} must be finite, got {value!r}")
-        if self.initial <= 0:
-            raise ConfigError(f"backoff initial must be > 0 seconds, got {self.initial!r}")
-        if self.maximum <= 0:
-            raise ConfigError(f"backoff maximum must be > 0 seconds, got {self.maximum!r}")
-        if self.multiplier < 1:
-            raise ConfigError(f"backoff multiplier must be >= 1, got {self.multiplier!r}")
-        if not 0 <= self.jitter <= 1:
-            raise ConfigError(f"backoff jitter must be within [0, 1], got {self.jitter!r}")
+        rules.check_fields(self, self.RULES, prefix="backoff ")
 
     def base(self, attempt: int) -> float:
         """The un-jittered delay after failed attempt `attempt` (from 0), capped at `maximum`."""

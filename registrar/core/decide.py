@@ -98,9 +98,7 @@ def _started(
     return _run_of_attempts(config, state, now, 0.0)
 
 
-def _waited(
-    config: LoopConfig, state: LoopState, seen: Waited, now: float, draw: Draw
-) -> Decision:
+def _waited(config: LoopConfig, state: LoopState, seen: Waited, now: float, draw: Draw) -> Decision:
     if seen.kind is WaitKind.BACKOFF:
         return _look_or_send(state, now)
     if seen.kind is WaitKind.READY:
@@ -144,9 +142,7 @@ def _run_of_attempts(
     return _after(fresh, now, delay, notes)
 
 
-def _after(
-    state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()
-) -> Decision:
+def _after(state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()) -> Decision:
     """Wait `delay` (if any), then look or send."""
     if delay > 0:
         return Decision(state, Wait(delay, WaitKind.BACKOFF), notes=notes)
@@ -169,9 +165,7 @@ def _send(state: LoopState, now: float) -> Decision:
     return Decision(replace(state, counted=counted), action)
 
 
-def _looked(
-    config: LoopConfig, state: LoopState, seen: Looked, now: float, draw: Draw
-) -> Decision:
+def _looked(config: LoopConfig, state: LoopState, seen: Looked, now: float, draw: Draw) -> Decision:
     check = seen.check
     if check is not None:
         state = replace(state, reachable=check.reachable, route=check.route.value)
@@ -191,7 +185,8 @@ def _looked(
     reached = state.reachable is True
     state = replace(state, looked=state.looked or reached)
     if state.unanswered and check is not None and _may_hold_ours(check):
-        return _hold(config, state, check, now, draw, notes)
+        held = _hold(config, state, check, now, draw)
+        return replace(held, notes=(*notes, *held.notes))
     if state.unanswered and not reached:
         # The look was lost too: look again after the backoff (a few times) before sending
         # what the server may already hold.
@@ -215,12 +210,7 @@ def _may_hold_ours(check: RouteCheck) -> bool:
 
 
 def _hold(
-    config: LoopConfig,
-    state: LoopState,
-    check: RouteCheck,
-    now: float,
-    draw: Draw,
-    notes: tuple[Note, ...],
+    config: LoopConfig, state: LoopState, check: RouteCheck, now: float, draw: Draw
 ) -> Decision:
     """Look again later instead of sending: a second arrival would be counted twice, and a
     topology that looks ready one rank early fails every request to the missing one. The
@@ -234,7 +224,7 @@ def _hold(
         (config.url, check.evidence, delay),
     )
     held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
-    return _after(held, now, delay, (*notes, note))
+    return _after(held, now, delay, (note,))
 
 
 def _adopted(config: LoopConfig, state: LoopState, check: RouteCheck, now: float) -> Decision:
@@ -369,9 +359,7 @@ def _accepted(config: LoopConfig, state: LoopState, now: float) -> Decision:
 
 def _watching(state: LoopState, now: float) -> Decision:
     """Registered: check at once (the check right after the PUT), then watch."""
-    state = replace(
-        state, phase=Phase.WATCHING, check_now=True, checks=0, probing=False, broken=0
-    )
+    state = replace(state, phase=Phase.WATCHING, check_now=True, checks=0, probing=False, broken=0)
     return _check(state, now)
 
 
@@ -406,7 +394,8 @@ def _checked(
     check = seen.check
     if check is None:
         if seen.reported:
-            return _lose(config, state, now, draw, "the runtime reported the route missing", 0)
+            reported = replace(state, lost_after_put=0)
+            return _lose(config, reported, now, draw, "the runtime reported the route missing")
         return _watch_next(config, state, draw)
     state = replace(state, reachable=check.reachable, route=check.route.value)
     if check.route is Route.UNREACHABLE:
@@ -416,7 +405,7 @@ def _checked(
         # Lost again right after our own PUT: the streak survives re-registration, so the
         # window before the next PUT keeps growing instead of PUTting in a loop.
         lost = state.lost_after_put + 1 if state.just_put else 0
-        return _lose(config, state, now, draw, check.evidence, lost)
+        return _lose(config, replace(state, lost_after_put=lost), now, draw, check.evidence)
     if check.route is Route.PRESENT:
         state = replace(state, lost_after_put=0)
     notes: tuple[Note, ...] = ()
@@ -427,9 +416,7 @@ def _checked(
     return _watch_next(config, state, draw, notes)
 
 
-def _unreachable(
-    config: LoopConfig, state: LoopState, check: RouteCheck, draw: Draw
-) -> Decision:
+def _unreachable(config: LoopConfig, state: LoopState, check: RouteCheck, draw: Draw) -> Decision:
     every = probe_delay(config.fleet, 0.5)
     if check.refused:
         notes: tuple[Note, ...] = ()
@@ -460,18 +447,17 @@ def _unreachable(
     return _watch_next(config, replace(state, broken=0), draw, (note,))
 
 
-def _lose(
-    config: LoopConfig, state: LoopState, now: float, draw: Draw, evidence: str, lost: int
-) -> Decision:
+def _lose(config: LoopConfig, state: LoopState, now: float, draw: Draw, evidence: str) -> Decision:
     """Back to registering; no wait before the first re-attempt the first time (the check that
-    found the route missing was the fleet's spread first contact)."""
-    delay = rejoin_delay(config.backoff, lost, draw())
+    found the route missing was the fleet's spread first contact). `state.lost_after_put`
+    counts the losses right after our own PUT."""
+    delay = rejoin_delay(config.backoff, state.lost_after_put, draw())
     note = Note(
         logging.WARNING,
         "route at %s is missing (%s); registering again in %.2f s",
         (config.url, evidence, delay),
     )
-    state = replace(state, state=State.REGISTERING, lost_after_put=lost)
+    state = replace(state, state=State.REGISTERING)
     decision = _run_of_attempts(config, state, now, delay, (note,))
     return replace(decision, trigger=Trigger.LOSE)
 

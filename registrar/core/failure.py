@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .actions import Fail
@@ -16,7 +16,15 @@ from .clock import Clock
 from .machine import State, Trigger
 from .status import Status
 
-__all__ = ["EXIT_CODE", "POLICIES", "OnFailure", "OnFailureName", "apply_policy", "default_exit"]
+__all__ = [
+    "EXIT_CODE",
+    "POLICIES",
+    "OnFailure",
+    "OnFailureName",
+    "Policy",
+    "apply_policy",
+    "default_exit",
+]
 
 logger = logging.getLogger("registrar")
 
@@ -76,16 +84,19 @@ def _ask(policy: Callable[[Status], Any], preview: Status) -> str:
     return str(decided)
 
 
+@dataclass(frozen=True)
+class Policy:
+    """What is done when the startup budget is spent, and how the process exits."""
+
+    on_failure: OnFailure
+    exit: Callable[[int], None]
+
+
 def apply_policy(
-    board: StatusBoard,
-    clock: Clock,
-    policy: OnFailure,
-    action: Fail,
-    *,
-    stopping: Callable[[], bool],
-    exit: Callable[[int], None],
+    board: StatusBoard, clock: Clock, rule: Policy, action: Fail, stopping: Callable[[], bool]
 ) -> bool:
-    """Go to FAILED and apply `policy`. True when attempts go on."""
+    """Go to FAILED and apply `rule.on_failure`. True when attempts go on."""
+    policy = rule.on_failure
     _log_failure(board.status.url, policy, action)
     failed: dict[str, Any] = {"next_attempt_at": None, "retrying": False}
     if callable(policy):
@@ -104,5 +115,5 @@ def apply_policy(
         return True
     if decided == "exit":
         logger.critical("ending the process with status %d (on_failure='exit')", EXIT_CODE)
-        exit(EXIT_CODE)
+        rule.exit(EXIT_CODE)
     return False

@@ -28,23 +28,22 @@ from .board import Listener, RequestEvent, RequestListener, StatusBoard
 from .clock import Clock, SystemClock
 from .decide import MAX_BROKEN_CHECKS, REPORT_CHECK_INTERVAL, REPORT_LOG_INTERVAL
 from .errors import ConfigError, StateError
-from .failure import EXIT_CODE, OnFailure, OnFailureName, default_exit
+from .failure import EXIT_CODE, OnFailure, OnFailureName, Policy, default_exit
 from .loopstate import LoopConfig
 from .machine import State, Trigger
 from .registry import TransportOptions, make_transport
-from .runner import MAX_ERROR_TEXT, UNEXPECTED, Controls, Policy, Runner
-from .status import Status
-from .transport import Abortable, Token, Transport, validate_timeout, validate_url
-from .validate import (
-    check_ca_bundle,
-    check_count,
-    check_loop_options,
-    check_max_retry_after,
-    check_positive,
-    check_token,
-    encode_payload,
-    fleet_size,
+from .runner import MAX_ERROR_TEXT, UNEXPECTED, Controls, Runner
+from .settings import (
+    DEFAULT_BACKOFF,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_WATCH_INTERVAL,
+    Hooks,
+    HttpSettings,
+    LoopSettings,
 )
+from .status import Status
+from .transport import Abortable, Token, Transport
+from .validate import encode_payload, fleet_size
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -64,16 +63,6 @@ __all__ = [
     "RequestListener",
 ]
 
-DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
-"""The upstream schedule capped at 5 s (see docs/benchmarks.md for the figures behind it)."""
-DEFAULT_WATCH_INTERVAL = 15.0
-"""Seconds between route checks. A restart is noticed on the idle connection, not by this
-timer, which remains for what sends no close (a partition, a host that vanished): 15 s costs
-about 0.01 % of a core and 4 requests a minute per registrar and recovers from a partition
-within 1.2 intervals + 1 s (docs/benchmarks.md)."""
-DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
-
-
 _REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
 """Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
 
@@ -92,21 +81,27 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
+def _hooks(
+    clock: Clock | None, rng: Callable[[], float] | None, exit: Callable[[int], None] | None
+) -> Hooks:
+    return Hooks(
+        clock if clock is not None else SystemClock(),
+        rng if rng is not None else random.random,
+        exit if exit is not None else default_exit,
+    )
+
+
 def _transport_for(
-    url: str,
-    payload: dict[str, Any],
-    transport: Transport | None,
-    options: dict[str, Any],
+    payload: dict[str, Any], via: HttpSettings | Transport
 ) -> tuple[Transport, dict[str, Any]]:
-    """The transport given, or the one `protocol` names, with the payload it will send."""
-    if transport is not None:
-        if not isinstance(transport, Transport):
-            raise ConfigError(f"transport must implement registrar.Transport, got {transport!r}")
-        return transport, payload
-    ca_bundle = options["ca_bundle"]
-    tls: bool | str = ca_bundle if ca_bundle is not None else bool(options["verify"])
-    made = TransportOptions(url, token=options["token"], timeout=options["timeout"], verify=tls)
-    return make_transport(options["protocol"], payload, made)
+    """The transport given, or the one its HTTP settings' protocol names, with the payload it
+    will send."""
+    if not isinstance(via, HttpSettings):
+        if not isinstance(via, Transport):
+            raise ConfigError(f"transport must implement registrar.Transport, got {via!r}")
+        return via, payload
+    made = TransportOptions(via.url, token=via.token, timeout=via.timeout, verify=via.tls)
+    return make_transport(via.protocol, payload, made)
 
 
 class Registrar:
@@ -115,13 +110,15 @@ class Registrar:
     `start()` returns at once; the work happens in one daemon thread named "registrar".
     The default protocol is SGLang's (`PUT {url}/route`, the rank's route watched afterwards);
     `protocol="http"` sends the payload to `{url}/route` without watching; other names come from
-    `registrar.core.registry`, and `transport=` plugs in any `Transport` directly.
+    `registrar.core.registry`, and `transport=` plugs in any `Transport` directly (then no URL
+    and none of the HTTP options are needed). `Registrar.from_settings` takes the same as
+    settings values (`LoopSettings`, `HttpSettings`).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the front door: every option a keyword, as documented
         self,
-        url: str,
-        payload: Mapping[str, Any],
+        url: str | None = None,
+        payload: Mapping[str, Any] | None = None,
         *,
         backoff: Backoff = DEFAULT_BACKOFF,
         max_attempts: int | None = 5,
@@ -140,42 +137,59 @@ class Registrar:
         rng: Callable[[], float] | None = None,
         exit: Callable[[int], None] | None = None,
     ) -> None:
-        url = validate_url(url)
-        check_loop_options(backoff, max_attempts, on_failure)
-        self._watch_interval = check_positive("watch_interval", watch_interval, allow_none=True)
-        max_elapsed = check_positive("max_elapsed", max_elapsed, allow_none=True)
-        timeout = validate_timeout(timeout)
-        check_token(token)
-        check_ca_bundle(ca_bundle)
-        limit = check_count("max_payload_bytes", max_payload_bytes)
-        assert limit is not None
-        retry_after_cap = check_max_retry_after(max_retry_after)
-        transport, payload = _transport_for(
-            url,
-            encode_payload(payload, limit),
-            transport,
-            {
-                "ca_bundle": ca_bundle,
-                "verify": verify,
-                "token": token,
-                "timeout": timeout,
-                "protocol": protocol,
-            },
-        )
-        self._payload = payload
-        self._transport = transport
-        self._clock: Clock = clock if clock is not None else SystemClock()
-        self._rng = rng if rng is not None else random.random
-        self._config = LoopConfig(
+        via: HttpSettings | Transport
+        if transport is None:
+            via = HttpSettings(url, protocol, timeout, token, verify, ca_bundle)  # type: ignore[arg-type]
+        else:
+            via = transport  # given: nothing about HTTP is needed, nor checked
+        loop = LoopSettings(
             backoff=backoff,
             max_attempts=max_attempts,
             max_elapsed=max_elapsed,
-            watch_interval=self._watch_interval,
-            max_retry_after=retry_after_cap,
-            fleet=fleet_size(transport, payload),
+            on_failure=on_failure,
+            watch_interval=watch_interval,
+            max_retry_after=max_retry_after,
+            max_payload_bytes=max_payload_bytes,
+        )
+        self._setup(payload, via, loop, _hooks(clock, rng, exit))
+
+    @classmethod
+    def from_settings(
+        cls,
+        payload: Mapping[str, Any],
+        via: HttpSettings | Transport,
+        loop: LoopSettings | None = None,
+        hooks: Hooks | None = None,
+    ) -> Registrar:
+        """A registrar from settings values: `via` is where to register (`HttpSettings`, or a
+        `Transport` of your own), `loop` the retry and watch policy (defaults if None)."""
+        made = cls.__new__(cls)
+        made._setup(payload, via, loop or LoopSettings(), hooks or Hooks())
+        return made
+
+    def _setup(
+        self,
+        payload: Mapping[str, Any] | None,
+        via: HttpSettings | Transport,
+        loop: LoopSettings,
+        hooks: Hooks,
+    ) -> None:
+        transport, sent = _transport_for(encode_payload(payload, loop.max_payload_bytes), via)
+        self._payload = sent
+        self._transport = transport
+        self._settings = loop
+        self._clock: Clock = hooks.clock
+        self._rng = hooks.rng
+        self._config = LoopConfig(
+            backoff=loop.backoff,
+            max_attempts=loop.max_attempts,
+            max_elapsed=loop.max_elapsed,
+            watch_interval=loop.watch_interval,
+            max_retry_after=loop.max_retry_after,
+            fleet=fleet_size(transport, sent),
             url=transport.display_url,
         )
-        self._policy = Policy(on_failure, exit if exit is not None else default_exit)
+        self._policy = Policy(loop.on_failure, hooks.exit)
         initial = Status(
             state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
         )
@@ -186,6 +200,11 @@ class Registrar:
         self._forked_from: int | None = None
         self._running_at_fork = False
         _REGISTRARS.add(self)
+
+    @property
+    def settings(self) -> LoopSettings:
+        """The loop's settings, as validated."""
+        return self._settings
 
     # ----------------------------------------------------------------- public API
 

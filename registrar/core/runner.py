@@ -38,7 +38,7 @@ from .actions import (
 from .board import RequestEvent, StatusBoard
 from .clock import Clock
 from .decide import decide
-from .failure import apply_policy
+from .failure import Policy, apply_policy
 from .loopstate import LoopConfig, LoopState
 from .machine import Trigger
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
@@ -81,42 +81,24 @@ class Controls:
         return taken
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What the runner needs beyond the decisions: the failure policy and the way to exit."""
-
-    on_failure: Any
-    exit: Callable[[int], None]
-
-
+@dataclass(kw_only=True)
 class Runner:
-    """Performs the loop's actions for one registrar; runs on its thread only."""
+    """Performs the loop's actions for one registrar; runs on its thread only. Made of the
+    registrar's parts (a dataclass: they are named where it is built)."""
 
-    def __init__(
-        self,
-        *,
-        config: LoopConfig,
-        transport: Transport,
-        payload: Mapping[str, Any],
-        clock: Clock,
-        rng: Callable[[], float],
-        board: StatusBoard,
-        controls: Controls,
-        policy: Policy,
-    ) -> None:
-        self.config = config
-        self.transport = transport
-        self.payload = payload
-        self.clock = clock
-        self.rng = rng
-        self.board = board
-        self.controls = controls
-        self.policy = policy
-        self._observed: dict[str, Any] = {}
-        """What the last route check found, published with the decision it leads to."""
-        self._unexpected_seen: set[str] = set()
-        self._holding = False
-        """Whether the last attempt was held by a `Gated` transport (logged once per hold)."""
+    config: LoopConfig
+    transport: Transport
+    payload: Mapping[str, Any]
+    clock: Clock
+    rng: Callable[[], float]
+    board: StatusBoard
+    controls: Controls
+    policy: Policy
+    _observed: dict[str, Any] = field(default_factory=dict, init=False)
+    """What the last route check found, published with the decision it leads to."""
+    _unexpected_seen: set[str] = field(default_factory=set, init=False)
+    _holding: bool = field(default=False, init=False)
+    """Whether the last attempt was held by a `Gated` transport (logged once per hold)."""
 
     # ----------------------------------------------------------------- the loop
 
@@ -383,10 +365,5 @@ class Runner:
     def _fail(self, action: Fail) -> bool:
         """Go to FAILED and apply `on_failure`; True when attempts go on."""
         return apply_policy(
-            self.board,
-            self.clock,
-            self.policy.on_failure,
-            action,
-            stopping=lambda: self.controls.stopping,
-            exit=self.policy.exit,
+            self.board, self.clock, self.policy, action, lambda: self.controls.stopping
         )

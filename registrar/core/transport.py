@@ -15,15 +15,13 @@ promptly on `stop()` or `report_route_missing()`: an event with a file descripto
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
+from . import rules
 from .errors import ConfigError
 from .outcome import RegisterOutcome, RouteCheck
-from .redact import clean, redact_url
 from .waker import Waker
 
 __all__ = [
@@ -41,7 +39,6 @@ __all__ = [
     "validate_url",
 ]
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 Timeout = float | tuple[float, float]
 """Seconds for the whole request, or a (connect, read) pair."""
 
@@ -151,50 +148,19 @@ def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenP
 
 
 def validate_url(url: object, option: str = "url") -> str:
-    """`url` without a trailing slash, or `ConfigError` saying what an allowed URL looks like."""
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"{option} must be an http(s) URL such as http://127.0.0.1:8998")
-    shown = clean(redact_url(url), 200)
-    # urlsplit strips a trailing newline and drops tabs, so "http://host:8998\n" (a value read
-    # from a file) would pass here and fail later, in the thread: refuse any such character.
-    bad = next((i for i, c in enumerate(url) if c.isspace() or _CONTROL.match(c)), None)
-    if bad is not None:
-        raise ConfigError(
-            f"{option} {shown!r} contains a space or control character at position {bad + 1} "
-            "(a trailing newline from a file or variable?); remove it"
-        )
+    """`url` without a trailing slash, or `ConfigError` naming `option` (the rule:
+    `registrar.core.rules.url`)."""
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{option} {shown!r} is not a valid URL: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(
-            f"{option} {shown!r} must start with http:// or https://, e.g. http://127.0.0.1:8998"
-        )
-    if not parts.hostname:
-        raise ConfigError(f"{option} {shown!r} has no host, e.g. http://127.0.0.1:8998")
-    if port == 0:
-        raise ConfigError(f"{option} {shown!r} has port 0; give the server's real port")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{option} {shown!r} must not carry a query or fragment")
-    return url.rstrip("/")
+        kept: str = rules.url(url)
+    except rules.Invalid as exc:
+        raise ConfigError(rules.describe(option, url, exc)) from None
+    return kept
 
 
 def validate_timeout(timeout: object) -> Timeout:
-    """A positive float or a (connect, read) pair of positive floats, or `ConfigError`."""
-
-    def positive(value: object) -> bool:
-        return (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and 0 < value < float("inf")
-        )
-
-    if positive(timeout):
-        return float(timeout)  # type: ignore[arg-type]
-    if isinstance(timeout, tuple) and len(timeout) == 2 and all(positive(t) for t in timeout):
-        return (float(timeout[0]), float(timeout[1]))
-    raise ConfigError(
-        f"timeout must be positive seconds or a (connect, read) pair, got {timeout!r}"
-    )
+    """A positive float or a (connect, read) pair of positive floats, or `ConfigError` (the
+    rule: `registrar.core.rules.timeout`)."""
+    try:
+        return rules.timeout(timeout)
+    except rules.Invalid as exc:
+        raise ConfigError(rules.describe("timeout", timeout, exc)) from None

@@ -1,94 +1,24 @@
-"""The registrar's own options, checked once at construction: one line naming the option and
-what is allowed, never a traceback from the thread later."""
+"""The payload, checked once at construction (one line saying what is wrong with it, never a
+traceback from the thread later), and the fleet size a transport reports. The options' rules
+are in `registrar.core.rules`, applied by the settings (`registrar.core.settings`)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .backoff import Backoff
 from .errors import ConfigError
-from .failure import POLICIES
 from .transport import FleetSized, Transport
 from .untrusted import MAX_DEPTH, nesting_depth
 
 __all__ = [
-    "check_ca_bundle",
-    "check_count",
-    "check_loop_options",
-    "check_max_retry_after",
-    "check_positive",
-    "check_token",
     "encode_payload",
     "fleet_size",
 ]
 
 logger = logging.getLogger("registrar")
-
-
-def check_positive(name: str, value: object, allow_none: bool = False) -> float | None:
-    """A positive, finite number of seconds (or None when allowed)."""
-    if value is None and allow_none:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value < float("inf")
-    ):
-        extra = " or None" if allow_none else ""
-        raise ConfigError(f"{name} must be a positive number of seconds{extra}, got {value!r}")
-    return float(value)
-
-
-def check_count(name: str, value: object, allow_none: bool = False) -> int | None:
-    """An integer >= 1 (or None when allowed)."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        if allow_none:
-            raise ConfigError(f"{name} must be an integer >= 1 or None, got {value!r}")
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def check_loop_options(backoff: object, max_attempts: object, on_failure: object) -> None:
-    if not isinstance(backoff, Backoff):
-        raise ConfigError(f"backoff must be a registrar.Backoff, got {backoff!r}")
-    check_count("max_attempts", max_attempts, allow_none=True)
-    if not callable(on_failure) and on_failure not in POLICIES:
-        raise ConfigError(
-            f"on_failure must be 'retry', 'stop', 'exit' or a callable, got {on_failure!r}"
-        )
-
-
-def check_token(token: object) -> None:
-    if token is None or callable(token):
-        return
-    if not isinstance(token, str) or "\n" in token or "\r" in token:
-        raise ConfigError(
-            "token must be a single-line string, or a callable answering one per request"
-        )
-
-
-def check_ca_bundle(ca_bundle: str | None) -> None:
-    if ca_bundle is not None and not os.path.isfile(ca_bundle):
-        raise ConfigError(f"ca_bundle {ca_bundle!r} is not a readable file")
-
-
-def check_max_retry_after(value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 <= value < float("inf")
-    ):
-        raise ConfigError(
-            f"max_retry_after must be a number of seconds >= 0 (0 ignores Retry-After), "
-            f"got {value!r}"
-        )
-    return float(value)
 
 
 def encode_payload(payload: object, limit: int) -> dict[str, Any]:

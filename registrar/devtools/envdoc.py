@@ -1,5 +1,6 @@
-"""docs/configuration.md, drawn from the variable tables (`registrar.surfaces.env.ENV_VARS` and
-the SGLang plugin's own), so the reference cannot drift from what the code reads:
+"""docs/configuration.md, drawn from the options table (`registrar.surfaces.options.OPTIONS`),
+the flags the command's parser really has, the settings classes' defaults and the SGLang
+plugin's own table, so the reference cannot drift from what the code reads:
 
     python -m registrar.devtools.envdoc > docs/configuration.md
 
@@ -13,8 +14,8 @@ import sys
 
 from ..integrations.sglang.settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
 from ..protocols.sglang import TOKEN_ENV
-from ..surfaces import cli
-from ..surfaces.env import ENV_PREFIX, ENV_VARS, EnvVar
+from ..surfaces.cli.parser import build_parser
+from ..surfaces.options import ENV_PREFIX, OPTIONS, Option
 
 __all__ = ["configuration_page", "main"]
 
@@ -35,10 +36,12 @@ when the two differ.
 
 A bad value is one line naming the variable and showing a good one, e.g.
 `{ENV_PREFIX}MAX_ATTEMPTS='many' must be an integer >= 1, or unlimited; e.g.
-{ENV_PREFIX}MAX_ATTEMPTS=5`. Unset and empty variables leave the defaults.
+{ENV_PREFIX}MAX_ATTEMPTS=5`. Unset and empty variables leave the defaults, shown here as the
+settings classes define them (`registrar.core.settings`, `registrar.protocols.*_settings`).
+On/off options have a `--name` and a `--no-name` flag.
 
-| variable | `registrar register` | SGLang plugin | meaning | example |
-|---|---|---|---|---|
+| variable | `registrar register` | SGLang plugin | meaning | default | example |
+|---|---|---|---|---|---|
 """
 
 _TAIL = f"""
@@ -48,20 +51,20 @@ upcoming bootstrap authentication, [sglang.md](sglang.md#the-token)).
 
 
 def _flags() -> set[str]:
-    parser = cli._parser()
+    parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     register = sub.choices["register"]
     return {flag for action in register._actions for flag in action.option_strings}
 
 
-def _command_column(var: EnvVar, flags: set[str]) -> str:
+def _command_column(var: Option, flags: set[str]) -> str:
     flag = "--" + var.name.lower().replace("_", "-")
     if flag in flags:
         return f"`{flag}`"
     return "yes (no flag)"
 
 
-def _plugin_column(var: EnvVar) -> str:
+def _plugin_column(var: Option) -> str:
     if var.name in HONOURED:
         return "yes"
     return f"refused: {REFUSED[var.name]}"
@@ -76,11 +79,12 @@ def configuration_page() -> str:
     flags = _flags()
     rows = [
         f"| `{ENV_PREFIX}{v.name}` | {_command_column(v, flags)} | {_cell(_plugin_column(v))} "
-        f"| {_cell(v.help)} | `{v.example}` |"
-        for v in ENV_VARS
+        f"| {_cell(v.help)} | {_cell(v.default_text())} | `{v.example}` |"
+        for v in OPTIONS
     ]
     rows += [
-        f"| `{ENV_PREFIX}{v.name}` | no | yes (plugin only) | {_cell(v.help)} | `{v.example}` |"
+        f"| `{ENV_PREFIX}{v.name}` | no | yes (plugin only) | {_cell(v.help)} | "
+        f"{_cell(v.default_text())} | `{v.example}` |"
         for v in PLUGIN_ENV_VARS
     ]
     return _HEAD + "\n".join(rows) + "\n" + _TAIL

@@ -104,7 +104,7 @@ class Rank:
         }
 
 
-def make_payload(
+def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as documented
     rank_ip: str,
     rank_port: int,
     *,

@@ -1,9 +1,9 @@
 """What the SGLang plugin reads from the environment, and what it refuses.
 
-Inside SGLang the plugin honours the `Registrar` options of the shared table
-(`registrar.surfaces.env.ENV_VARS`), the token (`REGISTRAR_TOKEN`, `REGISTRAR_TOKEN_FILE`),
-`REGISTRAR_VERBOSE`, and its own variables below. Every other variable of the shared table
-means something only to `registrar register` (SGLang builds the URL and payload, and reports
+Inside SGLang the plugin honours the rows of the options table
+(`registrar.surfaces.options.OPTIONS`) that give no reason to refuse them (the `Registrar`
+options, the token, `REGISTRAR_VERBOSE`, the gateway's), and its own variables below. Every other
+row means something only to `registrar register` (SGLang builds the URL and payload, and reports
 registration on `/ready` and `/server_info`): set, it stops the process with one line naming it,
 rather than being ignored while the operator believes it works. A `REGISTRAR_*` name close to a
 known one (a typo) gets a WARNING.
@@ -17,9 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import file_token
 from ...protocols.http import validate_token
+from ...protocols.smg_settings import SmgSettings
 from ...surfaces.env import (
     ENV_PREFIX,
     ENV_VARS,
@@ -46,59 +48,37 @@ __all__ = [
 PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "INIT_WAIT",
-        "init_wait",
         parse_seconds_or_zero,
         "30",
         "seconds a prefill rank's init waits for its first registration (0, the default: none; "
         "registration goes on in the background either way)",
+        kwarg="init_wait",
+        rule=rules.seconds_or_zero,
     ),
     EnvVar(
         "STRICT",
-        "strict",
         parse_flag,
         "1",
         "a patch that cannot be applied stops the server at load (default: one ERROR, and "
         "SGLang's own behaviour stands for that part)",
+        kwarg="strict",
     ),
 )
-"""The plugin's own variables (no other surface reads them)."""
+"""The plugin's own variables (no other surface reads them): rows of the same kind as the
+options table's, in a table of their own."""
 
-_GATEWAY_HONOURED = ("GATEWAY", "WORKER_URL", "READY_GRACE", "GATEWAY_KEY_FILE", "DRAIN_TIMEOUT")
-"""The gateway's variables the plugin honours (docs/gateway.md, docs/sglang.md)."""
-_COMMAND_ONLY_HONOURED = ("TOKEN", "TOKEN_FILE", "VERBOSE", *_GATEWAY_HONOURED)
-
-HONOURED: tuple[str, ...] = (
-    *(v.name for v in ENV_VARS if not v.option.startswith("cli.")),
-    *_COMMAND_ONLY_HONOURED,
+HONOURED: tuple[str, ...] = tuple(v.name for v in ENV_VARS if v.plugin is None)
+"""The options table's variables the plugin honours (names after the prefix): the rows that
+give no reason to refuse them."""
+_COMMAND_ONLY_HONOURED = tuple(v.name for v in ENV_VARS if v.plugin is None and v.kwarg is None)
+"""Those that are no `Registrar` keyword: the token, VERBOSE, the gateway's."""
+_GATEWAY_HONOURED = tuple(
+    v.name for v in ENV_VARS if v.plugin is None and v.settings is SmgSettings
 )
-"""The shared table's variables the plugin honours (names after the prefix)."""
+"""The gateway's variables the plugin honours (docs/gateway.md, docs/sglang.md), GATEWAY first."""
 
-_BUILT_BY_SGLANG = "SGLang builds each row's bootstrap URL and payload itself"
-_NO_ETCD = "the plugin registers with SGLang's bootstrap server, not etcd"
-_FROM_SERVER_ARGS = "with REGISTRAR_GATEWAY the plugin reads it from SGLang's own arguments"
-_REPORTED_BY_SGLANG = "inside SGLang, /ready and /server_info report registration (docs/sglang.md)"
-
-REFUSED: dict[str, str] = {
-    "URL": _BUILT_BY_SGLANG,
-    "PAYLOAD": _BUILT_BY_SGLANG,
-    "RANK_IP": _BUILT_BY_SGLANG + " (the rank's address: --host, --dist-init-addr)",
-    "RANK_IP_ENV": _BUILT_BY_SGLANG + " (the rank's address: --host, --dist-init-addr)",
-    "PROTOCOL": "the plugin speaks SGLang's bootstrap protocol",
-    "ETCD": _NO_ETCD,
-    "KEY": _NO_ETCD,
-    "TTL": _NO_ETCD,
-    "ETCD_USER": _NO_ETCD,
-    "ETCD_PASSWORD": _NO_ETCD,
-    "ETCD_CERT": _NO_ETCD,
-    "ETCD_CERT_KEY": _NO_ETCD,
-    "HEALTH_HOST": _REPORTED_BY_SGLANG,
-    "HEALTH_PORT": _REPORTED_BY_SGLANG,
-    "EXPOSE_PAYLOAD": _REPORTED_BY_SGLANG,
-    "WORKER_TYPE": _FROM_SERVER_ARGS + " (--disaggregation-mode)",
-    "BOOTSTRAP_PORT": _FROM_SERVER_ARGS + " (--disaggregation-bootstrap-port)",
-    "READY_URL": "with REGISTRAR_GATEWAY the server's own /ready gates the offer",
-}
-"""The shared table's variables that mean nothing inside SGLang, with the reason."""
+REFUSED: dict[str, str] = {v.name: v.plugin for v in ENV_VARS if v.plugin is not None}
+"""The options table's variables that mean nothing inside SGLang, with the reason."""
 
 
 def plugin_env_table() -> tuple[EnvVar, ...]:

@@ -1,0 +1,218 @@
+"""The value rules of the settings: each rule once, as a function from a value to the value kept
+(normalised) or `Invalid` saying what is allowed.
+
+A settings class applies its rules to its fields (`check_fields`); a surface that read the value
+from a variable or a flag applies the same rule and names the variable instead of the field
+(`registrar.surfaces.options`). Neither knows the other's wording: `Invalid` carries only the
+rule broken, and `describe` puts a name to it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+from .redact import clean, redact_url
+
+__all__ = [
+    "Invalid",
+    "Rule",
+    "at_least_one",
+    "check_fields",
+    "count",
+    "count_or_none",
+    "describe",
+    "each_seconds",
+    "existing_path",
+    "fraction",
+    "fraction_open",
+    "seconds",
+    "seconds_or_none",
+    "seconds_or_zero",
+    "single_line",
+    "timeout",
+    "url",
+    "urls",
+]
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+
+
+class Invalid(ValueError):
+    """A value broke a rule: `rule` says what is allowed ("must be ..."); `shown` is the value
+    as it may be shown (redacted) when the rule text reads after it ("'x' has no host")."""
+
+    def __init__(self, rule: str, shown: str | None = None) -> None:
+        super().__init__(rule)
+        self.rule = rule
+        self.shown = shown
+
+
+Rule = Callable[[Any], Any]
+"""A value -> the value kept, or `Invalid`."""
+
+
+def describe(name: str, value: object, exc: Invalid) -> str:
+    """One line naming `name` (a field, a variable, a flag) and the rule `value` broke."""
+    if exc.shown is not None:
+        return f"{name} {exc.shown!r} {exc.rule}"
+    return f"{name} {exc.rule}, got {value!r}"
+
+
+def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") -> None:
+    """Apply `rules` to the fields of the frozen dataclass `target`, keeping each value as its
+    rule normalised it, or `ConfigError` naming the field (after `prefix`)."""
+    defaults = {f.name: f.default for f in fields(target)}  # type: ignore[arg-type]
+    for name, rule in rules.items():
+        value = getattr(target, name)
+        try:
+            kept = rule(value)
+        except Invalid as exc:
+            good = defaults.get(name)
+            example = "" if good in (None, MISSING) else f"; e.g. {name}={good!r}"
+            raise ConfigError(describe(prefix + name, value, exc) + example) from None
+        object.__setattr__(target, name, kept)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def seconds(value: object) -> float:
+    if not _number(value) or not 0 < value < math.inf:  # type: ignore[operator]
+        raise Invalid("must be a positive number of seconds")
+    return float(value)  # type: ignore[arg-type]
+
+
+def seconds_or_none(value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        return seconds(value)
+    except Invalid:
+        raise Invalid("must be a positive number of seconds or None") from None
+
+
+def seconds_or_zero(value: object) -> float:
+    if not _number(value) or not 0 <= value < math.inf:  # type: ignore[operator]
+        raise Invalid("must be a number of seconds >= 0")
+    return float(value)  # type: ignore[arg-type]
+
+
+def count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise Invalid("must be a positive integer")
+    return value
+
+
+def count_or_none(value: object) -> int | None:
+    if value is None:
+        return None
+    try:
+        return count(value)
+    except Invalid:
+        raise Invalid("must be an integer >= 1 or None") from None
+
+
+def fraction_open(value: object) -> float:
+    if not _number(value) or not 0 < value < 1:  # type: ignore[operator]
+        raise Invalid("must be a number within (0, 1)")
+    return float(value)  # type: ignore[arg-type]
+
+
+def at_least_one(value: object) -> float:
+    if not _number(value) or not 1 <= value < math.inf:  # type: ignore[operator]
+        raise Invalid("must be a number >= 1")
+    return float(value)  # type: ignore[arg-type]
+
+
+def fraction(value: object) -> float:
+    if not _number(value) or not 0 <= value <= 1:  # type: ignore[operator]
+        raise Invalid("must be a number within [0, 1]")
+    return float(value)  # type: ignore[arg-type]
+
+
+def each_seconds(value: object) -> float | tuple[float, float]:
+    """`seconds` for a number, or for each of a (connect, read) pair."""
+    if isinstance(value, tuple) and len(value) == 2:
+        return (seconds(value[0]), seconds(value[1]))
+    return seconds(value)
+
+
+def timeout(value: object) -> float | tuple[float, float]:
+    """A positive float, or a (connect, read) pair of them."""
+    try:
+        return each_seconds(value)
+    except Invalid:
+        raise Invalid("must be positive seconds or a (connect, read) pair") from None
+
+
+def single_line(value: object) -> str | None:
+    """None, or a non-empty single-line string."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "\n" in value or "\r" in value:
+        raise Invalid("must be a non-empty single-line string")
+    return value
+
+
+def existing_path(value: object) -> str | None:
+    """None, or a file or directory that exists now (a CA bundle, or a folder of CAs)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not (os.path.isfile(value) or os.path.isdir(value)):
+        raise Invalid("is not a readable file or directory", shown=str(value))
+    return value
+
+
+def url(value: object) -> str:
+    """An http(s) URL without a trailing slash."""
+    if not isinstance(value, str) or not value:
+        raise Invalid("must be an http(s) URL such as http://127.0.0.1:8998")
+    shown = clean(redact_url(value), 200)
+    # urlsplit strips a trailing newline and drops tabs, so "http://host:8998\n" (a value read
+    # from a file) would pass here and fail later, in the thread: refuse any such character.
+    bad = next((i for i, c in enumerate(value) if c.isspace() or _CONTROL.match(c)), None)
+    if bad is not None:
+        raise Invalid(
+            f"contains a space or control character at position {bad + 1} "
+            "(a trailing newline from a file or variable?); remove it",
+            shown,
+        )
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise Invalid(f"is not a valid URL: {exc}", shown) from None
+    if parts.scheme not in ("http", "https"):
+        raise Invalid("must start with http:// or https://, e.g. http://127.0.0.1:8998", shown)
+    if not parts.hostname:
+        raise Invalid("has no host, e.g. http://127.0.0.1:8998", shown)
+    if port == 0:
+        raise Invalid("has port 0; give the server's real port", shown)
+    if parts.query or parts.fragment:
+        raise Invalid("must not carry a query or fragment", shown)
+    return value.rstrip("/")
+
+
+def urls(kind: str, example: str) -> Rule:
+    """The rule of a list of `kind` URLs (a sequence, or one string, comma-separated): at least
+    one, each an http(s) URL, none twice."""
+
+    def rule(value: object) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list | tuple) or not value:
+            raise Invalid(f"must name at least one {kind} URL, e.g. {example}")
+        found = tuple(url(item) for item in value)
+        if len(set(found)) != len(found):
+            raise Invalid(f"must not give a {kind} URL twice")
+        return found
+
+    return rule

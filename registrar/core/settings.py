@@ -1,0 +1,145 @@
+"""The registrar's settings: one frozen value per concern, each validated once, here, when it is
+made. `Registrar(url, payload, **options)` builds them from its keyword arguments;
+`Registrar.from_settings` takes them as they are. A surface that reads a value from a variable
+or a flag applies the same rules (`rules_of`) and names the variable instead of the field.
+
+Defaults live here and nowhere else: `--help` reads them from these classes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from . import rules
+from .backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
+from .clock import Clock, SystemClock
+from .failure import POLICIES, OnFailure, default_exit
+from .transport import Timeout, Token
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_WATCH_INTERVAL",
+    "Hooks",
+    "HttpSettings",
+    "LoopSettings",
+    "default_of",
+    "rules_of",
+]
+
+DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
+"""The upstream schedule capped at 5 s (see docs/benchmarks.md for the figures behind it)."""
+DEFAULT_WATCH_INTERVAL = 15.0
+"""Seconds between route checks. A restart is noticed on the idle connection, not by this
+timer, which remains for what sends no close (a partition, a host that vanished): 15 s costs
+about 0.01 % of a core and 4 requests a minute per registrar and recovers from a partition
+within 1.2 intervals + 1 s (docs/benchmarks.md)."""
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+
+
+def _backoff(value: object) -> Backoff:
+    if not isinstance(value, Backoff):
+        raise rules.Invalid("must be a registrar.Backoff")
+    return value
+
+
+def _on_failure(value: object) -> OnFailure:
+    if not callable(value) and value not in POLICIES:
+        raise rules.Invalid("must be 'retry', 'stop', 'exit' or a callable")
+    return value  # type: ignore[return-value]
+
+
+def _token(value: object) -> Token | None:
+    if value is None or callable(value):
+        return value
+    if not isinstance(value, str) or "\n" in value or "\r" in value:
+        raise rules.Invalid("must be a single-line string, or a callable answering one per request")
+    return value
+
+
+def _retry_after_cap(value: object) -> float:
+    try:
+        return rules.seconds_or_zero(value)
+    except rules.Invalid:
+        raise rules.Invalid("must be a number of seconds >= 0 (0 ignores Retry-After)") from None
+
+
+def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
+    """The rule of each field of a settings class (a surface checks a variable with it)."""
+    found: Mapping[str, rules.Rule] = settings.RULES
+    return found
+
+
+def default_of(settings: type[Any], name: str) -> Any:
+    """The default of field `name` of a settings class (what `--help` shows)."""
+    (found,) = (f for f in fields(settings) if f.name == name)
+    return found.default
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop and its startup budget: how often to retry, when to give up and what then, how
+    often to check the route once registered."""
+
+    backoff: Backoff = DEFAULT_BACKOFF
+    max_attempts: int | None = 5
+    max_elapsed: float | None = None
+    on_failure: OnFailure = "retry"
+    watch_interval: float | None = DEFAULT_WATCH_INTERVAL
+    max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "backoff": _backoff,
+        "max_attempts": rules.count_or_none,
+        "max_elapsed": rules.seconds_or_none,
+        "on_failure": _on_failure,
+        "watch_interval": rules.seconds_or_none,
+        "max_retry_after": _retry_after_cap,
+        "max_payload_bytes": rules.count,
+    }
+
+    def __post_init__(self) -> None:
+        rules.check_fields(self, self.RULES)
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Where and how to reach an HTTP server: its URL, the protocol spoken there, each
+    request's deadline, the bearer token, and TLS (`ca_bundle`: a CA file or a directory of
+    CAs, else the system's when `verify`)."""
+
+    url: str
+    protocol: str = "sglang"
+    timeout: Timeout = 5.0
+    token: Token | None = None
+    verify: bool = True
+    ca_bundle: str | None = None
+
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "url": rules.url,
+        "timeout": rules.timeout,
+        "token": _token,
+        "verify": bool,
+        "ca_bundle": rules.existing_path,
+    }
+
+    def __post_init__(self) -> None:
+        rules.check_fields(self, self.RULES)
+
+    @property
+    def tls(self) -> bool | str:
+        """What a transport's `verify=` takes: the CA path, else whether to verify."""
+        return self.ca_bundle if self.ca_bundle is not None else self.verify
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What tests and embedders inject: the clock, the random source, and how to exit."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    rng: Callable[[], float] = random.random
+    exit: Callable[[int], None] = default_exit

@@ -1,0 +1,130 @@
+"""The smg gateway registration's settings: one frozen value, validated once when it is made,
+from which `registrar.assembly` builds one `SmgTransport` per gateway."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..core import rules
+from ..core.errors import ConfigError
+from ..core.transport import Timeout, Token, file_token
+from .smg import (
+    DEFAULT_CONFIRM_TIMEOUT,
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_GRACE,
+    DEFAULT_READY_INTERVAL,
+    KEY_ENV,
+    WORKER_TYPES,
+)
+
+__all__ = ["SmgSettings"]
+
+
+def _worker_type(value: object) -> str:
+    if value not in WORKER_TYPES:
+        raise rules.Invalid(f"must be one of {', '.join(WORKER_TYPES)}")
+    return str(value)
+
+
+def _port(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise rules.Invalid("must be a port within [1, 65535]")
+    return value
+
+
+def _ready(value: object) -> str | Callable[[], bool] | None:
+    if value is None or callable(value):
+        return value
+    return rules.url(value)
+
+
+def _seconds(value: object) -> float:
+    kept = rules.seconds(value)
+    if kept >= 1e9:
+        raise rules.Invalid("must be a positive number of seconds")
+    return kept
+
+
+@dataclass(frozen=True)
+class SmgSettings:
+    """The worker kept listed by one or more smg gateways: which worker, when it may be offered
+    (`ready`, `grace`), how long to wait for the gateway (`confirm_timeout`, `drain_timeout`),
+    the control-plane key (`key`, else `key_file` read before each request, else
+    `$REGISTRAR_GATEWAY_KEY`), and how to reach the gateways (deadline, TLS)."""
+
+    gateways: str | Sequence[str]
+    worker_url: str
+    worker_type: str = "regular"
+    bootstrap_port: int | None = None
+    ready: str | Callable[[], bool] | None = None
+    grace: float = DEFAULT_GRACE
+    ready_interval: float = DEFAULT_READY_INTERVAL
+    confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    key: str | None = None
+    key_file: str | None = None
+    timeout: Timeout = 5.0
+    verify: bool = True
+    ca_bundle: str | None = None
+
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
+        "worker_url": rules.url,
+        "worker_type": _worker_type,
+        "bootstrap_port": _port,
+        "ready": _ready,
+        "grace": _seconds,
+        "ready_interval": _seconds,
+        "confirm_timeout": _seconds,
+        "drain_timeout": _seconds,
+        "timeout": rules.timeout,
+        "verify": bool,
+        "ca_bundle": rules.existing_path,
+    }
+
+    def __post_init__(self) -> None:
+        rules.check_fields(self, self.RULES)
+        if self.key is not None and self.key_file is not None:
+            raise ConfigError("give the gateway key or the gateway key file, not both")
+        self.token()  # a key file that cannot be read now is an error now
+
+    @property
+    def tls(self) -> bool | str:
+        """What the transport's `verify=` takes: the CA path, else whether to verify."""
+        return self.ca_bundle if self.ca_bundle is not None else self.verify
+
+    @property
+    def stop_timeout(self) -> float:
+        """How long stopping may take: the drain's DELETE and last look, each within a request
+        deadline, and the wait for the gateway."""
+        deadline = sum(self.timeout) if isinstance(self.timeout, tuple) else self.timeout
+        return self.drain_timeout + 2 * deadline + 1.0
+
+    def token(self) -> tuple[Token | None, str]:
+        """The control-plane key (or a provider reading the key file) and where it comes from."""
+        if self.key_file is not None:
+            source = f"the key file {self.key_file}"
+            return file_token(self.key_file, "the gateway key file"), source
+        if self.key:
+            return self.key, "the gateway key"
+        return os.environ.get(KEY_ENV) or None, f"${KEY_ENV}"
+
+    def transport_options(self) -> dict[str, Any]:
+        """The `SmgTransport` keyword arguments these settings stand for (but the readiness
+        check, made per transport: it holds a connection)."""
+        token, source = self.token()
+        return {
+            "token": token,
+            "token_source": source,
+            "timeout": self.timeout,
+            "verify": self.tls,
+            "grace": self.grace,
+            "ready_interval": self.ready_interval,
+            "confirm_timeout": self.confirm_timeout,
+            "drain_timeout": self.drain_timeout,
+        }
