@@ -23,31 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-PAYLOAD = {
-    "attn_tp_size": 1,
-    "attn_tp_rank": 0,
-    "attn_cp_size": 1,
-    "attn_cp_rank": 0,
-    "attn_dp_size": 1,
-    "attn_dp_rank": 0,
-    "pp_size": 1,
-    "pp_rank": 0,
-    "system_dp_size": 1,
-    "system_dp_rank": 0,
-    "rank_ip": "127.0.0.1",
-    "rank_port": 20000,
-    "page_size": 16,
-    "kv_cache_dtype": "auto",
-}
-"""`registrar.make_payload(rank_ip="127.0.0.1", rank_port=20000, attn_tp_rank=0,
-attn_tp_size=1)`, written out: the clients import nothing of registrar but the transport."""
 ROUTE = {"prefill_dp_rank": 0, "prefill_cp_rank": 0, "target_tp_rank": 0, "target_pp_rank": 0}
 CLIENTS = ("transport", "requests", "urllib3-pool", "urllib3-conn", "http.client")
 
 
 def _client(who: str, url: str, n: int) -> dict[str, Any]:
     """N requests through `who`; CPU seconds per request (process), and the statuses seen."""
-    send = _sender(who, url)
+    # Run as a script, this folder is on the path: rank 0 of 1, as the fleet sends it.
+    from fleet import payload  # noqa: PLC0415
+
+    send = _sender(who, url, payload(0, 1))
     for _ in range(20):  # warm up: imports, the connection, caches
         send(0)
     statuses: dict[str, int] = {}
@@ -63,8 +48,8 @@ def _client(who: str, url: str, n: int) -> dict[str, Any]:
     }
 
 
-def _sender(who: str, url: str) -> Any:
-    body = json.dumps(PAYLOAD).encode()
+def _sender(who: str, url: str, sent: dict[str, Any]) -> Any:
+    body = json.dumps(sent).encode()
     query = "&".join(f"{k}={v}" for k, v in ROUTE.items())
     headers = {"Content-Type": "application/json"}
     host, port = url.removeprefix("http://").split(":")
@@ -76,7 +61,7 @@ def _sender(who: str, url: str) -> Any:
         def send(i: int) -> int:
             if i % 2:
                 return transport.send("GET", "/route", params=ROUTE).status_code or 0
-            return transport.send("PUT", "/route", json=PAYLOAD).status_code or 0
+            return transport.send("PUT", "/route", json=sent).status_code or 0
 
         return send
     if who == "requests":
