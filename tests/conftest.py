@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from _pytest.terminal import TerminalReporter
-from support import CLI_ENV, FakeClock
+from support import CLI_ENV, FakeClock, Ports
 
 from registrar.core.registrar import UNEXPECTED
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -43,6 +43,17 @@ def _no_unexpected_transport_errors(request: pytest.FixtureRequest) -> Iterator[
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def ports() -> Iterator[Ports]:
+    """Ports for this test: reserved sockets (refused connects, a server's later port) and
+    numbers for other processes; the reservations end with the test."""
+    held = Ports()
+    try:
+        yield held
+    finally:
+        held.close()
 
 
 @pytest.fixture

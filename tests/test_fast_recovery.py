@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from support import (
     FakeClock,
+    Ports,
     ScriptedTransport,
     accepted,
-    free_port,
     retry,
     route,
     settled,
@@ -275,11 +275,11 @@ def test_stop_is_prompt_while_waiting_on_the_socket(
 
 @pytest.mark.timeout(60)
 def test_a_refused_startup_sends_the_live_server_only_its_put_and_check(
-    registrars: list[Registrar],
+    registrars: list[Registrar], ports: Ports
 ) -> None:
     """Probes are bare connects: the server, once up, sees one PUT and one GET, not the
     probes, and the probe's connection is the one the PUT goes over."""
-    server = BootstrapServer("127.0.0.1", free_port())
+    server = BootstrapServer(sock=ports.reserve())
     try:
         reg = Registrar(server.url, sglang_payload(), watch_interval=60.0, max_attempts=None)
         registrars.append(reg)

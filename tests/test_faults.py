@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
-from support import free_port, sglang_payload, wait_until
+from support import Ports, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
 from registrar.devtools.bootstrap_server import BootstrapServer, Fault
@@ -37,8 +37,8 @@ def registered(reg: Registrar, attempts: int) -> None:
     assert not reg.thread_died
 
 
-def test_refused_until_the_server_listens(registrars: list) -> None:
-    server = BootstrapServer("127.0.0.1", free_port())
+def test_refused_until_the_server_listens(registrars: list, ports: Ports) -> None:
+    server = BootstrapServer(sock=ports.reserve())
     try:
         reg = start(registrars, server.url, max_attempts=None)
         assert wait_until(lambda: reg.status().attempts_total >= 3)
@@ -51,8 +51,8 @@ def test_refused_until_the_server_listens(registrars: list) -> None:
         server.close()
 
 
-def test_refused_with_stop_policy_fails_exactly(registrars: list) -> None:
-    reg = start(registrars, f"http://127.0.0.1:{free_port()}", max_attempts=3, on_failure="stop")
+def test_refused_with_stop_policy_fails_exactly(registrars: list, ports: Ports) -> None:
+    reg = start(registrars, ports.refusing_url(), max_attempts=3, on_failure="stop")
     assert reg.wait_for(State.FAILED, timeout=15)
     assert wait_until(lambda: not reg.running)
     status = reg.status()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from support import free_port, sglang_payload
+from support import Ports, sglang_payload
 
 from registrar import Backoff, Registrar, State
 from registrar.devtools.bootstrap_server import BootstrapServer, Fault
@@ -13,9 +13,8 @@ from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 
 
-def test_server_starts_two_seconds_late(registrars: list[Registrar]) -> None:
-    port = free_port()
-    server = BootstrapServer("127.0.0.1", port)
+def test_server_starts_two_seconds_late(registrars: list[Registrar], ports: Ports) -> None:
+    server = BootstrapServer(sock=ports.reserve())
     reg = Registrar(
         server.url, sglang_payload(), backoff=FAST, max_attempts=None, watch_interval=None
     )
@@ -35,10 +34,11 @@ def test_server_starts_two_seconds_late(registrars: list[Registrar]) -> None:
         server.close()
 
 
-def test_refused_attempts_log_the_root_cause(registrars: list[Registrar], caplog) -> None:
-    port = free_port()
+def test_refused_attempts_log_the_root_cause(
+    registrars: list[Registrar], caplog, ports: Ports
+) -> None:
     reg = Registrar(
-        f"http://127.0.0.1:{port}",
+        ports.refusing_url(),
         sglang_payload(),
         backoff=FAST,
         max_attempts=2,

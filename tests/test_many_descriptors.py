@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support import free_port, sglang_payload, wait_until
+from support import Ports, sglang_payload, wait_until
 
 from registrar import Registrar, State
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -43,16 +43,16 @@ def high_descriptors() -> Iterator[None]:
 
 @pytest.mark.timeout(60)
 def test_probing_watching_and_reusing_above_descriptor_1024(
-    high_descriptors: None, registrars: list[Registrar]
+    high_descriptors: None, registrars: list[Registrar], ports: Ports
 ) -> None:
     with socket.socket() as probe:
         assert probe.fileno() > 1024
-    port = free_port()
-    reg = Registrar(f"http://127.0.0.1:{port}", sglang_payload(), watch_interval=60.0)
+    server = BootstrapServer(sock=ports.reserve())
+    reg = Registrar(server.url, sglang_payload(), watch_interval=60.0)
     registrars.append(reg)
     reg.start()
     time.sleep(0.5)  # refused: the registrar probes with non-blocking connects meanwhile
-    with BootstrapServer(port=port) as server:
+    with server:
         assert reg.wait_for(State.REGISTERED, timeout=10)
         assert server.registered_count == 1
         # Idle on its kept-alive connection: only the connection's close (watched with poll)

@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 import requests
-from e2e_support.deploy import Deployment, Process, free_port, server_env, wait_http
+from e2e_support.deploy import Deployment, Process, server_env, wait_http
 from e2e_support.scenarios import run
 from e2e_support.stack import SERVE_TIMEOUT, Probe, Record
+from support import process_port
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -104,7 +105,7 @@ def _drain(router: str, server: Process, record: Record) -> None:
 
 
 def gateway_restart(deploy: Deployment, record: Record) -> None:
-    router_port = free_port()
+    router_port = process_port()
     router = deploy.router(router_port)
     wait_http(router, "/workers", 60)
     env = server_env(
@@ -112,8 +113,8 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
         REGISTRAR_GATEWAY=router.url,
         REGISTRAR_DRAIN_TIMEOUT=str(DRAIN_TIMEOUT),
     )
-    prefill = deploy.prefill(free_port(), free_port(), env)
-    decode = deploy.decode(free_port(), env)
+    prefill = deploy.prefill(process_port(), process_port(), env)
+    decode = deploy.decode(process_port(), env)
     urls = {prefill.url, decode.url}
     for server in (prefill, decode):
         wait_http(server, "/health", SERVE_TIMEOUT)
