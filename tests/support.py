@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from registrar import RegisterOutcome, Route, RouteCheck, Verdict
-from registrar.protocols.sglang import make_payload
+from registrar.protocols.sglang import SGLangTransport, make_payload
 
 LOOPBACK = "127.0.0.1"
 
@@ -121,6 +121,62 @@ class ScriptedTransport:
 
     def close(self) -> None:
         self.closed = True
+
+
+class Watched(SGLangTransport):
+    """SGLang's transport, seen from the test: `events` lists, in order, each registration
+    ("PUT"), each route check ("GET") and each idle wait between checks ("idle" when it starts,
+    "sign" or "woken" when it ends). `idle()` is true while the loop sits in an idle wait of at
+    least `long` seconds that began after event `since`: it has nothing to do before then, so
+    what happened until that moment is all there is. That is the point a test synchronises on
+    to say "nothing more happened", instead of a sleep a slow machine can make too short."""
+
+    def __init__(self, url: str, *, long: float = 30.0, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.long = long
+        self.events: list[str] = []
+        self._idle_at: int | None = None
+        self._events_lock = threading.Lock()
+
+    def _note(self, event: str) -> int:
+        with self._events_lock:
+            self.events.append(event)
+            return len(self.events) - 1
+
+    def mark(self) -> int:
+        """The index the next event will have."""
+        with self._events_lock:
+            return len(self.events)
+
+    def idle(self, since: int = 0) -> bool:
+        with self._events_lock:
+            at = self._idle_at
+            return at is not None and at >= since and at == len(self.events) - 1
+
+    def count(self, event: str, since: int = 0) -> int:
+        with self._events_lock:
+            return self.events[since:].count(event)
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        outcome = super().register(payload)
+        self._note("PUT")
+        return outcome
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
+        found = super().check(payload)
+        self._note("GET")
+        return found
+
+    def wait_idle(self, timeout: float, waker: Any) -> bool:
+        at = self._note("idle")
+        if timeout >= self.long:
+            with self._events_lock:
+                self._idle_at = at
+        changed = super().wait_idle(timeout, waker)
+        with self._events_lock:
+            self._idle_at = None
+        self._note("sign" if changed else "woken")
+        return changed
 
 
 def sglang_payload(

@@ -15,6 +15,7 @@ import pytest
 from support import (
     FakeClock,
     ScriptedTransport,
+    Watched,
     accepted,
     fatal,
     retry,
@@ -367,22 +368,26 @@ def test_reports_are_coalesced_into_bounded_checks_and_lines(
     """A decode failing every transfer reports ~1000 times a second: the server sees at most
     one check per REPORT_CHECK_INTERVAL, the log at most one line for all of them."""
     caplog.set_level(logging.WARNING, logger="registrar")
-    reg = Registrar(server.url, sglang_payload(), watch_interval=3600)
+    transport = Watched(server.url)
+    reg = Registrar(server.url, sglang_payload(), watch_interval=3600, transport=transport)
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=10)
-    assert wait_until(lambda: reg.status().last_check_at is not None)
+    assert wait_until(transport.idle)  # registered, checked, and idle for the hour
     gets_before = sum(1 for r in server.records() if r.method == "GET")
     reports = 0
     began = time.monotonic()
     # A flood of at least 1000 reports over at least 3 s, however slowly a loaded machine
     # runs this loop (the bound below is on checks per second of flood).
     while reports < 1000 or time.monotonic() - began < 3.0:
+        last = transport.mark()
         reg.report_route_missing()
         reports += 1
         time.sleep(0.001)
     took = time.monotonic() - began
-    time.sleep(REPORT_CHECK_INTERVAL + 0.5)  # the last coalesced check, if any, has run
+    # The last report was taken: the loop is back in its hour-long wait with none pending, so
+    # the last coalesced check has run and no other is coming.
+    assert wait_until(lambda: transport.idle(since=last), timeout=10)
     gets = sum(1 for r in server.records() if r.method == "GET") - gets_before
     lines = [r for r in caplog.records if "reported missing" in r.getMessage()]
     assert 1 <= gets <= took / REPORT_CHECK_INTERVAL + 2, gets
@@ -391,10 +396,13 @@ def test_reports_are_coalesced_into_bounded_checks_and_lines(
     assert server.registered_count == 1  # verified, never re-PUT
     # A report that is true is still acted on promptly, and once.
     server.forget()
+    forgotten = transport.mark()
     for _ in range(500):
         reg.report_route_missing()
     assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
-    time.sleep(0.3)
+    # Back in the hour-long wait after the PUT and its check: one PUT for 500 reports.
+    assert wait_until(lambda: transport.idle(since=forgotten), timeout=10)
+    assert transport.count("PUT", since=forgotten) == 1
     assert server.registered_count == 1
 
 

@@ -261,6 +261,12 @@ class BootstrapServer:
             except TypeError:  # a wrongly typed size: the real server answers 500 to everything
                 return False
 
+    @property
+    def open_connections(self) -> int:
+        """Connections a handler is serving now: at 0, every request received is recorded."""
+        with self._lock:
+            return len(self._connections)
+
     def routes(self) -> dict[tuple[int, int, int, int], dict[str, Any]]:
         """(dp, cp, tp, pp) -> {"rank_ip", "rank_port"}."""
         with self._lock:
