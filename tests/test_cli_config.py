@@ -245,7 +245,10 @@ def test_one_startup_line_and_verbose_requests(spawn) -> None:
             "-v",
         )
         assert wait_until(lambda: registration(port).get("observedValue") == "registered", 20)
-        time.sleep(0.5)  # a few route checks
+        # A few route checks that found the route in place.
+        assert wait_until(
+            lambda: sum(r.method == "GET" and r.status == 200 for r in server.records()) >= 2, 20
+        )
         _out, err = stop(agent)
     finally:
         server.close()

@@ -26,6 +26,22 @@ pytestmark = pytest.mark.timeout(300)
 UPSTREAM_LEAST_BLOCKING = 0.75 * (1 + 2 + 4 + 8)
 
 
+def checked(rank: Any, times: int = 2, timeout: float = 30.0) -> bool:
+    """Wait until each of the rank's registrars has made `times` more route checks (its
+    `last_check_at` moved on that often, or more between two looks): each found the route in
+    place, or it would have sent a PUT. The point to count PUTs at, instead of a sleep."""
+    first = {json.dumps(row["rank"]): [row.get("last_check_at")] for row in rank.status()}
+
+    def moved() -> bool:
+        for row in rank.status():
+            seen = first.setdefault(json.dumps(row["rank"]), [None])
+            if row.get("last_check_at") != seen[-1]:
+                seen.append(row.get("last_check_at"))
+        return all(len(seen) > times for seen in first.values())
+
+    return wait_for(moved, timeout=timeout)
+
+
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run `code` in a fresh interpreter of this environment (the stand-in loads first)."""
     return subprocess.run(
@@ -190,7 +206,7 @@ def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank,
     server.start()
     assert wait_for(lambda: server.count >= 1)
     assert server.rows() == {(0, 0, 0, 0)}
-    time.sleep(2)  # four watch intervals: no second PUT
+    assert checked(rank)  # two checks after the PUT found it: no second PUT
     assert server.count == 1
     [row] = rank.status()
     assert (row["state"], row["registrations"]) == ("registered", 1)
@@ -199,7 +215,8 @@ def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank,
     server.close()
     server = bootstrap(port).start()
     assert wait_for(lambda: server.count >= 1)
-    time.sleep(2)
+    assert wait_for(lambda: rank.status()[0]["registrations"] == 2)
+    assert checked(rank)
     assert server.count == 1
     assert server.rows() == {(0, 0, 0, 0)}
     [row] = rank.status()
@@ -218,7 +235,9 @@ def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
     for lifetime in range(2):  # a late start, then a restart on the same port
         server = bootstrap(port).start()
         assert wait_for(lambda s=server: s.rows() == everyone, timeout=60), server.rows()
-        time.sleep(2.5)  # five watch intervals
+        for proc in procs:
+            assert wait_for(lambda p=proc, n=lifetime + 1: p.status()[0]["registrations"] == n)
+            assert checked(proc)  # two checks after its PUT: no second PUT
         assert server.count == ranks, f"lifetime {lifetime}: {server.count} PUTs for {ranks}"
         server.close()
     for proc in procs:
