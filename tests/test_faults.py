@@ -5,7 +5,6 @@ thread alive."""
 from __future__ import annotations
 
 import socket
-import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -191,7 +190,9 @@ def test_restarts_in_a_row(server: BootstrapServer, registrars: list) -> None:
 def test_restart_during_startup_backoff(server: BootstrapServer, registrars: list) -> None:
     server.fail_next(2, 503, method="PUT")
     reg = start(registrars, server.url)
-    time.sleep(0.02)
+    # The first PUT has met its 503 (a fault is spent as its request starts): the restart comes
+    # during the startup backoff.
+    assert wait_until(lambda: server.pending_faults <= 1)
     server.restart()
     assert reg.wait_for(State.REGISTERED, timeout=15)
     assert wait_until(lambda: server.registered_count == 1 and server.ready)
