@@ -5,6 +5,10 @@ A development and test tool: it starts in-process on an ephemeral loopback port 
 status for the next requests, answer slowly or never, and restart with empty memory the way a
 restarted process does (every open connection dropped). The real server stays SGLang's; the
 behaviour copied here is the table in docs/sglang.md.
+
+This module holds the lifecycle, the faults and the records; what a PUT or GET does to the
+table is `route_table`'s (SGLang's handlers, step for step), the sockets and raw writes are
+`bootstrap_http`'s.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .route_table import CRASH, RouteTable, parse_get, parse_put
 __all__ = ["BootstrapServer", "Fault", "RequestRecord"]
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RequestRecord:
