@@ -9,6 +9,7 @@ import pytest
 from _pytest.terminal import TerminalReporter
 from support import CLI_ENV, FakeClock, Ports
 
+from registrar.core import registry
 from registrar.core.registrar import UNEXPECTED
 from registrar.devtools.bootstrap_server import BootstrapServer
 
@@ -38,6 +39,13 @@ def _no_unexpected_transport_errors(request: pytest.FixtureRequest) -> Iterator[
     if handler.records and request.node.get_closest_marker("unexpected_errors") is None:
         first = handler.records[0]
         pytest.fail(f"a transport raised: {first.getMessage()}\n{first.exc_text or ''}")
+
+
+@pytest.fixture(autouse=True)
+def _protocols_registered_by_a_test_end_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`register_protocol` fills a process-wide table: a protocol one test registers must not
+    show in the next test's "protocol must be one of ..." (xdist runs tests in any order)."""
+    monkeypatch.setattr(registry, "_factories", dict(registry._factories))
 
 
 @pytest.fixture
