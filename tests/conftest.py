@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from _pytest.terminal import TerminalReporter
-from support import CLI_ENV, FakeClock
+from support import CLI_ENV, FakeClock, Ports
 
+from registrar.core import registry
 from registrar.core.registrar import UNEXPECTED
 from registrar.devtools.bootstrap_server import BootstrapServer
 
@@ -40,9 +41,27 @@ def _no_unexpected_transport_errors(request: pytest.FixtureRequest) -> Iterator[
         pytest.fail(f"a transport raised: {first.getMessage()}\n{first.exc_text or ''}")
 
 
+@pytest.fixture(autouse=True)
+def _protocols_registered_by_a_test_end_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`register_protocol` fills a process-wide table: a protocol one test registers must not
+    show in the next test's "protocol must be one of ..." (xdist runs tests in any order)."""
+    monkeypatch.setattr(registry, "_factories", dict(registry._factories))
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def ports() -> Iterator[Ports]:
+    """Ports for this test: reserved sockets (refused connects, a server's later port) and
+    numbers for other processes; the reservations end with the test."""
+    held = Ports()
+    try:
+        yield held
+    finally:
+        held.close()
 
 
 @pytest.fixture

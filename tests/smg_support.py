@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from support import process_port
+
 from registrar.devtools import gateway as lab
 from registrar.devtools.gateway import StandInWorker, workers
 
@@ -50,7 +52,7 @@ def gateway_binary() -> str:
 
 
 class Gateway(lab.Gateway):
-    """The lab's gateway, with the binary found above."""
+    """The lab's gateway, with the binary found above, on ports from this worker's block."""
 
     def __init__(self, log_dir: Path, **kw: Any) -> None:
-        super().__init__(gateway_binary(), log_dir, **kw)
+        super().__init__(gateway_binary(), log_dir, ports=process_port, **kw)

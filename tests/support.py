@@ -1,17 +1,21 @@
 """Fakes and helpers shared by the tests: a fake clock whose wait advances virtual time, a
-scripted transport, SGLang payloads, and free loopback ports."""
+scripted transport, SGLang payloads, and loopback ports no other test can take (`Ports`, see
+docs/testing.md)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from registrar import RegisterOutcome, Route, RouteCheck, Verdict
-from registrar.protocols.sglang import make_payload
+from registrar.protocols.sglang import SGLangTransport, make_payload
 
 LOOPBACK = "127.0.0.1"
 
@@ -119,6 +123,62 @@ class ScriptedTransport:
         self.closed = True
 
 
+class Watched(SGLangTransport):
+    """SGLang's transport, seen from the test: `events` lists, in order, each registration
+    ("PUT"), each route check ("GET") and each idle wait between checks ("idle" when it starts,
+    "sign" or "woken" when it ends). `idle()` is true while the loop sits in an idle wait of at
+    least `long` seconds that began after event `since`: it has nothing to do before then, so
+    what happened until that moment is all there is. That is the point a test synchronises on
+    to say "nothing more happened", instead of a sleep a slow machine can make too short."""
+
+    def __init__(self, url: str, *, long: float = 30.0, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.long = long
+        self.events: list[str] = []
+        self._idle_at: int | None = None
+        self._events_lock = threading.Lock()
+
+    def _note(self, event: str) -> int:
+        with self._events_lock:
+            self.events.append(event)
+            return len(self.events) - 1
+
+    def mark(self) -> int:
+        """The index the next event will have."""
+        with self._events_lock:
+            return len(self.events)
+
+    def idle(self, since: int = 0) -> bool:
+        with self._events_lock:
+            at = self._idle_at
+            return at is not None and at >= since and at == len(self.events) - 1
+
+    def count(self, event: str, since: int = 0) -> int:
+        with self._events_lock:
+            return self.events[since:].count(event)
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        outcome = super().register(payload)
+        self._note("PUT")
+        return outcome
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
+        found = super().check(payload)
+        self._note("GET")
+        return found
+
+    def wait_idle(self, timeout: float, waker: Any) -> bool:
+        at = self._note("idle")
+        if timeout >= self.long:
+            with self._events_lock:
+                self._idle_at = at
+        changed = super().wait_idle(timeout, waker)
+        with self._events_lock:
+            self._idle_at = None
+        self._note("sign" if changed else "woken")
+        return changed
+
+
 def sglang_payload(
     tp_rank: int = 0, tp_size: int = 1, port: int = 20000, ip: str = LOOPBACK, **extra: Any
 ) -> dict[str, Any]:
@@ -132,13 +192,110 @@ def sglang_payload(
     return make_payload(**fields)
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on right now (for a server that starts later)."""
+def reserve_port(host: str = LOOPBACK, port: int = 0) -> socket.socket:
+    """A bound, non-listening socket: its port is this test's until the socket is closed, and a
+    connect to it is refused, as to a server that is not up yet. Hand it to
+    `BootstrapServer(sock=...)` for a server that starts later on that port; close it when done
+    (the `ports` fixture does). A `port` held by such a socket or by a `BootstrapServer` can be
+    reserved again: the successor that holds it once they close."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # the server's successor socket
+    sock.bind((host, port))
+    return sock
+
+
+PORT_BLOCK = 100
+"""Ports per pytest worker in the block allocator below."""
+
+_held: deque[Any] = deque()
+_cursor: dict[str, int] = {}
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    digits = "".join(ch for ch in worker if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def port_block() -> range:
+    """This pytest worker's ports for external processes: a block of `PORT_BLOCK` just below
+    the kernel's ephemeral range, so the kernel never hands one of them to a port-0 bind, and
+    one block per xdist worker, so two workers never pick the same one."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    top = low - _worker_index() * PORT_BLOCK
+    if top - PORT_BLOCK < 1024:
+        raise RuntimeError(f"no room below the ephemeral range ({low}) for this worker's ports")
+    return range(top - PORT_BLOCK, top)
+
+
+def _bindable(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def process_port(host: str = LOOPBACK) -> int:
+    """A port number for a process that must be told one (etcd, the smg router, SGLang, a
+    `registrar` subprocess's health port): the next one of this worker's block that nothing
+    uses now. A lock file held for the rest of this process (up to half a block) keeps it from
+    another pytest run on the machine (another checkout's suite) that uses the same block."""
+    block = port_block()
+    lock_dir = os.path.join(tempfile.gettempdir(), "registrar-test-ports")
+    os.makedirs(lock_dir, exist_ok=True)
+    for _ in range(len(block)):
+        key = f"{host}:{block.start}"
+        port = block[_cursor.get(key, 0) % len(block)]
+        _cursor[key] = _cursor.get(key, 0) + 1
+        lock = open(os.path.join(lock_dir, f"{port}.lock"), "w")  # noqa: SIM115 (held open)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        if not _bindable(host, port):
+            lock.close()
+            continue
+        _held.append(lock)
+        while len(_held) > len(block) // 2:
+            _held.popleft().close()
         return port
+    raise RuntimeError(f"every port of {block} is in use")
+
+
+class Ports:
+    """The ports of one test (the `ports` fixture), released when it ends."""
+
+    def __init__(self) -> None:
+        self.sockets: list[socket.socket] = []
+
+    def reserve(self, host: str = LOOPBACK, port: int = 0) -> socket.socket:
+        """See `reserve_port`; closed at the end of the test (closing twice is harmless)."""
+        sock = reserve_port(host, port)
+        self.sockets.append(sock)
+        return sock
+
+    def refusing(self, host: str = LOOPBACK) -> int:
+        """A port whose connects are refused for the whole test."""
+        port: int = self.reserve(host).getsockname()[1]
+        return port
+
+    def refusing_url(self, host: str = LOOPBACK) -> str:
+        return f"http://{host}:{self.refusing(host)}"
+
+    def process(self, host: str = LOOPBACK) -> int:
+        """See `process_port`."""
+        return process_port(host)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
 
 
 def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.01) -> bool:

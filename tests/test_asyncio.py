@@ -30,7 +30,8 @@ def test_wait_for_async_against_a_late_server() -> None:
         async with Registrar(
             server.url, sglang_payload(), backoff=Backoff(initial=0.05, maximum=0.2)
         ) as reg:
-            await asyncio.sleep(0.2)
+            while reg.status().attempts_total < 2:  # refused, and refused again
+                await asyncio.sleep(0.01)
             assert reg.state is State.REGISTERING
             before = len(ticks)
             await asyncio.to_thread(server.start)

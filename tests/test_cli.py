@@ -16,9 +16,10 @@ import requests
 from support import (
     CLI_ENV,
     FakeClock,
+    Ports,
     ScriptedTransport,
     accepted,
-    free_port,
+    process_port,
     sglang_payload,
     wait_until,
 )
@@ -48,11 +49,13 @@ def readyz(port: int) -> int | None:
         return None
 
 
-def test_agent_registers_serves_health_and_stops_on_sigterm(spawn, tmp_path: Path) -> None:
-    server = BootstrapServer("127.0.0.1", free_port())  # not listening yet
+def test_agent_registers_serves_health_and_stops_on_sigterm(
+    spawn, tmp_path: Path, ports: Ports
+) -> None:
+    server = BootstrapServer(sock=ports.reserve())  # not listening yet
     payload_file = tmp_path / "rank0.json"
     payload_file.write_text(json.dumps(sglang_payload()))
-    health_port = free_port()
+    health_port = process_port()
     agent = spawn(
         "register",
         "--url",
@@ -91,11 +94,11 @@ def test_agent_registers_serves_health_and_stops_on_sigterm(spawn, tmp_path: Pat
     assert all(line[:4].isdigit() and "T" in line[:11] for line in lines if "state " in line)
 
 
-def test_exit_policy_ends_the_agent_with_status_3() -> None:
+def test_exit_policy_ends_the_agent_with_status_3(ports: Ports) -> None:
     result = run(
         "register",
         "--url",
-        f"http://127.0.0.1:{free_port()}",
+        ports.refusing_url(),
         "--payload",
         json.dumps(sglang_payload()),
         "--max-attempts",
@@ -108,8 +111,8 @@ def test_exit_policy_ends_the_agent_with_status_3() -> None:
     assert "on_failure='exit'" in result.stderr
 
 
-def test_status_of_an_unreachable_agent() -> None:
-    result = run("status", "--health-url", f"http://127.0.0.1:{free_port()}")
+def test_status_of_an_unreachable_agent(ports: Ports) -> None:
+    result = run("status", "--health-url", ports.refusing_url())
     assert result.returncode == 4  # distinct from a usage error (2)
     assert "cannot reach" in result.stderr
     assert "Traceback" not in result.stderr
@@ -122,7 +125,7 @@ def test_diagram_is_the_table() -> None:
 
 
 def test_bootstrap_command_serves_until_sigterm(spawn) -> None:
-    port = free_port()
+    port = process_port()
     proc = spawn("bootstrap", "--host", "127.0.0.1", "--port", str(port))
 
     def healthy() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from support import CLI_ENV, free_port, sglang_payload, wait_until
+from support import CLI_ENV, Ports, process_port, sglang_payload, wait_until
 
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces import cli
@@ -106,8 +106,8 @@ def test_every_subcommand_help_has_examples_and_exit_statuses() -> None:
     assert "4    status: the agent cannot be reached" in run("--help").stdout
 
 
-def test_options_from_the_environment_and_the_flag_wins(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}"  # refuses: the budget is spent at once
+def test_options_from_the_environment_and_the_flag_wins(tmp_path: Path, ports: Ports) -> None:
+    url = ports.refusing_url()  # refuses: the budget is spent at once
     env = {
         "REGISTRAR_URL": url,
         "REGISTRAR_PAYLOAD": json.dumps(sglang_payload()),
@@ -126,7 +126,7 @@ def test_env_agent_with_rank_ip_from_pod_ip_and_a_rotated_token_file(spawn, tmp_
     server = BootstrapServer("127.0.0.1", 0, token="first-token").start()
     token_file = tmp_path / "token"
     token_file.write_text("first-token\n")
-    port = free_port()
+    port = process_port()
     try:
         agent = spawn(
             "register",
@@ -161,7 +161,7 @@ def test_env_agent_with_rank_ip_from_pod_ip_and_a_rotated_token_file(spawn, tmp_
 def registered_agent(spawn) -> Iterator[tuple[BootstrapServer, int]]:
     """A `registrar register` agent, registered with a reference server, health on a port."""
     server = BootstrapServer("127.0.0.1", 0).start()
-    port = free_port()
+    port = process_port()
     try:
         agent = spawn(
             "register",
@@ -179,14 +179,16 @@ def registered_agent(spawn) -> Iterator[tuple[BootstrapServer, int]]:
         server.close()
 
 
-def test_status_json_and_exit_statuses(registered_agent: tuple[BootstrapServer, int]) -> None:
+def test_status_json_and_exit_statuses(
+    registered_agent: tuple[BootstrapServer, int], ports: Ports
+) -> None:
     _, port = registered_agent
     result = run("status", "--health-url", f"http://127.0.0.1:{port}", "--json")
     assert result.returncode == cli.EXIT_OK, result.stderr
     document = json.loads(result.stdout)
     assert document["status"] == "pass"
     assert document["checks"]["registration:state"][0]["observedValue"] == "registered"
-    unreachable = run("status", "--health-url", f"http://127.0.0.1:{free_port()}", "--json")
+    unreachable = run("status", "--health-url", ports.refusing_url(), "--json")
     assert unreachable.returncode == cli.EXIT_UNREACHABLE
     assert unreachable.stdout == ""
     bad = run("status", "--health-url", "ftp://127.0.0.1:1")
@@ -228,7 +230,7 @@ def test_a_file_name_without_at_gets_the_at_suggested(tmp_path: Path) -> None:
 
 def test_one_startup_line_and_verbose_requests(spawn) -> None:
     server = BootstrapServer("127.0.0.1", 0).start()
-    port = free_port()
+    port = process_port()
     try:
         agent = spawn(
             "register",
@@ -243,7 +245,10 @@ def test_one_startup_line_and_verbose_requests(spawn) -> None:
             "-v",
         )
         assert wait_until(lambda: registration(port).get("observedValue") == "registered", 20)
-        time.sleep(0.5)  # a few route checks
+        # A few route checks that found the route in place.
+        assert wait_until(
+            lambda: sum(r.method == "GET" and r.status == 200 for r in server.records()) >= 2, 20
+        )
         _out, err = stop(agent)
     finally:
         server.close()
@@ -256,7 +261,7 @@ def test_one_startup_line_and_verbose_requests(spawn) -> None:
 
 
 def test_bootstrap_verbose_logs_each_request(spawn) -> None:
-    port = free_port()
+    port = process_port()
     proc = spawn("bootstrap", "--port", str(port), "-v")
 
     def up() -> bool:

@@ -102,6 +102,10 @@ def test_eight_threads_while_transitions_happen() -> None:
     assert seen[-1][1] is State.STOPPED
     assert [new for _, new in seen].count(State.STOPPED) == 1
     assert after_stop == []
-    time.sleep(0.1)
+    # stop() returned once nothing was left to deliver: none is queued, no thread delivers, and
+    # a second stop() (which waits for delivery too) delivers nothing more.
+    assert not reg._board._pending
+    assert reg._board.deliverer is None
+    assert reg.stop(timeout=5) is True
     assert len(seen) == transitions_seen
     assert reg.status().state is State.STOPPED

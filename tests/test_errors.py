@@ -2,17 +2,16 @@ from __future__ import annotations
 
 import pytest
 import requests
-from support import free_port
+from support import Ports
 
 from registrar import root_cause
 from registrar.core.errors import describe_exception
 from registrar.core.redact import redact_text, redact_url
 
 
-def test_refused_connection_names_errno_not_urllib3_wrapper() -> None:
-    port = free_port()
+def test_refused_connection_names_errno_not_urllib3_wrapper(ports: Ports) -> None:
     with pytest.raises(requests.ConnectionError) as info:
-        requests.put(f"http://127.0.0.1:{port}/route", json={}, timeout=2)
+        requests.put(f"{ports.refusing_url()}/route", json={}, timeout=2)
     text = describe_exception(info.value)
     assert isinstance(root_cause(info.value), ConnectionRefusedError)
     assert text == "[Errno 111] Connection refused"

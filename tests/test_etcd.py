@@ -172,12 +172,19 @@ def test_overwritten_key_is_taken_back_by_the_watch(
 def test_another_live_holder_is_a_conflict_not_a_fight(
     etcd: EtcdCluster, registrars: list[Registrar]
 ) -> None:
-    reg = _registrar(registrars, etcd.url, ttl=60).start()
+    reg = _registrar(registrars, etcd.url, ttl=60)
+    checks: list[str] = []
+    reg.add_request_listener(lambda e: checks.append(e.kind) if e.kind == "check" else None)
+    reg.start()
     assert wait_until(lambda: reg.status().route == "present", 20)
     other = etcd.grant(60)
     etcd.put(KEY, '{"rank_ip": "10.9.9.9"}', lease=other)
     assert wait_until(lambda: reg.status().route == "conflict", WATCHED)
-    time.sleep(1.0)
+    # One more check (ttl / 4.5 later) that found the conflict again: the loop decided, after
+    # the first one, to wait and not to take the key back.
+    seen = len(checks)
+    assert wait_until(lambda: len(checks) >= seen + 1, 40)
+    assert reg.status().route == "conflict"
     kv = etcd.get(KEY)
     assert kv is not None
     assert kv["lease"] == other  # not taken back while its holder lives

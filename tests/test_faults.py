@@ -5,12 +5,11 @@ thread alive."""
 from __future__ import annotations
 
 import socket
-import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
-from support import free_port, sglang_payload, wait_until
+from support import Ports, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
 from registrar.devtools.bootstrap_server import BootstrapServer, Fault
@@ -37,8 +36,8 @@ def registered(reg: Registrar, attempts: int) -> None:
     assert not reg.thread_died
 
 
-def test_refused_until_the_server_listens(registrars: list) -> None:
-    server = BootstrapServer("127.0.0.1", free_port())
+def test_refused_until_the_server_listens(registrars: list, ports: Ports) -> None:
+    server = BootstrapServer(sock=ports.reserve())
     try:
         reg = start(registrars, server.url, max_attempts=None)
         assert wait_until(lambda: reg.status().attempts_total >= 3)
@@ -51,8 +50,8 @@ def test_refused_until_the_server_listens(registrars: list) -> None:
         server.close()
 
 
-def test_refused_with_stop_policy_fails_exactly(registrars: list) -> None:
-    reg = start(registrars, f"http://127.0.0.1:{free_port()}", max_attempts=3, on_failure="stop")
+def test_refused_with_stop_policy_fails_exactly(registrars: list, ports: Ports) -> None:
+    reg = start(registrars, ports.refusing_url(), max_attempts=3, on_failure="stop")
     assert reg.wait_for(State.FAILED, timeout=15)
     assert wait_until(lambda: not reg.running)
     status = reg.status()
@@ -191,7 +190,9 @@ def test_restarts_in_a_row(server: BootstrapServer, registrars: list) -> None:
 def test_restart_during_startup_backoff(server: BootstrapServer, registrars: list) -> None:
     server.fail_next(2, 503, method="PUT")
     reg = start(registrars, server.url)
-    time.sleep(0.02)
+    # The first PUT has met its 503 (a fault is spent as its request starts): the restart comes
+    # during the startup backoff.
+    assert wait_until(lambda: server.pending_faults <= 1)
     server.restart()
     assert reg.wait_for(State.REGISTERED, timeout=15)
     assert wait_until(lambda: server.registered_count == 1 and server.ready)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-import time
 
-from support import free_port, sglang_payload
+from support import Ports, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
 from registrar.devtools.bootstrap_server import BootstrapServer, Fault
@@ -13,9 +12,8 @@ from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 
 
-def test_server_starts_two_seconds_late(registrars: list[Registrar]) -> None:
-    port = free_port()
-    server = BootstrapServer("127.0.0.1", port)
+def test_server_starts_two_seconds_late(registrars: list[Registrar], ports: Ports) -> None:
+    server = BootstrapServer(sock=ports.reserve())
     reg = Registrar(
         server.url, sglang_payload(), backoff=FAST, max_attempts=None, watch_interval=None
     )
@@ -35,10 +33,11 @@ def test_server_starts_two_seconds_late(registrars: list[Registrar]) -> None:
         server.close()
 
 
-def test_refused_attempts_log_the_root_cause(registrars: list[Registrar], caplog) -> None:
-    port = free_port()
+def test_refused_attempts_log_the_root_cause(
+    registrars: list[Registrar], caplog, ports: Ports
+) -> None:
     reg = Registrar(
-        f"http://127.0.0.1:{port}",
+        ports.refusing_url(),
         sglang_payload(),
         backoff=FAST,
         max_attempts=2,
@@ -84,12 +83,14 @@ def test_stop_with_request_in_flight_returns_within_timeout(
     reg = Registrar(server.url, sglang_payload(), timeout=(1.0, 1.0), watch_interval=None)
     registrars.append(reg)
     reg.start()
-    deadline = time.monotonic() + 5
-    while reg.status().attempt < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # the PUT is now hanging in the server
+    # The server took the PUT: the fault is spent when a request starts, and it hangs there.
+    assert wait_until(lambda: server.pending_faults == 0, timeout=10)
     assert reg.stop(timeout=5) is True
     assert reg.state is State.STOPPED
-    count = len(server.records())
-    time.sleep(0.3)
-    assert len(server.records()) == count
+    # True means the thread has ended: nothing can be sent from now on. The hung PUT is
+    # recorded once the server lets it go; it is the only request there ever was.
+    assert not reg.running
+    server.stop()
+    assert wait_until(lambda: any(r.method == "PUT" for r in server.records()), timeout=10)
+    # The look before it (the server not ready yet) and the PUT: nothing else, ever.
+    assert [(r.method, r.status) for r in server.records()] == [("GET", 503), ("PUT", None)]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support import free_port, sglang_payload, wait_until
+from support import Ports, Watched, sglang_payload, wait_until
 
 from registrar import Registrar, State
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -43,26 +43,34 @@ def high_descriptors() -> Iterator[None]:
 
 @pytest.mark.timeout(60)
 def test_probing_watching_and_reusing_above_descriptor_1024(
-    high_descriptors: None, registrars: list[Registrar]
+    high_descriptors: None, registrars: list[Registrar], ports: Ports
 ) -> None:
     with socket.socket() as probe:
         assert probe.fileno() > 1024
-    port = free_port()
-    reg = Registrar(f"http://127.0.0.1:{port}", sglang_payload(), watch_interval=60.0)
+    server = BootstrapServer(sock=ports.reserve())
+    transport = Watched(server.url)
+    reg = Registrar(server.url, sglang_payload(), watch_interval=60.0, transport=transport)
     registrars.append(reg)
     reg.start()
-    time.sleep(0.5)  # refused: the registrar probes with non-blocking connects meanwhile
-    with BootstrapServer(port=port) as server:
+    # Refused: the registrar probes with non-blocking connects meanwhile.
+    assert wait_until(lambda: reg.status().attempts_total >= 1)
+    with server:
         assert reg.wait_for(State.REGISTERED, timeout=10)
         assert server.registered_count == 1
         # Idle on its kept-alive connection: only the connection's close (watched with poll)
         # can bring it back before the 60 s watch interval.
+        assert wait_until(transport.idle, timeout=10)
+        restarted = transport.mark()
         server.restart(down_for=0.3)
         assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
         assert server.registered_count == 1  # one PUT in the new lifetime
-        time.sleep(1.0)
-        assert reg.status().registrations == 2  # no false evidence, no further PUT
-        assert server.registered_count == 1
+        # Back in its 60 s idle wait after the new PUT and its check: nothing more to come.
+        assert wait_until(lambda: transport.idle(since=restarted), timeout=10)
+        assert reg.stop(timeout=5) is True
+    # One sign (the restart's close), one PUT, its check: no false evidence from poll.
+    assert transport.count("sign", since=restarted) == 1, transport.events[restarted:]
+    assert transport.count("PUT", since=restarted) == 1
+    assert reg.status().registrations == 2
     assert not reg.thread_died
 
 

@@ -67,6 +67,10 @@ class Watched:
         with self.lock:
             self.events.append(event)
 
+    def count(self, kind: str) -> int:
+        with self.lock:
+            return sum(1 for e in self.events if e.kind == kind)
+
     def longest(self) -> float:
         with self.lock:
             return max((e.duration for e in self.events), default=0.0)
@@ -212,7 +216,9 @@ def test_loss_and_delay(
         started = time.monotonic()
         assert one.reg.wait_for(State.REGISTERED, timeout=60)
         took = time.monotonic() - started
-        time.sleep(10 * INTERVAL)  # checks through the loss: some fail, none re-registers
+        # Six route checks through the loss (some fail): each was a chance to re-register.
+        done = one.count("check")
+        assert wait_until(lambda: one.count("check") >= done + 6, timeout=60)
         assert one.reg.state is State.REGISTERED
         assert one.reg.status().registrations == 1
         # A PUT whose answer was lost is retried; the server must still count us once.

@@ -15,6 +15,7 @@ import pytest
 from support import (
     FakeClock,
     ScriptedTransport,
+    Watched,
     accepted,
     fatal,
     retry,
@@ -138,10 +139,9 @@ def test_stop_racing_the_loop_never_leaves_a_schedule(registrars: list[Registrar
     listeners heard, has nothing scheduled."""
     rng = random.Random(11)
     bad: list[Status] = []
-    deadline = time.monotonic() + 20  # a bound on a loaded machine; normally ~2 s
-    rounds = 0
-    while rounds < 300 and time.monotonic() < deadline:
-        rounds += 1
+    # A fixed number of rounds (however long a loaded machine takes; ~1 s when idle), not as
+    # many as fit in a time.
+    for _ in range(100):
         transport = ScriptedTransport([retry()] * 3 + [accepted()], checks=[route(Route.MISSING)])
         reg = make(
             registrars,
@@ -176,7 +176,6 @@ def test_stop_racing_the_loop_never_leaves_a_schedule(registrars: list[Registrar
         status = reg.status()
         if status.retrying or status.next_attempt_at or status.state is not State.STOPPED:
             bad.append(status)
-    assert rounds >= 50, "too few rounds to mean anything"
     assert bad == []
 
 
@@ -196,10 +195,14 @@ def test_dead_thread_is_never_seen_without_its_reason(registrars: list[Registrar
     for _ in range(30):
         reg = make(registrars, ScriptedTransport([retry()]), clock=BrokenClock())
         done = threading.Event()
+        after: list[int] = [0]  # the reader's reads that saw the thread dead
 
-        def read(reg: Registrar = reg, done: threading.Event = done) -> None:
+        def read(
+            reg: Registrar = reg, done: threading.Event = done, after: list[int] = after
+        ) -> None:
             while not done.is_set():
                 status = reg.status()
+                after[0] += status.thread_died
                 if status.thread_died and "clock bug" not in (status.last_error or ""):
                     problems.append(f"snapshot: {status}")
                 code, body = call_app(reg, "/livez")
@@ -210,7 +213,7 @@ def test_dead_thread_is_never_seen_without_its_reason(registrars: list[Registrar
         reader.start()
         reg.start()
         assert wait_until(lambda reg=reg: reg.thread_died)
-        time.sleep(0.005)
+        assert wait_until(lambda after=after: after[0] >= 3)  # the reader raced the death
         done.set()
         reader.join(10)
         code, body = call_app(reg, "/livez")
@@ -367,22 +370,26 @@ def test_reports_are_coalesced_into_bounded_checks_and_lines(
     """A decode failing every transfer reports ~1000 times a second: the server sees at most
     one check per REPORT_CHECK_INTERVAL, the log at most one line for all of them."""
     caplog.set_level(logging.WARNING, logger="registrar")
-    reg = Registrar(server.url, sglang_payload(), watch_interval=3600)
+    transport = Watched(server.url)
+    reg = Registrar(server.url, sglang_payload(), watch_interval=3600, transport=transport)
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=10)
-    assert wait_until(lambda: reg.status().last_check_at is not None)
+    assert wait_until(transport.idle)  # registered, checked, and idle for the hour
     gets_before = sum(1 for r in server.records() if r.method == "GET")
     reports = 0
     began = time.monotonic()
     # A flood of at least 1000 reports over at least 3 s, however slowly a loaded machine
     # runs this loop (the bound below is on checks per second of flood).
     while reports < 1000 or time.monotonic() - began < 3.0:
+        last = transport.mark()
         reg.report_route_missing()
         reports += 1
         time.sleep(0.001)
     took = time.monotonic() - began
-    time.sleep(REPORT_CHECK_INTERVAL + 0.5)  # the last coalesced check, if any, has run
+    # The last report was taken: the loop is back in its hour-long wait with none pending, so
+    # the last coalesced check has run and no other is coming.
+    assert wait_until(lambda: transport.idle(since=last), timeout=10)
     gets = sum(1 for r in server.records() if r.method == "GET") - gets_before
     lines = [r for r in caplog.records if "reported missing" in r.getMessage()]
     assert 1 <= gets <= took / REPORT_CHECK_INTERVAL + 2, gets
@@ -391,10 +398,13 @@ def test_reports_are_coalesced_into_bounded_checks_and_lines(
     assert server.registered_count == 1  # verified, never re-PUT
     # A report that is true is still acted on promptly, and once.
     server.forget()
+    forgotten = transport.mark()
     for _ in range(500):
         reg.report_route_missing()
     assert wait_until(lambda: reg.status().registrations == 2, timeout=10)
-    time.sleep(0.3)
+    # Back in the hour-long wait after the PUT and its check: one PUT for 500 reports.
+    assert wait_until(lambda: transport.idle(since=forgotten), timeout=10)
+    assert transport.count("PUT", since=forgotten) == 1
     assert server.registered_count == 1
 
 

@@ -18,7 +18,7 @@ from urllib.parse import quote, quote_plus
 import pytest
 import requests
 from hostile_server import Behaviour, Conn, HostileServer, Request, answer
-from support import free_port, sglang_payload, wait_until
+from support import Ports, process_port, sglang_payload, wait_until
 
 from registrar import Backoff, ConfigError, Registrar, State
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -87,7 +87,7 @@ def _run_agent(
     (given its health port) holds: its whole output, its /metrics, and `registrar status`'s."""
     payload = tmp_path / "p.json"
     payload.write_text(json.dumps(sglang_payload(port=20009)))
-    port = free_port()
+    port = process_port()
     env = {**os.environ, "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN": token}
     command = ["register", "--url", url, "--payload", f"@{payload}", "--health-port", str(port)]
     proc = subprocess.Popen(
@@ -174,7 +174,7 @@ def test_tls_verification_on_by_default(registrars: list, tmp_path: Path) -> Non
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_a_rotated_ca_bundle_is_read_again_on_the_next_connection(
-    registrars: list, tmp_path: Path
+    registrars: list, tmp_path: Path, ports: Ports
 ) -> None:
     """The server comes back with a certificate from another CA and the bundle file was
     rotated meanwhile: the new connection verifies against the bundle as it is now (a context
@@ -185,18 +185,18 @@ def test_a_rotated_ca_bundle_is_read_again_on_the_next_connection(
     new_cert, new_key = _self_signed(tmp_path / "new")
     bundle = tmp_path / "bundle.pem"
     bundle.write_text(Path(old_cert).read_text())
-    port = free_port()
-    with BootstrapServer(port=port, certfile=old_cert, keyfile=old_key) as server:
+    with BootstrapServer(sock=ports.reserve(), certfile=old_cert, keyfile=old_key) as server:
         reg = Registrar(
             server.url, sglang_payload(), ca_bundle=str(bundle), backoff=FAST, watch_interval=0.2
         )
         registrars.append(reg)
         reg.start()
         assert reg.wait_for(State.REGISTERED, timeout=10)
+        successor = ports.reserve(port=server.port)  # the port stays held between the two
     bundle.write_text(Path(new_cert).read_text())
     stamp = bundle.stat().st_mtime + 2  # a new stamp even on a coarse-grained file system
     os.utime(bundle, (stamp, stamp))
-    with BootstrapServer(port=port, certfile=new_cert, keyfile=new_key) as server:
+    with BootstrapServer(sock=successor, certfile=new_cert, keyfile=new_key) as server:
         assert wait_until(lambda: reg.status().registrations == 2, timeout=20)
         assert server.registered_count == 1
 

@@ -173,7 +173,19 @@ def test_registrations_start_gated_on_readiness_with_the_server_s_worker(calls: 
 
 def test_the_drain_runs_at_sigterm_before_sglang_s_shutdown(calls: list[str]) -> None:
     _start(calls, gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",)), _args("decode"))
-    manager = SimpleNamespace(gracefully_exit=False)
+
+    class Manager:
+        """SGLang's TokenizerManager as the wrapper sees it: a flag it polls (counted)."""
+
+        exiting = False
+        looks = 0
+
+        @property
+        def gracefully_exit(self) -> bool:
+            self.looks += 1
+            return self.exiting
+
+    manager = Manager()
 
     async def watchdog(m: Any) -> str:
         calls.append("sglang shuts down")
@@ -181,9 +193,12 @@ def test_the_drain_runs_at_sigterm_before_sglang_s_shutdown(calls: list[str]) ->
 
     async def scenario() -> Any:
         task = asyncio.ensure_future(gateway.around_sigterm_watchdog(watchdog, manager))
-        await asyncio.sleep(0.6)
+        # The wrapper has looked at the flag three times and found no SIGTERM: by then it has
+        # had every chance to act, and must not have.
+        while manager.looks < 3 and not task.done():
+            await asyncio.sleep(0.01)
         assert calls == ["start"], "nothing happens before SIGTERM"
-        manager.gracefully_exit = True  # what SGLang's SIGTERM handler does
+        manager.exiting = True  # what SGLang's SIGTERM handler does
         return await asyncio.wait_for(task, 30)
 
     assert asyncio.run(scenario()) == "done"

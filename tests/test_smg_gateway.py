@@ -151,8 +151,11 @@ def test_offered_only_while_ready(
             gateway.url, worker, ready=f"{worker.url}/ready", grace=1.0, ready_interval=0.2
         ).start()
         assert wait_until(lambda: (reg.status().last_error or "").startswith("not offered"), 10)
-        time.sleep(1.0)
+        # Three more looks at /ready that found it not ready: each was a chance to offer it.
+        looked = worker.requests.get("/ready", 0)
+        assert wait_until(lambda: worker.requests.get("/ready", 0) >= looked + 3, 10)
         assert gateway.workers() == []  # nothing was offered
+        assert reg.status().attempt == 0  # nor is an offer under way (set as one starts)
         assert reg.status().attempts_total == 0
         worker.ready = True
         assert reg.wait_for(State.REGISTERED, 30)

@@ -2,12 +2,12 @@
 on 127.0.0.1 (never production).
 
 `Gateway` runs `smg launch --pd-disaggregation` (the binary of the `smg` wheel; see
-scripts/smg-venv.sh) on ephemeral ports and ends it by its PID (SIGKILL for a crash). smg cannot
-report the port it bound, so a port is picked by binding port 0 and handed to it; a first
-launch that loses that race is retried on a new port, a restart keeps its port. `StandInWorker`
-answers what the gateway probes before it lists a worker (`/health`, `/server_info`,
-`/model_info`, `/v1/models`, `/version`, `/loads`, `/metrics`) and SGLang's `/ready`, and for a
-prefill listens on its bootstrap port.
+scripts/smg-venv.sh) and ends it by its PID (SIGKILL for a crash). smg cannot report the port it
+bound, so a port is picked (by default by binding port 0, see `ephemeral_port`) and handed to it;
+a first launch that loses that race is retried on a new port, a restart keeps its port.
+`StandInWorker` answers what the gateway probes before it lists a worker (`/health`,
+`/server_info`, `/model_info`, `/v1/models`, `/version`, `/loads`, `/metrics`) and SGLang's
+`/ready`, and for a prefill listens on its bootstrap port.
 """
 
 from __future__ import annotations
@@ -20,19 +20,22 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import requests
 
-__all__ = ["LOOPBACK", "Gateway", "StandInWorker", "free_port", "workers"]
+__all__ = ["LOOPBACK", "Gateway", "StandInWorker", "ephemeral_port", "workers"]
 
 LOOPBACK = "127.0.0.1"
 
 
-def free_port() -> int:
+def ephemeral_port() -> int:
+    """A port nothing listens on right now (bind port 0, then close): another process may take
+    it before smg binds it, which the retried first launch covers. A caller that can keep ports
+    from others (a test suite under xdist) passes its own `ports`."""
     with socket.socket() as sock:
         sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
@@ -50,15 +53,18 @@ class Gateway:
         keys: tuple[str, ...] = (),
         port: int = 0,
         health_interval: int | None = 1,
+        ports: Callable[[], int] = ephemeral_port,
     ) -> None:
         self.binary = binary
+        self.ports = ports
+        """Where the gateway's ports come from (the control plane's and Prometheus's)."""
         self.poll = 0.05
         """Seconds between looks while waiting for the control plane to answer."""
         self.health_interval = health_interval
         """Seconds between the gateway's health checks of each worker (None: its default)."""
         self.log_dir = log_dir
         self.keys = keys
-        self.port = port or free_port()
+        self.port = port or ports()
         self.proc: subprocess.Popen[bytes] | None = None
         self.launches = 0
 
@@ -80,7 +86,7 @@ class Gateway:
                 return self
             self.kill()
             if first:
-                self.port = free_port()
+                self.port = self.ports()
         raise RuntimeError(f"smg did not start on {self.url}; see {self._log_path()}")
 
     def _log_path(self) -> Path:
@@ -99,7 +105,7 @@ class Gateway:
             "--prometheus-host",
             LOOPBACK,
             "--prometheus-port",
-            str(free_port()),
+            str(self.ports()),
             "--log-level",
             "warn",
         ]

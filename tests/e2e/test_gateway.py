@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 import requests
-from e2e_support.deploy import Deployment, Process, free_port, server_env, wait_http
+from e2e_support.deploy import Deployment, Process, server_env, wait_http
 from e2e_support.scenarios import run
 from e2e_support.stack import SERVE_TIMEOUT, Probe, Record
+from support import process_port
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -82,6 +83,25 @@ def _shown(router: str, servers: tuple[Process, ...], timeout: float = 60.0) -> 
         time.sleep(0.5)
 
 
+def _checked(servers: tuple[Process, ...], times: int = 2, timeout: float = 60.0) -> None:
+    """Wait until each server's gateway registration has checked the router `times` more times
+    (`last_check_at` in /server_info moved on that often): each check was a chance to add the
+    worker again. The point to look for duplicates at, instead of a sleep."""
+    seen: dict[str, list[Any]] = {s.url: [] for s in servers}
+    deadline = time.monotonic() + timeout
+    while True:
+        for s in servers:
+            info = requests.get(f"{s.url}/server_info", timeout=30).json()
+            at = (info.get("registrar_gateway") or [{}])[0].get("last_check_at")
+            if not seen[s.url] or at != seen[s.url][-1]:
+                seen[s.url].append(at)
+        if all(len(ats) > times for ats in seen.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the registrations did not check {times} times: {seen}")
+        time.sleep(0.5)
+
+
 def _drain(router: str, server: Process, record: Record) -> None:
     """SIGTERM to the server's main process: the router stops listing it while it serves."""
     sent = time.monotonic()
@@ -104,7 +124,7 @@ def _drain(router: str, server: Process, record: Record) -> None:
 
 
 def gateway_restart(deploy: Deployment, record: Record) -> None:
-    router_port = free_port()
+    router_port = process_port()
     router = deploy.router(router_port)
     wait_http(router, "/workers", 60)
     env = server_env(
@@ -112,8 +132,8 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
         REGISTRAR_GATEWAY=router.url,
         REGISTRAR_DRAIN_TIMEOUT=str(DRAIN_TIMEOUT),
     )
-    prefill = deploy.prefill(free_port(), free_port(), env)
-    decode = deploy.decode(free_port(), env)
+    prefill = deploy.prefill(process_port(), process_port(), env)
+    decode = deploy.decode(process_port(), env)
     urls = {prefill.url, decode.url}
     for server in (prefill, decode):
         wait_http(server, "/health", SERVE_TIMEOUT)
@@ -135,7 +155,7 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
         first = probe.wait_ok(LISTED_BOUND, after=since)
         assert first is not None, f"not served after the restart: {probe.samples[-3:]}"
         record.figures["router_listening_to_served_s"] = round(first.done - since, 2)
-        time.sleep(12)  # a few watch intervals: nothing is added twice
+        _checked((prefill, decode))  # checks after the relisting: nothing is added twice
         assert sorted(_no_duplicates(router.url)) == sorted(urls)
         _shown(router.url, (prefill, decode))
     record.samples = [

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 from sglang_support.harness import Server
-from support import free_port, sglang_payload
+from support import process_port, sglang_payload
 
 from registrar.devtools.bootstrap_server import BootstrapServer
 
@@ -137,7 +137,7 @@ def run(base: str, script: list[Step]) -> list[tuple[int, str, str]]:
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_the_reference_server_answers_as_sglang_does(name: str) -> None:
     script = SCRIPTS[name]
-    real = Server(free_port()).start()
+    real = Server(process_port()).start()
     try:
         expected = run(f"http://127.0.0.1:{real.port}", script)
     finally:

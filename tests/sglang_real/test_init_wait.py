@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 from sglang_support.harness import wait_for
-from support import free_port
+from support import process_port
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_init_waits_for_the_first_registration_when_asked(spawn_rank, bootstrap) -> None:
-    port = free_port()
+    port = process_port()
     server = bootstrap(port).start()
     rank = spawn_rank(port, REGISTRAR_INIT_WAIT="60")
     rank.event("init")
@@ -20,7 +20,7 @@ def test_init_waits_for_the_first_registration_when_asked(spawn_rank, bootstrap)
 
 
 def test_the_wait_is_bounded_and_registration_goes_on(spawn_rank, bootstrap) -> None:
-    port = free_port()
+    port = process_port()
     rank = spawn_rank(port, REGISTRAR_INIT_WAIT="1")
     init = rank.event("init")
     assert init["seconds"] >= 1.0

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from sglang_support.harness import HERE, child_env, import_quietly, wait_for
-from support import free_port
+from support import process_port
 
 from registrar import __version__
 from registrar.devtools.bootstrap_server import BootstrapServer
@@ -24,6 +24,22 @@ pytestmark = pytest.mark.timeout(300)
 
 # The upstream loop blocks init at least this long with the server down (test_upstream.py).
 UPSTREAM_LEAST_BLOCKING = 0.75 * (1 + 2 + 4 + 8)
+
+
+def checked(rank: Any, times: int = 2, timeout: float = 30.0) -> bool:
+    """Wait until each of the rank's registrars has made `times` more route checks (its
+    `last_check_at` moved on that often, or more between two looks): each found the route in
+    place, or it would have sent a PUT. The point to count PUTs at, instead of a sleep."""
+    first = {json.dumps(row["rank"]): [row.get("last_check_at")] for row in rank.status()}
+
+    def moved() -> bool:
+        for row in rank.status():
+            seen = first.setdefault(json.dumps(row["rank"]), [None])
+            if row.get("last_check_at") != seen[-1]:
+                seen.append(row.get("last_check_at"))
+        return all(len(seen) > times for seen in first.values())
+
+    return wait_for(moved, timeout=timeout)
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -143,7 +159,7 @@ def test_a_patch_whose_module_cannot_import_names_the_import_error() -> None:
 
 
 def test_a_bad_variable_stops_the_rank_with_one_line_naming_it(spawn_rank) -> None:
-    rank = spawn_rank(free_port(), REGISTRAR_MAX_ATTEMPTS="many")
+    rank = spawn_rank(process_port(), REGISTRAR_MAX_ATTEMPTS="many")
     assert rank.proc.wait(120) != 0
     text = rank.log.read_text()
     assert text.count("REGISTRAR_MAX_ATTEMPTS='many'") == 1, text  # printed once, not twice
@@ -151,7 +167,7 @@ def test_a_bad_variable_stops_the_rank_with_one_line_naming_it(spawn_rank) -> No
 
 
 def test_a_variable_the_plugin_cannot_honour_stops_the_rank_in_one_line(spawn_rank) -> None:
-    rank = spawn_rank(free_port(), REGISTRAR_HEALTH_PORT="8081")
+    rank = spawn_rank(process_port(), REGISTRAR_HEALTH_PORT="8081")
     assert rank.proc.wait(120) != 0
     text = rank.log.read_text()
     [line] = [line for line in text.splitlines() if "REGISTRAR_HEALTH_PORT" in line]
@@ -179,7 +195,7 @@ def test_the_token_file_and_verbose_work_inside_sglang(spawn_rank, tmp_path) -> 
 
 
 def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank, bootstrap) -> None:
-    port = free_port()
+    port = process_port()
     rank = spawn_rank(port)
     init = rank.event("init")
     assert init["seconds"] < UPSTREAM_LEAST_BLOCKING / 2, init  # no blocking retry loop
@@ -190,7 +206,7 @@ def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank,
     server.start()
     assert wait_for(lambda: server.count >= 1)
     assert server.rows() == {(0, 0, 0, 0)}
-    time.sleep(2)  # four watch intervals: no second PUT
+    assert checked(rank)  # two checks after the PUT found it: no second PUT
     assert server.count == 1
     [row] = rank.status()
     assert (row["state"], row["registrations"]) == ("registered", 1)
@@ -199,7 +215,8 @@ def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank,
     server.close()
     server = bootstrap(port).start()
     assert wait_for(lambda: server.count >= 1)
-    time.sleep(2)
+    assert wait_for(lambda: rank.status()[0]["registrations"] == 2)
+    assert checked(rank)
     assert server.count == 1
     assert server.rows() == {(0, 0, 0, 0)}
     [row] = rank.status()
@@ -210,7 +227,7 @@ def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank,
 def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
     spawn_rank, bootstrap, ranks: int
 ) -> None:
-    port = free_port()
+    port = process_port()
     procs = [spawn_rank(port, rank=r, tp_size=ranks) for r in range(ranks)]
     for proc in procs:
         assert proc.event("init", timeout=240)["seconds"] < UPSTREAM_LEAST_BLOCKING / 2
@@ -218,7 +235,9 @@ def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
     for lifetime in range(2):  # a late start, then a restart on the same port
         server = bootstrap(port).start()
         assert wait_for(lambda s=server: s.rows() == everyone, timeout=60), server.rows()
-        time.sleep(2.5)  # five watch intervals
+        for proc in procs:
+            assert wait_for(lambda p=proc, n=lifetime + 1: p.status()[0]["registrations"] == n)
+            assert checked(proc)  # two checks after its PUT: no second PUT
         assert server.count == ranks, f"lifetime {lifetime}: {server.count} PUTs for {ranks}"
         server.close()
     for proc in procs:
@@ -227,7 +246,7 @@ def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
 
 
 def test_a_role_switch_stops_the_ranks_registrars(spawn_rank, bootstrap) -> None:
-    port = free_port()
+    port = process_port()
     server = bootstrap(port).start()
     rank = spawn_rank(port)
     rank.event("init")
@@ -257,7 +276,7 @@ def test_ready_is_false_until_the_table_is_complete(spawn_rank, bootstrap, monke
     manager.is_pause = False
     manager.gracefully_exit = False
     manager.server_status = tokenizer.ServerStatus.Up
-    port = free_port()
+    port = process_port()
     manager.bootstrap_server = bootstrap(port).start().instance
     assert manager.is_ready() is False  # nothing registered
     first = spawn_rank(port, rank=0, tp_size=2)
@@ -289,7 +308,7 @@ def test_on_failure_exit_fails_the_rank_as_a_failing_scheduler_does(tmp_path, mo
                 "-m",
                 "sglang_support.parent",
                 "--bootstrap-port",
-                str(free_port()),
+                str(process_port()),
                 "--model",
                 str(model_dir),
             ],

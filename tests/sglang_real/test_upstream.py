@@ -8,7 +8,7 @@ import time
 
 import pytest
 from sglang_support.harness import wait_for
-from support import free_port
+from support import process_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -17,7 +17,7 @@ UPSTREAM_LEAST_BLOCKING = 0.75 * (1 + 2 + 4 + 8)
 
 
 def test_upstream_loop_blocks_init_then_gives_up_for_good(spawn_rank, bootstrap) -> None:
-    port = free_port()
+    port = process_port()
     ranks = [spawn_rank(port, rank=r, tp_size=2, plugin=False) for r in range(2)]
     for rank in ranks:
         init = rank.event("init")

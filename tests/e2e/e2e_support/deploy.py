@@ -1,7 +1,8 @@
 """The servers of a prefill/decode deployment, as a user launches them: SGLang's own
 `launch_server` for the prefill, the decode and a single reference server, and the `smg` router
-in front, all on 127.0.0.1 on ports free at run time. Every process is started in a session of
-its own and stopped by its process group (SGLang's children are in it).
+in front, all on 127.0.0.1 on ports from the test worker's own block (`support.process_port`).
+Every process is started in a session of its own and stopped by its process group (SGLang's
+children are in it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from support import process_port
 
 __all__ = [
     "CPU_FLAGS",
     "Deployment",
     "Process",
-    "free_port",
     "server_env",
 ]
 
@@ -54,14 +54,6 @@ TIMEOUTS = {
     # the prefill's cached addresses, stock SGLang's only way out of scenario 3.
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
 }
-
-
-def free_port() -> int:
-    """A port nothing listens on right now, on the loopback address."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def server_env(*, plugin: bool, control_dir: Path | None = None, **extra: str) -> dict[str, str]:
@@ -205,7 +197,7 @@ class Deployment:
             # the router looks at its workers every 2 s instead of every 30 s / 60 s.
             "--disable-retries", "--disable-circuit-breaker",
             "--worker-startup-check-interval", "1", "--health-check-interval-secs", "2",
-            "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
+            "--prometheus-host", HOST, "--prometheus-port", str(process_port()),
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REGISTRAR_", "E2E_"))}
         return self._launch("router", cmd, env, f"http://{HOST}:{port}")

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from support import process_port
 
 from .deploy import (
     Deployment,
     Process,
     control,
-    free_port,
     read_control,
     server_env,
     wait_http,
@@ -126,10 +126,10 @@ class Stack:
         self.registrar = registrar
         self.logs = logs
         self.deploy = Deployment(model, logs)
-        self.prefill_port = free_port()
-        self.bootstrap_port = free_port()
-        self.decode_port = free_port()
-        self.router_port = free_port()
+        self.prefill_port = process_port()
+        self.bootstrap_port = process_port()
+        self.decode_port = process_port()
+        self.router_port = process_port()
         self.prefill: Process | None = None
         self.decode: Process | None = None
         self.router: Process | None = None
@@ -145,7 +145,7 @@ class Stack:
         """Decode and prefill (its bootstrap server held if `hold`) at once, and a single
         reference server beside them if asked; then the router once they answer."""
         if single:
-            self.single = self.deploy.single(free_port(), server_env(plugin=False))
+            self.single = self.deploy.single(process_port(), server_env(plugin=False))
         decode_dir = self.logs / "control-decode"
         decode_dir.mkdir()
         env = server_env(plugin=self.registrar, control_dir=decode_dir)

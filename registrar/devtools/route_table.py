@@ -1,0 +1,202 @@
+"""SGLang's bootstrap route table, as the reference server keeps it.
+
+What `CommonKVBootstrapServer` remembers (first writer wins for the topology, last writer for a
+rank) and how its `/route` PUT and GET handlers change and read it, step for step: the same
+reads, checks and order, so the same payload fails the same way (an exception escapes as on
+the real server, which answers it with a bare 500). The HTTP side, the faults and the server's
+lifetimes are `bootstrap_server`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = ["CRASH", "PutRequest", "RouteTable", "parse_get", "parse_put"]
+
+_RANK_QUERY = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
+_REQUIRED = (
+    "attn_tp_size",
+    "attn_tp_rank",
+    "attn_cp_size",
+    "attn_cp_rank",
+    "attn_dp_size",
+    "attn_dp_rank",
+    "pp_size",
+    "pp_rank",
+    "system_dp_size",
+    "system_dp_rank",
+    "rank_ip",
+    "rank_port",
+    "page_size",
+    "kv_cache_dtype",
+)
+
+CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
+"""aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
+
+
+@dataclass(frozen=True)
+class PutRequest:
+    """A PUT body read as the real handler reads it before it touches the table."""
+
+    data: dict[str, Any]
+    fields: dict[str, Any]
+    rank_port: int
+
+
+def parse_put(body: bytes) -> PutRequest:
+    """The reads before the table changes; raises as the real handler does on a bad body (a
+    null page_size fails here, before the table changes)."""
+    data = json.loads(body)
+    fields = {name: data[name] for name in _REQUIRED}
+    rank_port = int(fields["rank_port"])
+    int(fields["page_size"])
+    return PutRequest(data, fields, rank_port)
+
+
+def parse_get(path: str) -> tuple[str, str, str, str] | None:
+    """The four rank values of a GET (the first of a repeated parameter), or None when one is
+    missing or empty (the real server's 400)."""
+    query = parse_qs(urlsplit(path).query)
+    values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
+    if not all(values):
+        return None
+    dp, cp, tp, pp = values
+    return dp, cp, tp, pp
+
+
+@dataclass
+class RouteTable:
+    """The server's memory, kept field for field as SGLang's `CommonKVBootstrapServer` keeps it,
+    lost on every restart. Values are stored as the payload gave them, so a wrongly typed one
+    fails later exactly where it fails on the real server. Not thread-safe: the server holds
+    its lock around every call."""
+
+    attn_tp_size: Any = None
+    attn_cp_size: Any = None
+    dp_size: Any = None
+    pp_size: Any = None
+    page_size: Any = None
+    kv_cache_dtype: Any = None
+    kv_layout: Any = None
+    dsv41_spec_layout: Any = None
+    follow_bootstrap_room: bool | None = None
+    enable_dsa_cache_layer_split: bool | None = None
+    enable_kv_cache_sharding: bool | None = None
+    prefill_http_port: int | None = None
+    decode_allocation_policy: Any = "early"
+    ranks: dict[tuple[Any, Any, Any, Any], dict[str, Any]] = field(default_factory=dict)
+    count: int = 0
+
+    def ready(self) -> bool:
+        """The real `_is_ready`: raises TypeError, as it does, on wrongly typed sizes."""
+        sizes = (self.attn_tp_size, self.attn_cp_size, self.pp_size, self.dp_size)
+        if any(size is None for size in sizes):
+            return False
+        return bool(self.count >= self.expected())
+
+    def expected(self) -> Any:
+        return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
+
+    def put(self, request: PutRequest) -> tuple[int, str]:
+        """SGLang's `_handle_route_put` after its reads: the status and text it answers."""
+        data, fields = request.data, request.fields
+        dsv41_spec_layout = data.get("dsv41_spec_layout")
+        if self.count and self.dsv41_spec_layout != dsv41_spec_layout:
+            return 400, "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+        policy = data.get("decode_allocation_policy", "early")
+        if self.count and self.decode_allocation_policy != policy:
+            return 400, "Inconsistent prefill allocation policies"
+        self.dsv41_spec_layout = dsv41_spec_layout
+        self.decode_allocation_policy = policy
+        single = fields["system_dp_size"] == 1
+        self._first_writer_wins(data, fields, single)
+        dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
+        key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
+        self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": request.rank_port}
+        self.count += 1
+        self.expected()  # computed for a log line after the count: a bad size fails here
+        return 200, "OK"
+
+    def get(self, dp: str, cp: str, tp: str, pp: str) -> tuple[int, str, str]:
+        """SGLang's `_handle_route_get` after its reads (int() only where the real one calls
+        it): status, text and content type."""
+        not_ready = f"Prefill server not fully registered yet ({self.count} workers registered)."
+        if int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1:
+            if not self.ready():
+                return 503, not_ready, "text/plain"
+            return 200, json.dumps(self.info()), "application/json"
+        if not self.ready():
+            return 503, not_ready, "text/plain"
+        # Keys are the payload's values; the real nested lookup by int finds the same ones.
+        found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
+        if found is None:
+            text = (
+                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} "
+                f"pp_rank={pp}"
+            )
+            return 404, text, "text/plain"
+        return 200, json.dumps(found), "application/json"
+
+    def info(self) -> dict[str, Any]:
+        """The answer to the all-`-1` query: `PrefillServerInfo` as the real server sends it."""
+        info: dict[str, Any] = {
+            "attn_tp_size": int(self.attn_tp_size),
+            "attn_cp_size": int(self.attn_cp_size),
+            "dp_size": int(self.dp_size),
+            "pp_size": int(self.pp_size),
+            "page_size": int(self.page_size) if self.page_size is not None else None,
+            "kv_cache_dtype": str(self.kv_cache_dtype) if self.kv_cache_dtype is not None else None,
+            "follow_bootstrap_room": bool(
+                self.follow_bootstrap_room if self.follow_bootstrap_room is not None else True
+            ),
+            "enable_dsa_cache_layer_split": bool(self.enable_dsa_cache_layer_split),
+            "dsv41_spec_layout": self.dsv41_spec_layout,
+            "kv_layout": self.kv_layout,
+            "decode_allocation_policy": self.decode_allocation_policy,
+            "enable_kv_cache_sharding": bool(self.enable_kv_cache_sharding),
+            "prefill_http_port": self.prefill_http_port,
+            "target_tp_rank": None,
+            "target_tp_ranks": None,
+            "target_cp_ranks": None,
+            "target_pp_ranks": None,
+            "required_dst_info_num": None,
+            "required_prefill_response_num": None,
+        }
+        for optional in ("dsv41_spec_layout", "kv_layout"):
+            if info[optional] is None:
+                del info[optional]
+        return info
+
+    def _first_writer_wins(
+        self, data: dict[str, Any], fields: dict[str, Any], single: bool
+    ) -> None:
+        """The topology's fields are set by the first registration that carries them, in
+        SGLang's order of assignments (so that a bad value fails at the same point)."""
+        port = data.get("prefill_http_port")
+        policy = data.get("load_balance_method", "follow_bootstrap_room")
+        firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("attn_tp_size", lambda: fields["attn_tp_size"]),
+            ("attn_cp_size", lambda: fields["attn_cp_size"]),
+            ("dp_size", lambda: fields["attn_dp_size"] if single else fields["system_dp_size"]),
+            ("pp_size", lambda: fields["pp_size"]),
+            ("page_size", lambda: int(fields["page_size"])),
+            ("kv_cache_dtype", lambda: fields["kv_cache_dtype"]),
+            ("kv_layout", lambda: data.get("kv_layout")),
+            ("prefill_http_port", lambda: None if port is None else int(port)),
+            ("follow_bootstrap_room", lambda: policy == "follow_bootstrap_room"),
+            (
+                "enable_dsa_cache_layer_split",
+                lambda: bool(data.get("enable_dsa_cache_layer_split")),
+            ),
+            ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
+        )
+        for name, value in firsts:
+            if getattr(self, name) is None:
+                chosen = value()
+                if chosen is not None:
+                    setattr(self, name, chosen)

@@ -1,0 +1,225 @@
+"""Every module in registrar/ has tests one can find from its name (docs/testing.md, "Finding
+a module's tests"): `tests/test_<name>.py` or `tests/test_<name>_*.py` (for a module in a
+sub-package, `tests/test_<package>_<name>*.py` too), or else an entry in `TESTED_IN` below that
+names the test files and says why they are where they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import registrar
+
+PACKAGE = Path(registrar.__file__).parent
+TESTS = Path(__file__).parent
+
+TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
+    "registrar.__main__": (
+        ("test_cli.py",),
+        "`python -m registrar` is the CLI; every CLI test runs it",
+    ),
+    "registrar._version": (("test_project.py",), "the version the package metadata reports"),
+    "registrar.assembly": (
+        (
+            "test_etcd_unit.py",
+            "test_sglang_gateway_plugin.py",
+        ),
+        "the ready-made registrars: etcd's, and the gateway part of the plugin",
+    ),
+    "registrar.core": (("test_layout.py",), "the core package: what it may import"),
+    "registrar.core.actions": (
+        ("test_decide_explorer.py",),
+        "the actions the decision function returns",
+    ),
+    "registrar.core.aio": (("test_asyncio.py",), "the asyncio front"),
+    "registrar.core.board": (
+        (
+            "test_concurrency.py",
+            "test_registrar_unit.py",
+        ),
+        "listeners and snapshots, under many threads and in order",
+    ),
+    "registrar.core.clock": (
+        ("test_registrar_unit.py",),
+        "the loop on a fake clock (support.FakeClock)",
+    ),
+    "registrar.core.failure": (
+        (
+            "test_budget.py",
+            "test_promises.py",
+        ),
+        "the on_failure policies and the startup budget",
+    ),
+    "registrar.core.loopstate": (
+        ("test_decide_explorer.py",),
+        "the loop state the decision function explores",
+    ),
+    "registrar.core.notes": (("test_logging.py",), "the log lines the decision function asks for"),
+    "registrar.core.outcome": (
+        (
+            "test_hostile_answers.py",
+            "test_untrusted_text.py",
+        ),
+        "outcomes built from hostile answers",
+    ),
+    "registrar.core.redact": (
+        (
+            "test_errors.py",
+            "test_security.py",
+        ),
+        "secrets kept out of every text",
+    ),
+    "registrar.core.registry": (
+        ("test_layout.py",),
+        "protocols found by name through entry points",
+    ),
+    "registrar.core.runner": (
+        (
+            "test_registrar_unit.py",
+            "test_promises.py",
+            "test_fast_recovery.py",
+        ),
+        "the runner performs the decisions: what the loop does, end to end",
+    ),
+    "registrar.core.status": (
+        (
+            "test_health.py",
+            "test_health_conventions.py",
+        ),
+        "the snapshot, as the health endpoints show it",
+    ),
+    "registrar.core.transport": (
+        ("test_layout.py",),
+        "the transport protocols a third party implements",
+    ),
+    "registrar.core.validate": (("test_construction.py",), "bad input refused at construction"),
+    "registrar.core.waker": (
+        (
+            "test_layout.py",
+            "test_many_descriptors.py",
+        ),
+        "the selectable waker a transport waits on",
+    ),
+    "registrar.devtools": (("test_layout.py",), "imported only by the commands that need it"),
+    "registrar.devtools.bootstrap_http": (
+        (
+            "test_bootstrap_server.py",
+            "test_reference_fidelity.py",
+        ),
+        "the reference server's sockets and writes",
+    ),
+    "registrar.devtools.demo": (("test_cli.py",), "`registrar demo`"),
+    "registrar.devtools.envdoc": (
+        ("test_configuration_doc.py",),
+        "the generated configuration page",
+    ),
+    "registrar.devtools.gateway": (("test_smg_gateway.py",), "the smg gateway the smg tests run"),
+    "registrar.devtools.route_table": (
+        ("test_reference_fidelity.py",),
+        "SGLang's route table, checked against SGLang's server (and in "
+        "tests/sglang_real/test_differential.py)",
+    ),
+    "registrar.integrations": (
+        ("test_sglang_plugin.py",),
+        "the integrations package: the SGLang plugin",
+    ),
+    "registrar.integrations.sglang.settings": (
+        (
+            "test_sglang_plugin.py",
+            "test_sglang_gateway_plugin.py",
+        ),
+        "the plugin's variables",
+    ),
+    "registrar.protocols": (
+        (
+            "test_layout.py",
+            "test_construction.py",
+        ),
+        "the built-in protocols' factories",
+    ),
+    "registrar.protocols.http": (
+        (
+            "test_deadline.py",
+            "test_hostile_answers.py",
+            "test_token_provider.py",
+            "test_fast_recovery.py",
+            "test_security.py",
+        ),
+        "HTTP: deadlines, hostile servers, tokens, the idle connection, TLS",
+    ),
+    "registrar.surfaces": (("test_layout.py",), "the surfaces package: what it may import"),
+    "registrar.surfaces.env": (
+        (
+            "test_cli_config.py",
+            "test_configuration_doc.py",
+        ),
+        "options from the environment",
+    ),
+    "registrar.surfaces.httpserver": (
+        ("test_health_server.py",),
+        "the server under the health endpoints",
+    ),
+    "registrar.surfaces.metrics": (
+        (
+            "test_health_conventions.py",
+            "test_health.py",
+        ),
+        "/metrics, beside the health endpoints",
+    ),
+    "registrar.surfaces.verbose": (
+        ("test_cli_config.py",),
+        "`registrar register -v`'s request lines",
+    ),
+}
+
+
+def modules() -> list[str]:
+    """Every module of the package, dotted (a package by its own name)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found.append(".".join(parts))
+    return found
+
+
+def named_for(module: str) -> list[str]:
+    """The test files the naming rule finds for `module`."""
+    parts = module.split(".")
+    prefixes = [f"test_{parts[-1]}"]
+    if len(parts) > 2:
+        prefixes.append(f"test_{parts[-2]}_{parts[-1]}")
+    return sorted(
+        path.name
+        for path in TESTS.glob("test_*.py")
+        if any(path.stem == p or path.stem.startswith(f"{p}_") for p in prefixes)
+    )
+
+
+def test_every_module_has_tests_one_can_find() -> None:
+    missing = [m for m in modules() if not named_for(m) and m not in TESTED_IN]
+    hints = "\n".join(
+        f'    "{m}": (("test_<file>.py",), "<why its tests are there>"),' for m in missing
+    )
+    assert not missing, (
+        "modules whose tests cannot be found by name: add tests/test_<name>.py (or "
+        "test_<name>_<topic>.py), or a line to TESTED_IN in tests/test_test_layout.py:\n" + hints
+    )
+
+
+def test_the_table_names_modules_and_test_files_that_exist() -> None:
+    known = set(modules())
+    stale = [m for m in TESTED_IN if m not in known]
+    assert not stale, f"TESTED_IN names modules that no longer exist: {stale}"
+    absent = [
+        (m, f) for m, (files, _) in TESTED_IN.items() for f in files if not (TESTS / f).is_file()
+    ]
+    assert not absent, f"TESTED_IN names test files that do not exist: {absent}"
+    reasons = [m for m, (_, why) in TESTED_IN.items() if not why.strip()]
+    assert not reasons, f"TESTED_IN entries without a reason: {reasons}"
+
+
+def test_the_table_lists_only_what_the_names_cannot_find() -> None:
+    """An entry for a module the naming rule already finds says twice where its tests are."""
+    doubled = [m for m in TESTED_IN if named_for(m)]
+    assert not doubled, f"found by name already; remove from TESTED_IN: {doubled}"
