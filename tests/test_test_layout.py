@@ -169,6 +169,110 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_cli_config.py",),
         "`registrar register -v`'s request lines",
     ),
+    "registrar.core.settings": (
+        ("test_rules.py",),
+        "the settings values, each made through the rules it applies",
+    ),
+    "registrar.protocols.etcd_settings": (
+        ("test_rules.py", "test_options.py"),
+        "the etcd settings value beside the loop's and HTTP's",
+    ),
+    "registrar.protocols.smg_settings": (
+        ("test_rules.py",),
+        "the gateway settings value beside the loop's and HTTP's",
+    ),
+    "registrar.protocols.etcd.answer": (
+        ("test_etcd_unit.py",),
+        "one part of the etcd protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.etcd.client": (
+        ("test_etcd_unit.py", "test_etcd.py"),
+        "one part of the etcd protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.etcd.stream": (
+        ("test_etcd_unit.py", "test_etcd.py"),
+        "one part of the etcd protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.etcd.transport": (
+        ("test_etcd_unit.py", "test_etcd.py"),
+        "one part of the etcd protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.etcd.verdicts": (
+        ("test_etcd_unit.py",),
+        "one part of the etcd protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.etcd.watch": (
+        ("test_etcd_unit.py", "test_etcd.py"),
+        "one part of the etcd protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.httpconn": (
+        ("test_hostile.py", "test_hostile_answers.py", "test_security.py"),
+        "urllib3 under the HTTP transport: hostile answers, TLS",
+    ),
+    "registrar.protocols.httpvalues": (
+        ("test_hostile_answers.py", "test_token_provider.py"),
+        "the HTTP transport's values: Retry-After, results, tokens",
+    ),
+    "registrar.protocols.idle": (
+        ("test_fast_recovery.py", "test_many_descriptors.py"),
+        "the idle-connection watch and the connect probe",
+    ),
+    "registrar.protocols.smg.answers": (
+        ("test_smg_unit.py",),
+        "one part of the smg protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.smg.gate": (
+        ("test_smg_unit.py", "test_smg_gateway.py"),
+        "one part of the smg protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.smg.spec": (
+        ("test_smg_unit.py",),
+        "one part of the smg protocol; its tests are the protocol's",
+    ),
+    "registrar.protocols.smg.transport": (
+        ("test_smg_unit.py", "test_smg_gateway.py"),
+        "one part of the smg protocol; its tests are the protocol's",
+    ),
+    "registrar.surfaces.cli.common": (
+        ("test_cli.py",),
+        "one part of the `registrar` command; its tests run the command",
+    ),
+    "registrar.surfaces.cli.dev": (
+        ("test_cli.py",),
+        "one part of the `registrar` command; its tests run the command",
+    ),
+    "registrar.surfaces.cli.parser": (
+        ("test_cli_config.py", "test_options.py"),
+        "the flags come from the options table",
+    ),
+    "registrar.surfaces.cli.register": (
+        ("test_cli.py", "test_cli_config.py"),
+        "one part of the `registrar` command; its tests run the command",
+    ),
+    "registrar.surfaces.cli.status": (
+        ("test_cli.py",),
+        "one part of the `registrar` command; its tests run the command",
+    ),
+    "registrar.surfaces.health.answer": (
+        ("test_health_server.py",),
+        "one part of the health endpoint; its tests are the endpoint's",
+    ),
+    "registrar.surfaces.health.apps": (
+        ("test_health_server.py", "test_health.py"),
+        "one part of the health endpoint; its tests are the endpoint's",
+    ),
+    "registrar.surfaces.health.checks": (
+        ("test_health.py",),
+        "one part of the health endpoint; its tests are the endpoint's",
+    ),
+    "registrar.surfaces.health.document": (
+        ("test_health.py", "test_health_conventions.py"),
+        "one part of the health endpoint; its tests are the endpoint's",
+    ),
+    "registrar.surfaces.parsers": (
+        ("test_options.py", "test_cli_config.py"),
+        "text to typed values for the options table",
+    ),
 }
 
 

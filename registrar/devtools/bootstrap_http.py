@@ -10,6 +10,7 @@ import logging
 import socket
 import ssl
 import struct
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -127,11 +128,10 @@ def send(
     status: int,
     text: str,
     content_type: str = "text/plain",
-    *,
-    headers: dict[str, str] | None = None,
-    close: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> None:
-    """One whole answer (a client that has gone away is not an error)."""
+    """One whole answer (a client that has gone away is not an error); a `Connection: close`
+    header closes the connection after it."""
     data = text.encode()
     try:
         h.send_response(status)
@@ -139,8 +139,7 @@ def send(
         h.send_header("Content-Length", str(len(data)))
         for key, value in (headers or {}).items():
             h.send_header(key, value)
-        if close:
-            h.send_header("Connection", "close")
+        if (headers or {}).get("Connection") == "close":
             h.close_connection = True
         h.end_headers()
         h.wfile.write(data)

@@ -29,6 +29,9 @@ from .route_table import CRASH, RouteTable, parse_get, parse_put
 
 __all__ = ["BootstrapServer", "Fault", "RequestRecord"]
 
+_CLOSE = {"Connection": "close"}
+"""The header of an answer after which the server closes the connection."""
+
 logger = logging.getLogger(__name__)
 
 
@@ -81,7 +84,7 @@ class BootstrapServer:
     refuses connections, until `start()`). Use as a context manager, or `start()` and
     `close()`."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the reference server's documented keyword options)
         self,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -217,7 +220,7 @@ class BootstrapServer:
         with self._lock:
             self._faults.append(fault)
 
-    def fail_next(
+    def fail_next(  # noqa: PLR0913 (a public helper's documented keyword options)
         self,
         count: int,
         status: int,
@@ -345,15 +348,10 @@ class BootstrapServer:
                 return
             elif fault.kind == "status":
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                if fault.close:
+                    headers["Connection"] = "close"
                 self._record(h, method, fault.status, body)
-                send(
-                    h,
-                    fault.status,
-                    fault.body,
-                    fault.content_type,
-                    headers=headers,
-                    close=fault.close,
-                )
+                send(h, fault.status, fault.body, fault.content_type, headers)
                 return
         try:
             status, text, ctype, port = self._answer(h, method, body)
@@ -374,11 +372,11 @@ class BootstrapServer:
             length = -1
         if length < 0:
             self._record(h, method, 400)
-            send(h, 400, "Bad Content-Length", close=True)
+            send(h, 400, "Bad Content-Length", headers=_CLOSE)
             return None
         if length > self.max_body_bytes:
             self._record(h, method, 413)
-            send(h, 413, f"Request body over {self.max_body_bytes} bytes", close=True)
+            send(h, 413, f"Request body over {self.max_body_bytes} bytes", headers=_CLOSE)
             return None
         return h.rfile.read(length) if length else b""
 

@@ -136,8 +136,7 @@ class RouteTable:
         found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
         if found is None:
             text = (
-                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} "
-                f"pp_rank={pp}"
+                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
             )
             return 404, text, "text/plain"
         return 200, json.dumps(found), "application/json"
