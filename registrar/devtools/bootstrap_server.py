@@ -174,9 +174,11 @@ class BootstrapServer:
             with contextlib.suppress(OSError):  # a socket handed in without SO_REUSEPORT
                 self._down = bind(self.host, self.port)
         server.server_close()
+        # Connections accepted from a socket without SO_REUSEADDR keep the port from a new
+        # bind while they are open: they go first.
+        self.drop_connections()
         if hold and self._down is None:
             self._down = bind(self.host, self.port)
-        self.drop_connections()
         if thread is not None:
             thread.join(5)
 
