@@ -300,6 +300,8 @@ def test_ctrl_c_does_not_wait_out_the_request_in_flight(spawn) -> None:
     finally:
         silent.close()
     assert agent.returncode == cli.EXIT_OK, err
+    # Not a speed target: half the request's 60 s deadline, reached only by an agent that
+    # waited the request out instead of cutting it short.
     assert took < 30, f"waited {took:.1f} s: the 60 s request was not cut short"
     assert "state registering -> stopped" in err
 

@@ -43,8 +43,10 @@ from registrar.protocols.http import (
 from registrar.protocols.sglang import SGLangTransport
 
 DEADLINE = 1.0
-SLACK = 4.0
-"""Generous: the point is that the request ends, not how precisely."""
+HANG = 25.0
+"""Only catches a hang, never a speed target: far past every deadline these tests arm (1 s),
+yet short of the 30 s and 60 s ones they must not wait for. Which mechanism ended a request is
+checked by its error; a loaded machine runs late, it does not run this late."""
 
 
 @pytest.fixture
@@ -78,7 +80,7 @@ def test_a_request_ends_by_its_deadline(
         elapsed = time.monotonic() - started
         outcome = transport.classify_registration(result)
     assert isinstance(result.error, DeadlineExceeded)
-    assert elapsed < DEADLINE + SLACK
+    assert elapsed < HANG  # a hang only (the per-read timeout, 30 s, would be later still)
     assert outcome.verdict is Verdict.RETRY
     assert outcome.error == "no complete answer within the request deadline of 1 s"
     assert not result.reconnected  # our own cut is no evidence of a server restart
@@ -121,7 +123,7 @@ def test_a_pair_bounds_the_whole_request_by_its_sum(transport_for: list[HttpTran
         started = time.monotonic()
         result = transport.send("GET", "/route")
     assert isinstance(result.error, DeadlineExceeded)
-    assert time.monotonic() - started < 1.0 + SLACK
+    assert time.monotonic() - started < HANG  # a hang only: each read alone never times out
 
 
 def test_a_tls_handshake_trickled_byte_by_byte_ends_by_the_deadline(
@@ -139,7 +141,7 @@ def test_a_tls_handshake_trickled_byte_by_byte_ends_by_the_deadline(
         result = transport.send("PUT", "/route", json={})
         outcome = transport.classify_registration(result)
     assert isinstance(result.error, DeadlineExceeded)
-    assert time.monotonic() - started < DEADLINE + SLACK
+    assert time.monotonic() - started < HANG  # a hang only: the handshake never completes
     # A handshake cut by our deadline is not a certificate problem: retried, not fatal.
     assert outcome.verdict is Verdict.RETRY
 
@@ -234,9 +236,8 @@ def test_stop_ends_a_request_in_flight(registrars: list) -> None:
         registrars.append(reg)
         reg.start()
         assert wait_until(lambda: len(server.requests) == 1)
-        started = time.monotonic()
-        assert reg.stop(timeout=5)
-        assert time.monotonic() - started < 5
+        # Half the request's deadline: only a stop() that waited for the deadline misses it.
+        assert reg.stop(timeout=30)
     assert not reg.running
 
 
@@ -260,7 +261,6 @@ def test_a_trickling_server_does_not_hold_the_registrar(registrars: list) -> Non
 def test_status_command_keeps_its_timeout() -> None:
     # `registrar status --timeout 1` against a health server that trickles its headers.
     with HostileServer(trickle_headers(0.2)) as server:
-        started = time.monotonic()
         done = subprocess.run(
             [
                 sys.executable,
@@ -274,15 +274,12 @@ def test_status_command_keeps_its_timeout() -> None:
             ],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=60,  # a hang only: the message below says which limit ended the request
             check=False,
         )
-        elapsed = time.monotonic() - started
     assert done.returncode == 4  # the agent cannot be reached (see registrar --help)
     assert "request deadline of 1 s" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
-    assert elapsed < 1 + 10  # the interpreter's start-up included
-
 
 
 def test_an_aborted_request_says_so(transport_for: list[HttpTransport]) -> None:
@@ -298,7 +295,7 @@ def test_an_aborted_request_says_so(transport_for: list[HttpTransport]) -> None:
             timer.join()
     assert isinstance(result.error, DeadlineExceeded)
     assert str(result.error) == "request abandoned: stopping"
-    assert time.monotonic() - started < SLACK
+    assert time.monotonic() - started < HANG  # a hang only: the 60 s deadline is not what ended it
 
 
 def test_a_sooner_deadline_armed_after_a_later_one_is_kept(
@@ -321,7 +318,9 @@ def test_a_sooner_deadline_armed_after_a_later_one_is_kept(
         slow.abort()
         first.join(10)
     assert isinstance(second.error, DeadlineExceeded)
-    assert took < quick.deadline + SLACK  # the slow request's deadline is 35 s away
+    # Not a speed target: well short of the slow request's deadline (35 s), which is when a
+    # deadline thread that kept only the later deadline would have ended the quick one.
+    assert took < HANG
     assert not first.is_alive()
     assert len(results) == 1
 

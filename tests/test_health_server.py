@@ -8,6 +8,7 @@ import contextlib
 import resource
 import socket
 import statistics
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -39,16 +40,26 @@ def health(registrars: list[Registrar]) -> Iterator[HealthServer]:
         server.stop()
 
 
-def probe(port: int, path: str = "/readyz", timeout: float = 10.0) -> tuple[int, float]:
-    """One request on a new connection, as a kubelet sends it: (status code, seconds)."""
+def probe(port: int, path: str = "/readyz", timeout: float = 10.0) -> tuple[int, float, int]:
+    """One request on a new connection, as a kubelet sends it: (status code, seconds, segments
+    the client had to send again)."""
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
+        resent = retransmitted(sock)
     took = time.monotonic() - started
-    return int(answer.split(b" ", 2)[1]), took
+    return int(answer.split(b" ", 2)[1]), took, resent
+
+
+def retransmitted(sock: socket.socket) -> int:
+    """The connection's `tcpi_total_retrans` (Linux `struct tcp_info`, the u32 at byte 100): on
+    loopback nothing is lost, so a segment sent again means the listener dropped it (its
+    backlog was full: a SYN or the handshake's last ACK dropped, resent after 1 s or more)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return int(struct.unpack_from("I", info, 100)[0])
 
 
 @contextlib.contextmanager
@@ -92,16 +103,16 @@ def test_200_simultaneous_probes_are_all_answered(
     for thread in threads:
         thread.join(30)
     assert errors == []
-    assert [code for code, _ in results] == [200] * 200
-    took = sorted(t for _, t in results)
+    assert [code for code, _, _ in results] == [200] * 200
+    took = sorted(t for _, t, _ in results)
     figures = (
         f"health server: 200 simultaneous /readyz on new connections, all 200 OK; "
         f"median {statistics.median(took) * 1000:.0f} ms, slowest {took[-1] * 1000:.0f} ms"
     )
     record_property("figures", figures)
-    # Generous: the kernel's SYN retransmit (an overflowing backlog) would show as >= 1 s on
-    # many of them; a loaded 2-core machine may still have a straggler.
-    assert took[len(took) // 2] < 1.0
+    # The backlog held them all: not one connection had a segment dropped and sent again (a
+    # count, not a time; the times above are reported, a loaded machine only makes them longer).
+    assert [resent for _, _, resent in results] == [0] * 200
 
 
 def test_idle_and_half_sent_connections_do_not_keep_a_probe_out(health: HealthServer) -> None:
@@ -110,18 +121,18 @@ def test_idle_and_half_sent_connections_do_not_keep_a_probe_out(health: HealthSe
         open_sockets(health.port, 300) as idle,
         open_sockets(health.port, 100, b"GET /readyz HTTP/1.1\r\nHost: x\r\n") as half,
     ):
-        code, _ = probe(health.port, timeout=5)
+        code, _, _ = probe(health.port, timeout=5)
         assert code == 200
         # No thread per connection: the reader and the fixed pool, nothing more.
         assert health_threads(health.port) == before
         assert len(before) == 1 + WORKERS
-        # Each of them is closed once its head deadline passes.
+        # Each of them is closed by the server (an end of stream, or a reset), which only its
+        # head deadline does. The socket timeout only catches a server that never closes them
+        # (a hang, not a speed target): a deadline missed by 30 s is no matter of load.
         for sock in (idle[0], idle[-1], half[0], half[-1]):
-            sock.settimeout(HEAD_TIMEOUT + 8)
-            started = time.monotonic()
+            sock.settimeout(HEAD_TIMEOUT + 30)
             with contextlib.suppress(ConnectionResetError):
                 assert sock.recv(100) == b""
-            assert time.monotonic() - started < HEAD_TIMEOUT + 8
     assert probe(health.port)[0] == 200
 
 
@@ -134,7 +145,7 @@ def test_more_open_connections_than_the_cap_still_let_a_probe_in(health: HealthS
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
     try:
         with open_sockets(health.port, MAX_PENDING + 200):
-            code, _ = probe(health.port, timeout=5)
+            code, _, _ = probe(health.port, timeout=5)
             assert code == 200
             assert len(health_threads(health.port)) == 1 + WORKERS
     finally:

@@ -26,8 +26,11 @@ DEADLINE = 1.0
 """The request deadline (the whole request: connect, send, answer)."""
 INTERVAL = 1.0
 """The watch interval (spread by ±20 %)."""
-MARGIN = 3.0
-"""Slack for a loaded 2-core machine; the bounds asserted are behaviour, not timing."""
+HANG = 30.0
+"""Only catches a hang, never a speed target: how long things took is recorded as figures;
+what is asserted is what happened (who noticed, how many tries, what was sent). A request that
+its deadline did not end waits on the kernel instead (a connect gives up after about two
+minutes, a read on a half-open connection never does)."""
 PORT = 20000
 
 _why_not = netns.unavailable()
@@ -102,12 +105,15 @@ def outage(
     link: netns.Link, one: Watched, seconds: float, record: pytest.RecordProperty, name: str
 ) -> float:
     """Take the server's host off the link for `seconds`; the time the watch took to notice."""
+    checks = one.count("check")
     link.down()
     went = time.monotonic()
-    # A half-open kept-alive connection, then connects that time out: noticed within an
-    # interval (the idle wait sees nothing, no FIN or RST comes) plus one deadline.
-    assert wait_until(lambda: one.reachable(False), timeout=INTERVAL * 1.2 + DEADLINE + MARGIN)
+    # A half-open kept-alive connection (the idle wait sees nothing, no FIN or RST comes):
+    # noticed by the first check the link's loss ends, counted, not timed. At most two checks
+    # ended meanwhile: one in flight at the cut, and the one that noticed.
+    assert wait_until(lambda: one.reachable(False), timeout=HANG)
     noticed = time.monotonic() - went
+    assert one.count("check") - checks <= 2, one.events[-4:]
     rest = seconds - (time.monotonic() - went)
     if rest > 0:
         time.sleep(rest)
@@ -126,7 +132,7 @@ def test_host_vanishes_without_a_reset_and_comes_back(
     back = time.monotonic()
     assert wait_until(
         lambda: one.reachable(True) and one.reg.status().route == "present",
-        timeout=INTERVAL * 1.2 + DEADLINE + MARGIN,
+        timeout=HANG,
     )
     record_property(
         "figures", f"netns host back: reachable again after {time.monotonic() - back:.2f} s"
@@ -134,7 +140,7 @@ def test_host_vanishes_without_a_reset_and_comes_back(
     assert one.reg.state is State.REGISTERED
     assert one.reg.status().registrations == 1
     assert server.puts() == [PORT]  # the server never forgot: never PUT again
-    assert one.longest() <= DEADLINE + MARGIN
+    assert one.longest() < HANG  # every request ended by its deadline, not by the kernel
 
 
 def test_partition_healed_after_ten_seconds(
@@ -144,14 +150,15 @@ def test_partition_healed_after_ten_seconds(
     one = register(link, watched)
     checks_before = len(one.events)
     outage(link, one, 10.0, record_property, "partition 10 s")
-    # The watch kept trying through the partition, at its interval, each try cut at the deadline.
+    # The watch kept trying through the partition (more than the one try that noticed), and
+    # no faster than its interval allows: a loaded machine only makes fewer tries.
     tried = len(one.events) - checks_before
-    assert 10.0 / (INTERVAL * 1.2 + DEADLINE) - 2 <= tried <= 10.0 / (INTERVAL * 0.8) + 2
+    assert 2 <= tried <= 10.0 / (INTERVAL * 0.8) + 2
     link.up()
     healed = time.monotonic()
     assert wait_until(
         lambda: one.reachable(True) and one.reg.status().route == "present",
-        timeout=INTERVAL * 1.2 + DEADLINE + MARGIN,
+        timeout=HANG,
     )
     record_property(
         "figures",
@@ -159,7 +166,7 @@ def test_partition_healed_after_ten_seconds(
     )
     assert one.reg.status().registrations == 1
     assert server.puts() == [PORT]
-    assert one.longest() <= DEADLINE + MARGIN
+    assert one.longest() < HANG  # every request ended by its deadline, not by the kernel
 
 
 def test_host_comes_back_with_a_new_process(
@@ -169,7 +176,7 @@ def test_host_comes_back_with_a_new_process(
     one = register(link, watched)
     link.down()
     first.kill()  # dies while unreachable: no FIN, no RST ever reaches the registrar
-    assert wait_until(lambda: one.reachable(False), timeout=INTERVAL * 1.2 + DEADLINE + MARGIN)
+    assert wait_until(lambda: one.reachable(False), timeout=HANG)
     second = link.start_server()  # same address, empty memory
     time.sleep(1.0)
     link.up()
@@ -178,7 +185,7 @@ def test_host_comes_back_with_a_new_process(
     # then reads "0 workers registered": missing, registered again, once.
     assert wait_until(
         lambda: one.reg.status().registrations == 2,
-        timeout=INTERVAL * 1.2 + 2 * DEADLINE + MARGIN,
+        timeout=HANG,
     )
     took = time.monotonic() - back
     record_property("figures", f"netns new process: registered again {took:.2f} s after link up")
@@ -186,7 +193,7 @@ def test_host_comes_back_with_a_new_process(
     assert second.puts() == [PORT]
     assert second.ask("count") == 1
     assert one.reg.state is State.REGISTERED
-    assert one.longest() <= DEADLINE + MARGIN
+    assert one.longest() < HANG  # every request ended by its deadline, not by the kernel
 
 
 @pytest.fixture
@@ -223,7 +230,7 @@ def test_loss_and_delay(
         assert one.reg.status().registrations == 1
         # A PUT whose answer was lost is retried; the server must still count us once.
         assert server.ask("count") == 1, server.puts()
-        assert one.longest() <= deadline + MARGIN
+        assert one.longest() < HANG  # every request ended by its deadline, not by the kernel
         kinds = [e.result for e in one.events]
         record_property(
             "figures",

@@ -178,11 +178,9 @@ def test_stop_drains_the_worker(
     with workers(1) as (worker,):
         reg = fleet(gateway.url, worker).start()
         assert reg.wait_for(State.REGISTERED, 30)
-        started = time.monotonic()
+        # stop() says it ended within its timeout (a bound that only catches a hang).
         assert reg.stop(timeout=30)
-        took = time.monotonic() - started
         assert gateway.workers() == []  # gone before stop() returned
-        assert took < 30
 
 
 def test_two_gateways_one_down(

@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
@@ -41,6 +41,7 @@ __all__ = [
     "urls",
 ]
 
+_T = TypeVar("_T")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 
 
@@ -90,13 +91,19 @@ def seconds(value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
-def seconds_or_none(value: object) -> float | None:
+def _none_or(rule: Callable[[object], _T], value: object, allowed: str) -> _T | None:
+    """None as it is, else `rule(value)`, its own wording replaced by `allowed` (which names
+    None among the values allowed)."""
     if value is None:
         return None
     try:
-        return seconds(value)
+        return rule(value)
     except Invalid:
-        raise Invalid("must be a positive number of seconds or None") from None
+        raise Invalid(allowed) from None
+
+
+def seconds_or_none(value: object) -> float | None:
+    return _none_or(seconds, value, "must be a positive number of seconds or None")
 
 
 def seconds_or_zero(value: object) -> float:
@@ -112,12 +119,7 @@ def count(value: object) -> int:
 
 
 def count_or_none(value: object) -> int | None:
-    if value is None:
-        return None
-    try:
-        return count(value)
-    except Invalid:
-        raise Invalid("must be an integer >= 1 or None") from None
+    return _none_or(count, value, "must be an integer >= 1 or None")
 
 
 def fraction_open(value: object) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TypeVar
 
 __all__ = [
     "int_or_off",
@@ -22,6 +23,7 @@ __all__ = [
     "word",
 ]
 
+_T = TypeVar("_T")
 _OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -37,44 +39,40 @@ def number(text: str) -> float:
     return value
 
 
-def seconds(text: str) -> float:
+def _reading(parse: Callable[[str], _T], text: str, expected: str) -> _T:
+    """`parse(text)`, its own ValueError replaced by what the option expects."""
     try:
-        return number(text)
+        return parse(text)
     except ValueError:
-        raise ValueError("must be a positive number of seconds") from None
+        raise ValueError(expected) from None
+
+
+def _off_or(parse: Callable[[str], _T], text: str, expected: str) -> _T | None:
+    """None for off (or none, never, unlimited, inf), else `parse(text)`."""
+    if text.strip().lower() in _OFF:
+        return None
+    return _reading(parse, text, expected)
+
+
+def seconds(text: str) -> float:
+    return _reading(number, text, "must be a positive number of seconds")
 
 
 def parse_seconds_or_zero(text: str) -> float:
     """A number of seconds (its rule says whether 0 or less is allowed)."""
-    try:
-        return number(text)
-    except ValueError:
-        raise ValueError("must be a number of seconds >= 0") from None
+    return _reading(number, text, "must be a number of seconds >= 0")
 
 
 def seconds_or_off(text: str) -> float | None:
-    if text.strip().lower() in _OFF:
-        return None
-    try:
-        return number(text)
-    except ValueError:
-        raise ValueError("must be a positive number of seconds, or off") from None
+    return _off_or(number, text, "must be a positive number of seconds, or off")
 
 
 def int_or_off(text: str) -> int | None:
-    if text.strip().lower() in _OFF:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError("must be an integer >= 1, or unlimited") from None
+    return _off_or(int, text, "must be an integer >= 1, or unlimited")
 
 
 def integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError("must be an integer") from None
+    return _reading(int, text, "must be an integer")
 
 
 def timeout(text: str) -> float | tuple[float, float]:
@@ -111,12 +109,10 @@ def parse_flag(text: str) -> bool:
 def parse_port(text: str) -> int:
     """A TCP port to listen on, 0 meaning any free one (the health server's own rule: it is no
     registration setting)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError("must be a port number within [0, 65535] (0: any free port)") from None
+    expected = "must be a port number within [0, 65535] (0: any free port)"
+    value = _reading(int, text, expected)
     if not 0 <= value <= 65535:
-        raise ValueError("must be a port number within [0, 65535] (0: any free port)")
+        raise ValueError(expected)
     return value
 
 

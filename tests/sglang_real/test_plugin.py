@@ -22,8 +22,8 @@ from registrar.integrations.sglang import ACTIVE
 
 pytestmark = pytest.mark.timeout(300)
 
-# The upstream loop blocks init at least this long with the server down (test_upstream.py).
-UPSTREAM_LEAST_BLOCKING = 0.75 * (1 + 2 + 4 + 8)
+# What upstream's blocking loop writes on each failed attempt (test_upstream.py meets it).
+UPSTREAM_ATTEMPT = "Prefill register attempt"
 
 
 def checked(rank: Any, times: int = 2, timeout: float = 30.0) -> bool:
@@ -40,6 +40,16 @@ def checked(rank: Any, times: int = 2, timeout: float = 30.0) -> bool:
         return all(len(seen) > times for seen in first.values())
 
     return wait_for(moved, timeout=timeout)
+
+
+def assert_init_left_registration_to_the_background(rank: Any) -> None:
+    """Init returned with the server down, and upstream's blocking retry loop never ran: not one
+    of its attempts is in the log, and the plugin says it registers in the background. What
+    the rank shows, not how long init took (a loaded machine makes any init slow)."""
+    log = rank.log.read_text()
+    assert UPSTREAM_ATTEMPT not in log, log
+    assert "in the background (registrar" in log, log
+    assert all(row["state"] in ("registering", "failed") for row in rank.status())
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -197,10 +207,8 @@ def test_the_token_file_and_verbose_work_inside_sglang(spawn_rank, tmp_path) -> 
 def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank, bootstrap) -> None:
     port = process_port()
     rank = spawn_rank(port)
-    init = rank.event("init")
-    assert init["seconds"] < UPSTREAM_LEAST_BLOCKING / 2, init  # no blocking retry loop
-    [row] = rank.status()
-    assert row["state"] in ("registering", "failed")
+    rank.event("init")
+    assert_init_left_registration_to_the_background(rank)  # no blocking retry loop
     server = bootstrap(port)
     time.sleep(3)  # the server starts seconds after the rank, as in the startup race
     server.start()
@@ -230,7 +238,8 @@ def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
     port = process_port()
     procs = [spawn_rank(port, rank=r, tp_size=ranks) for r in range(ranks)]
     for proc in procs:
-        assert proc.event("init", timeout=240)["seconds"] < UPSTREAM_LEAST_BLOCKING / 2
+        proc.event("init", timeout=240)
+        assert_init_left_registration_to_the_background(proc)
     everyone = {(0, 0, tp, 0) for tp in range(ranks)}
     for lifetime in range(2):  # a late start, then a restart on the same port
         server = bootstrap(port).start()

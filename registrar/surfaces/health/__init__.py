@@ -11,9 +11,9 @@ the levels always agree. The paths follow Kubernetes' conventions: `/readyz` and
 path per check (`/readyz/registration`), `?exclude=NAME` and `?verbose` (plain text).
 
 The parts, each in its module: `checks` (a status read as named checks, and a group's verdict),
-`document` (the health+json documents and the `?verbose` text), `answer` (one request answered,
-whatever the server) and `apps` (the WSGI and ASGI apps). The small server is here. Import them
-from here.
+`document` (the health+json documents and the `?verbose` text), `options` (the values the parts
+pass each other), `answer` (one request answered, whatever the server) and `apps` (the WSGI and
+ASGI apps). The small server is here. Import them from here.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from .document import (
 )
 from .document import default_service_id as default_service_id
 from .document import verbose_text as verbose_text
+from .options import HealthOptions, ProbeQuery
 
 __all__ = [
     "HEALTH_CONTENT_TYPE",
@@ -56,8 +57,10 @@ __all__ = [
     "Answer",
     "Check",
     "HealthGroup",
+    "HealthOptions",
     "HealthServer",
     "HealthSource",
+    "ProbeQuery",
     "answer_health",
     "camel_case",
     "group_checks",
@@ -102,7 +105,7 @@ def start_health_server(
     port: int = 0,
     *,
     metrics: RegistrarMetrics | bool | None = None,
-    expose_payload: bool = False,
+    expose_payload: bool = HealthOptions.expose_payload,
 ) -> HealthServer:
     """Serve `health_app(registrar)` on `host:port` (0: an ephemeral port) from a few daemon
     threads, whatever the number of connections (see `registrar.surfaces.httpserver`).

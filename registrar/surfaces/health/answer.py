@@ -14,12 +14,12 @@ from .document import (
     PROBES,
     HealthGroup,
     HealthSource,
-    default_service_id,
     described_checks,
     render_probe,
     snapshot,
     verbose_text,
 )
+from .options import DEFAULT_OPTIONS, HealthOptions, ProbeQuery
 
 __all__ = ["TEXT_CONTENT_TYPE", "Answer", "answer_health", "no_metrics"]
 
@@ -54,12 +54,10 @@ def answer_health(
     method: str,
     path: str,
     query: str,
-    *,
-    expose_payload: bool = False,
-    service_id: str | None = None,
+    options: HealthOptions = DEFAULT_OPTIONS,
 ) -> Answer | None:
     """The answer to one request, or None for `/metrics` (served by the caller). Unknown paths
-    and methods answer plain text, not health documents."""
+    and methods answer plain text, not health documents; `options` are the app's."""
     path = path or "/"
     if path == "/metrics":
         return None if method in ("GET", "HEAD") else _not_allowed()
@@ -82,15 +80,13 @@ def answer_health(
         unknown = [n for n in exclude if n not in every]
         code, text = verbose_text(shown, excluded, unknown, probe)
         return _text(code, text)
-    payload = members[0].payload
+    wanted = ProbeQuery(probe, only or None, tuple(exclude))
     code, document = render_probe(
         every,
         description,
-        payload if expose_payload else None,
-        probe,
-        only or None,
-        exclude,
-        service_id or default_service_id(payload),
+        wanted,
+        members[0].payload,
+        options,
     )
     return _answer(code, HEALTH_CONTENT_TYPE, json.dumps(document, indent=2).encode() + b"\n")
 

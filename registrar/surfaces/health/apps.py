@@ -10,6 +10,7 @@ from typing import Any
 from ..metrics import RegistrarMetrics
 from .answer import Answer, answer_health, no_metrics
 from .document import HealthGroup, HealthSource
+from .options import HealthOptions
 
 __all__ = ["ASGIApp", "WSGIApp", "health_app", "health_asgi_app"]
 
@@ -30,11 +31,12 @@ def health_app(
     registrar: HealthSource | HealthGroup,
     *,
     metrics: RegistrarMetrics | None = None,
-    expose_payload: bool = False,
-    service_id: str | None = None,
+    expose_payload: bool = HealthOptions.expose_payload,
+    service_id: str | None = HealthOptions.service_id,
 ) -> WSGIApp:
     """A WSGI app serving `/health`, `/readyz`, `/livez`, one path per check, and `/metrics`
     with `metrics`. Mount it in any WSGI server or under Flask (see docs/operations.md)."""
+    options = HealthOptions(expose_payload, service_id)
     metrics_app = metrics.wsgi_app() if metrics is not None else None
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -44,8 +46,7 @@ def health_app(
             method,
             environ.get("PATH_INFO", ""),
             environ.get("QUERY_STRING", ""),
-            expose_payload=expose_payload,
-            service_id=service_id,
+            options,
         )
         if answer is None:
             answer = no_metrics() if metrics_app is None else _wsgi_metrics(metrics_app, environ)
@@ -75,12 +76,13 @@ def health_asgi_app(
     registrar: HealthSource | HealthGroup,
     *,
     metrics: RegistrarMetrics | None = None,
-    expose_payload: bool = False,
-    service_id: str | None = None,
+    expose_payload: bool = HealthOptions.expose_payload,
+    service_id: str | None = HealthOptions.service_id,
 ) -> ASGIApp:
     """The same endpoints as an ASGI app, with no framework: run it under any ASGI server, or
     mount it into FastAPI/Starlette (`app.mount("/registrar", health_asgi_app(reg))`). Reading
     the status never blocks, so it is safe on the event loop."""
+    options = HealthOptions(expose_payload, service_id)
     metrics_app = metrics.asgi_app() if metrics is not None else None
 
     async def app(scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
@@ -96,9 +98,7 @@ def health_asgi_app(
             path = path[len(root) :] or "/"
         method: str = scope.get("method", "GET")
         query = scope.get("query_string", b"").decode("latin-1")
-        answer = answer_health(
-            registrar, method, path, query, expose_payload=expose_payload, service_id=service_id
-        )
+        answer = answer_health(registrar, method, path, query, options)
         if answer is None:
             if metrics_app is None:
                 answer = no_metrics()

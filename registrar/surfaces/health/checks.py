@@ -56,33 +56,36 @@ def camel_case(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
+@dataclass(frozen=True)
+class _Observed:
+    """What a check observed, as its health+json entry says it: the component, the value and
+    its unit, when it was read (None: no reading yet, so no time), and any further fields."""
+
+    component_type: str
+    value: Any
+    unit: str
+    taken_at: float | None
+    component_id: str | None = None
+    extra: Mapping[str, Any] | None = None
+
+
 def _check(
-    name: str,
-    key: str,
-    verdict: HealthStatus,
-    reason: str | None,
-    *,
-    component_type: str,
-    value: Any,
-    unit: str,
-    taken_at: float | None,
-    component_id: str | None = None,
-    extra: Mapping[str, Any] | None = None,
+    name: str, key: str, verdict: HealthStatus, reason: str | None, seen: _Observed
 ) -> Check:
     entry: dict[str, Any] = {}
-    if component_id is not None:
-        entry["componentId"] = component_id
+    if seen.component_id is not None:
+        entry["componentId"] = seen.component_id
     entry.update(
-        componentType=component_type,
-        observedValue=value,
-        observedUnit=unit,
+        componentType=seen.component_type,
+        observedValue=seen.value,
+        observedUnit=seen.unit,
         status=verdict,
     )
-    if taken_at is not None:  # no reading yet (no request sent, no check made): no time
-        entry["time"] = iso_utc(taken_at)
+    if seen.taken_at is not None:
+        entry["time"] = iso_utc(seen.taken_at)
     if reason is not None and verdict != "pass":
         entry["output"] = reason
-    entry.update(extra or {})
+    entry.update(seen.extra or {})
     return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
 
 
@@ -116,12 +119,7 @@ def health_checks(
         "registration:state",
         "pass" if registered else "fail",
         reason,
-        component_type="component",
-        component_id=status.url,
-        value=state.value,
-        unit="state",
-        taken_at=taken,
-        extra=fields,
+        _Observed("component", state.value, "state", taken, status.url, fields),
     )
     reachable = status.server_reachable
     server = _check(
@@ -129,11 +127,7 @@ def health_checks(
         "bootstrap:reachable",
         "warn" if reachable is False else "pass",
         "the bootstrap server did not answer the last request",
-        component_type="system",
-        component_id=status.url,
-        value=reachable,
-        unit="boolean",
-        taken_at=status.last_request_at,
+        _Observed("system", reachable, "boolean", status.last_request_at, status.url),
     )
     found = status.route
     route_reason = {
@@ -146,21 +140,14 @@ def health_checks(
         "route:check",
         "warn" if route_reason else "pass",
         route_reason,
-        component_type="component",
-        component_id=status.url,
-        value=found,
-        unit="finding",
-        taken_at=status.last_check_at,
+        _Observed("component", found, "finding", status.last_check_at, status.url),
     )
     thread = _check(
         "thread",
         "registrar:thread",
         "fail" if thread_died else "pass",
         f"the registrar's thread died: {status.last_error}" if thread_died else None,
-        component_type="component",
-        value=not thread_died,
-        unit="boolean",
-        taken_at=taken,
+        _Observed("component", not thread_died, "boolean", taken),
     )
     gave_up = state is State.FAILED and not status.retrying
     retrying = _check(
@@ -168,10 +155,7 @@ def health_checks(
         "registration:retrying",
         "fail" if gave_up else "pass",
         f"gave up for good: {status.last_error or 'no attempt is scheduled'}",
-        component_type="component",
-        value=status.retrying,
-        unit="boolean",
-        taken_at=taken,
+        _Observed("component", status.retrying, "boolean", taken),
     )
     return {c.name: c for c in (registration, server, route, thread, retrying)}
 

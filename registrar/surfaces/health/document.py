@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from ..._version import __version__
 from ...core.status import Status
 from .checks import LIVENESS_CHECKS, READINESS_CHECKS, Check, group_checks, health_checks, worst
+from .options import HealthOptions, ProbeQuery
 
 __all__ = [
     "HEALTH_CONTENT_TYPE",
@@ -92,62 +93,66 @@ def default_service_id(payload: Mapping[str, Any] | None) -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def render_health(
+ProbeName = Literal["health", "readyz", "livez"]
+
+
+def render_health(  # noqa: PLR0913 - public: the documented keyword options, one ProbeQuery
     status: Status,
     *,
     payload: Mapping[str, Any] | None = None,
     thread_died: bool = False,
-    probe: Literal["health", "readyz", "livez"] = "health",
+    probe: ProbeName = "health",
     only: str | None = None,
     exclude: Sequence[str] = (),
-    service_id: str | None = None,
+    service_id: str | None = HealthOptions.service_id,
     now: float | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """The HTTP status and the health+json document of `probe` (or of its one check `only`),
     leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
     every, description = described_checks([(status, thread_died)], group=False, now=now)
-    return render_probe(every, description, payload, probe, only, exclude, service_id)
+    query = ProbeQuery(probe, only, tuple(exclude))
+    return render_probe(every, description, query, payload, HealthOptions(True, service_id))
 
 
-def render_group_health(
+def render_group_health(  # noqa: PLR0913 - public: the documented keyword options, one ProbeQuery
     members: Sequence[tuple[Status, bool]],
     *,
     payload: Mapping[str, Any] | None = None,
-    probe: Literal["health", "readyz", "livez"] = "health",
+    probe: ProbeName = "health",
     only: str | None = None,
     exclude: Sequence[str] = (),
-    service_id: str | None = None,
+    service_id: str | None = HealthOptions.service_id,
     now: float | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """`render_health` for a group: (status, thread_died) per member, one entry each."""
     every, description = described_checks(members, group=True, now=now)
-    return render_probe(every, description, payload, probe, only, exclude, service_id)
+    query = ProbeQuery(probe, only, tuple(exclude))
+    return render_probe(every, description, query, payload, HealthOptions(True, service_id))
 
 
 def render_probe(
     every: Mapping[str, Check],
     description: str,
+    query: ProbeQuery,
     payload: Mapping[str, Any] | None,
-    probe: str,
-    only: str | None,
-    exclude: Sequence[str],
-    service_id: str | None,
+    options: HealthOptions,
 ) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the document of `probe` (or of its one check `only`) from `every`
-    check, leaving out those named in `exclude`."""
-    names = [only] if only is not None else list(PROBES[probe])
-    shown = [every[n] for n in names if n not in exclude]
+    """The HTTP status and the document `query` asks for, from `every` check. The document is
+    about `options.service_id`, else the rank named in `payload` (`default_service_id`); the
+    payload is shown when the options say so."""
+    names = [query.only] if query.only is not None else list(PROBES[query.probe])
+    shown = [every[n] for n in names if n not in query.exclude]
     verdict = worst(c.status for c in shown)
     document: dict[str, Any] = {
         "status": verdict,
         "releaseId": __version__,
-        "serviceId": service_id or default_service_id(payload),
+        "serviceId": options.service_id or default_service_id(payload),
         "description": description,
     }
     if verdict != "pass":
         document["output"] = "; ".join(c.reason for c in shown if c.reason)
     document["checks"] = {c.key: [c.entry, *c.more] for c in shown}
-    if payload is not None:
+    if payload is not None and options.expose_payload:
         document["payload"] = dict(payload)
     return (503 if verdict == "fail" else 200), document
 
