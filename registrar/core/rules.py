@@ -32,6 +32,7 @@ __all__ = [
     "existing_path",
     "fraction",
     "fraction_open",
+    "header_token",
     "seconds",
     "seconds_or_none",
     "seconds_or_zero",
@@ -48,10 +49,12 @@ class Invalid(ValueError):
     """A value broke a rule: `rule` says what is allowed ("must be ..."); `shown` is the value
     as it may be shown (redacted) when the rule text reads after it ("'x' has no host")."""
 
-    def __init__(self, rule: str, shown: str | None = None) -> None:
+    def __init__(self, rule: str, shown: str | None = None, *, secret: bool = False) -> None:
         super().__init__(rule)
         self.rule = rule
         self.shown = shown
+        self.secret = secret
+        """The value is a secret: the message never shows it."""
 
 
 Rule = Callable[[Any], Any]
@@ -60,6 +63,8 @@ Rule = Callable[[Any], Any]
 
 def describe(name: str, value: object, exc: Invalid) -> str:
     """One line naming `name` (a field, a variable, a flag) and the rule `value` broke."""
+    if exc.secret:
+        return f"{name} {exc.rule}"
     if exc.shown is not None:
         return f"{name} {exc.shown!r} {exc.rule}"
     return f"{name} {exc.rule}, got {value!r}"
@@ -162,6 +167,24 @@ def single_line(value: object) -> str | None:
     return value
 
 
+def header_token(value: object) -> str | None:
+    """None (or empty: no token), or one line of visible ASCII, which every HTTP stack can send
+    as a header (a newline would end the header; a character outside latin-1 cannot be encoded
+    at all). A secret: its messages never show it."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise Invalid(f"must be a string, got {type(value).__name__}", secret=True)
+    bad = next((i for i, c in enumerate(value) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise Invalid(
+            "must be one line of visible ASCII characters (no spaces, no control or "
+            f"non-ASCII characters); character {bad + 1} of {len(value)} is not",
+            secret=True,
+        )
+    return value
+
+
 def existing_path(value: object) -> str | None:
     """None, or a file or directory that exists now (a CA bundle, or a folder of CAs)."""
     if value is None:
@@ -212,7 +235,7 @@ def urls(kind: str, example: str) -> Rule:
             raise Invalid(f"must name at least one {kind} URL, e.g. {example}")
         found = tuple(url(item) for item in value)
         if len(set(found)) != len(found):
-            raise Invalid(f"must not give a {kind} URL twice")
+            raise Invalid(f"must not give a {kind} URL twice (a URL must not repeat)")
         return found
 
     return rule

@@ -1,26 +1,40 @@
 """The smg gateway registration's settings: one frozen value, validated once when it is made,
-from which `registrar.assembly` builds one `SmgTransport` per gateway."""
+from which one `SmgTransport` per gateway is built. Every rule of the gateway options is here,
+and only here."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ..core import rules
-from ..core.errors import ConfigError
-from ..core.transport import Timeout, Token, file_token
-from .smg import (
-    DEFAULT_CONFIRM_TIMEOUT,
-    DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_GRACE,
-    DEFAULT_READY_INTERVAL,
-    KEY_ENV,
-    WORKER_TYPES,
-)
+from ...core import rules
+from ...core.errors import ConfigError
+from ...core.transport import Timeout, Token, file_token
+from .spec import WORKER_TYPES
 
-__all__ = ["SmgSettings"]
+__all__ = [
+    "DEFAULT_CONFIRM_TIMEOUT",
+    "DEFAULT_DRAIN_TIMEOUT",
+    "DEFAULT_GRACE",
+    "DEFAULT_READY_INTERVAL",
+    "KEY_ENV",
+    "SmgSettings",
+]
+
+KEY_ENV = "REGISTRAR_GATEWAY_KEY"
+"""The variable holding the gateway's control-plane key when no key file is given."""
+DEFAULT_CONFIRM_TIMEOUT = 30.0
+"""Seconds one attempt waits for the gateway to list the worker ready after its POST (a stand-in
+worker is listed in about 0.1 s; a worker whose /health fails is dropped within about 2 s)."""
+DEFAULT_DRAIN_TIMEOUT = 15.0
+"""Seconds `close` waits for the gateway to stop listing the worker after its DELETE (the
+gateway's own settle time is 5 s by default)."""
+DEFAULT_GRACE = 10.0
+"""Seconds the served process may be not ready before the worker is withdrawn."""
+DEFAULT_READY_INTERVAL = 1.0
+"""Seconds between readiness checks of the served process."""
 
 
 def _worker_type(value: object) -> str:
@@ -66,7 +80,7 @@ class SmgSettings:
     ready_interval: float = DEFAULT_READY_INTERVAL
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-    key: str | None = None
+    key: Token | None = None
     key_file: str | None = None
     timeout: Timeout = 5.0
     verify: bool = True
@@ -113,18 +127,3 @@ class SmgSettings:
         if self.key:
             return self.key, "the gateway key"
         return os.environ.get(KEY_ENV) or None, f"${KEY_ENV}"
-
-    def transport_options(self) -> dict[str, Any]:
-        """The `SmgTransport` keyword arguments these settings stand for (but the readiness
-        check, made per transport: it holds a connection)."""
-        token, source = self.token()
-        return {
-            "token": token,
-            "token_source": source,
-            "timeout": self.timeout,
-            "verify": self.tls,
-            "grace": self.grace,
-            "ready_interval": self.ready_interval,
-            "confirm_timeout": self.confirm_timeout,
-            "drain_timeout": self.drain_timeout,
-        }
