@@ -34,12 +34,14 @@ from urllib3.exceptions import HTTPError
 
 from .._version import __version__
 from ..core.errors import describe_exception, root_cause
-from ..core.outcome import RegisterOutcome, RouteCheck, Verdict
+from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
 from ..core.settings import HttpSettings, verify_fields
 from ..core.transport import (
     Timeout,
     Token,
+    connect_seconds,
+    deadline_seconds,
     validate_url,  # noqa: F401 - registrar.transport's (registrar/moved.py)
 )
 from ..core.waker import Waker
@@ -148,7 +150,7 @@ class HttpTransport:
         self._path = target.path
         self._method = target.method
         self._timeout = settings.timeout
-        self._deadline = sum(self._timeout) if isinstance(self._timeout, tuple) else self._timeout
+        self._deadline = deadline_seconds(self._timeout)
         self._max_answer_bytes = target.max_answer_bytes
         self._watchdog = _Watchdog()
         default_port = 443 if parts.scheme == "https" else 80
@@ -410,12 +412,22 @@ class HttpTransport:
             text = describe_exception(exc)
         return clean(text, secrets=self._secrets)
 
+    def unreachable(self, result: HttpResult) -> RouteCheck:
+        """The route check of an exchange that failed (no answer): unreachable, and why."""
+        assert result.error is not None
+        return RouteCheck(
+            Route.UNREACHABLE,
+            evidence=self.describe_error(result.error),
+            refused=result.refused,
+            broken=result.reconnected,
+        )
+
     def credentials_hint(self) -> str:
         """What to check after a 401/403: the credential that was actually sent."""
         return self._auth.hint(self.token_hint, self.token_how)
 
     def _connect_timeout(self) -> float:
-        return self._timeout[0] if isinstance(self._timeout, tuple) else self._timeout
+        return connect_seconds(self._timeout)
 
     def _read_timeout(self) -> float:
         return self._timeout[1] if isinstance(self._timeout, tuple) else self._timeout

@@ -294,12 +294,7 @@ class SGLangTransport(HttpTransport):
     def _classify_check(self, payload: Mapping[str, Any], result: HttpResult) -> RouteCheck:
         code = result.status_code
         if result.error is not None:
-            return RouteCheck(
-                Route.UNREACHABLE,
-                evidence=self.describe_error(result.error),
-                refused=result.refused,
-                broken=result.reconnected,
-            )
+            return self.unreachable(result)
         assert code is not None
         body = self.excerpt(result)
         if code == 200:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...core.redact import Secrets, clean, redact_url
 from ...core.settings import HttpSettings
+from ...core.transport import connect_seconds
 from ..http import HttpTransport, TlsFiles
 from ..httpvalues import HttpTarget
 from .answer import EtcdAnswer, Grpc, parse_answer
@@ -73,8 +74,7 @@ class EtcdClient:
         """How a watch reaches member `index`: the same TLS context the unary calls' transport
         uses (built from the same files) and the same connect timeout."""
         https = self._urls[index].startswith("https://")
-        connect = self._timeout[0] if isinstance(self._timeout, tuple) else self._timeout
-        return Dial(self._tls.context() if https else None, connect)
+        return Dial(self._tls.context() if https else None, connect_seconds(self._timeout))
 
     def _headers(self) -> dict[str, str] | None:
         return {"Authorization": self.token} if self.token else None

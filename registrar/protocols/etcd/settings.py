@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from ...core import rules
 from ...core.errors import ConfigError
-from ...core.transport import Timeout
+from ...core.transport import Timeout, deadline_seconds
 
 __all__ = ["DEFAULT_KEEPALIVE_FRACTION", "DEFAULT_TIMEOUT", "DEFAULT_TTL", "EtcdSettings"]
 
@@ -105,7 +105,7 @@ class EtcdSettings:
     @property
     def deadline(self) -> float:
         """Seconds one request to one member may take in all."""
-        return sum(self.timeout) if isinstance(self.timeout, tuple) else self.timeout
+        return deadline_seconds(self.timeout)
 
     @property
     def tls(self) -> bool | str:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from ...core import rules
 from ...core.errors import ConfigError
-from ...core.transport import Timeout, Token, file_token
+from ...core.transport import Timeout, Token, deadline_seconds, file_token
 from .spec import WORKER_TYPES
 
 __all__ = [
@@ -116,8 +116,7 @@ class SmgSettings:
     def stop_timeout(self) -> float:
         """How long stopping may take: the drain's DELETE and last look, each within a request
         deadline, and the wait for the gateway."""
-        deadline = sum(self.timeout) if isinstance(self.timeout, tuple) else self.timeout
-        return self.drain_timeout + 2 * deadline + 1.0
+        return self.drain_timeout + 2 * deadline_seconds(self.timeout) + 1.0
 
     def token(self) -> tuple[Token | None, str]:
         """The control-plane key (or a provider reading the key file) and where it comes from."""
