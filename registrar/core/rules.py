@@ -23,6 +23,7 @@ from .redact import clean, redact_url
 __all__ = [
     "Invalid",
     "Rule",
+    "applied",
     "at_least_one",
     "check_fields",
     "count",
@@ -33,6 +34,7 @@ __all__ = [
     "fraction",
     "fraction_open",
     "header_token",
+    "port_or_none",
     "seconds",
     "seconds_or_none",
     "seconds_or_zero",
@@ -68,6 +70,14 @@ def describe(name: str, value: object, exc: Invalid) -> str:
     if exc.shown is not None:
         return f"{name} {exc.shown!r} {exc.rule}"
     return f"{name} {exc.rule}, got {value!r}"
+
+
+def applied(name: str, value: object, rule: Rule) -> Any:
+    """`rule(value)`, or `ConfigError` naming `name` (a field, an option, a variable)."""
+    try:
+        return rule(value)
+    except Invalid as exc:
+        raise ConfigError(describe(name, value, exc)) from None
 
 
 def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") -> None:
@@ -156,6 +166,15 @@ def timeout(value: object) -> float | tuple[float, float]:
         return each_seconds(value)
     except Invalid:
         raise Invalid("must be positive seconds or a (connect, read) pair") from None
+
+
+def port_or_none(value: object) -> int | None:
+    """None, or a TCP port."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise Invalid("must be a port within [1, 65535]")
+    return value
 
 
 def single_line(value: object) -> str | None:

@@ -161,8 +161,5 @@ def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenP
 def validate_url(url: object, option: str = "url") -> str:
     """`url` without a trailing slash, or `ConfigError` naming `option` (the rule:
     `registrar.core.rules.url`)."""
-    try:
-        kept: str = rules.url(url)
-    except rules.Invalid as exc:
-        raise ConfigError(rules.describe(option, url, exc)) from None
+    kept: str = rules.applied(option, url, rules.url)
     return kept

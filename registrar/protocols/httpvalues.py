@@ -16,7 +16,6 @@ from email.utils import mktime_tz, parsedate_tz
 from urllib.parse import urlencode
 
 from ..core import rules
-from ..core.errors import ConfigError
 
 __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
@@ -92,10 +91,8 @@ class TokenUnavailable(RuntimeError):
 def validate_token(token: object, source: str = "token") -> str | None:
     """`token` (None or empty: no token), or `ConfigError` naming its source but never its
     value (the rule: `registrar.core.rules.header_token`)."""
-    try:
-        return rules.header_token(token)
-    except rules.Invalid as exc:
-        raise ConfigError(rules.describe(source, token, exc)) from None
+    kept: str | None = rules.applied(source, token, rules.header_token)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import ClassVar
 from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import Timeout, Token, deadline_seconds, file_token
-from .spec import WORKER_TYPES
+from . import spec
 
 __all__ = [
     "DEFAULT_CONFIRM_TIMEOUT",
@@ -35,20 +35,6 @@ DEFAULT_GRACE = 10.0
 """Seconds the served process may be not ready before the worker is withdrawn."""
 DEFAULT_READY_INTERVAL = 1.0
 """Seconds between readiness checks of the served process."""
-
-
-def _worker_type(value: object) -> str:
-    if value not in WORKER_TYPES:
-        raise rules.Invalid(f"must be one of {', '.join(WORKER_TYPES)}")
-    return str(value)
-
-
-def _port(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise rules.Invalid("must be a port within [1, 65535]")
-    return value
 
 
 def _ready(value: object) -> str | Callable[[], bool] | None:
@@ -89,8 +75,8 @@ class SmgSettings:
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
         "worker_url": rules.url,
-        "worker_type": _worker_type,
-        "bootstrap_port": _port,
+        "worker_type": spec.worker_type,
+        "bootstrap_port": rules.port_or_none,
         "ready": _ready,
         "grace": _seconds,
         "ready_interval": _seconds,
