@@ -55,12 +55,13 @@ def _sender(who: str, url: str, sent: dict[str, Any]) -> Any:
     host, port = url.removeprefix("http://").split(":")
     if who == "transport":
         from registrar import HttpTransport  # noqa: PLC0415
+        from registrar.protocols.http import with_query  # noqa: PLC0415
 
         transport = HttpTransport(url, timeout=5.0)
 
         def send(i: int) -> int:
             if i % 2:
-                return transport.send("GET", "/route", params=ROUTE).status_code or 0
+                return transport.send("GET", with_query("/route", ROUTE)).status_code or 0
             return transport.send("PUT", "/route", json=sent).status_code or 0
 
         return send

@@ -39,11 +39,11 @@ from .core.transport import IdleWatcher, Transport
 from .core.waker import Waker
 from .moved import install as _install_moved
 from .protocols.etcd import EtcdTransport
-from .protocols.etcd_settings import EtcdSettings
+from .protocols.etcd.settings import EtcdSettings
 from .protocols.http import HttpTransport
 from .protocols.sglang import SGLangTransport, make_payload, rank_of, validate_payload
 from .protocols.smg import SmgTransport
-from .protocols.smg_settings import SmgSettings
+from .protocols.smg.settings import SmgSettings
 
 __all__ = [
     "DEFAULT_BACKOFF",

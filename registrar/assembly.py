@@ -16,7 +16,7 @@ from .core.group import RegistrarGroup
 from .core.registrar import Registrar
 from .core.transport import Timeout
 from .protocols.etcd import DEFAULT_KEEPALIVE_FRACTION, DEFAULT_TIMEOUT, DEFAULT_TTL, EtcdTransport
-from .protocols.etcd_settings import EtcdSettings
+from .protocols.etcd.settings import EtcdSettings
 from .protocols.smg import (
     DEFAULT_CONFIRM_TIMEOUT,
     DEFAULT_DRAIN_TIMEOUT,
@@ -24,10 +24,9 @@ from .protocols.smg import (
     DEFAULT_READY_INTERVAL,
     DEFAULT_WATCH_INTERVAL,
     SmgTransport,
-    readiness,
     worker_spec,
 )
-from .protocols.smg_settings import SmgSettings
+from .protocols.smg.settings import SmgSettings
 
 __all__ = [
     "etcd_registrar",
@@ -79,7 +78,7 @@ def etcd_registrar_from(
 ) -> Registrar:
     """`etcd_registrar` from its settings value; `options` go to `Registrar` (`watch_interval`
     None or absent: derived from the TTL)."""
-    transport = EtcdTransport(settings.endpoints, settings.key, **settings.transport_options())
+    transport = EtcdTransport.from_settings(settings)
     longest = transport.watch_interval
     watch_interval = options.pop("watch_interval", None)
     if watch_interval is None:
@@ -152,12 +151,7 @@ def _smg_registrar(
     payload = worker_spec(
         settings.worker_url, settings.worker_type, settings.bootstrap_port, **dict(spec or {})
     )
-    transport = SmgTransport(
-        gateway,
-        ready=readiness(settings.ready),
-        clock=options.get("clock"),
-        **settings.transport_options(),
-    )
+    transport = SmgTransport(settings, gateway, clock=options.get("clock"))
     return Registrar(payload=payload, transport=transport, watch_interval=watch_interval, **options)
 
 

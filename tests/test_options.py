@@ -13,7 +13,7 @@ import textwrap
 from registrar.core.settings import HttpSettings, LoopSettings, default_of
 from registrar.devtools.envdoc import configuration_page
 from registrar.integrations.sglang.settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
-from registrar.protocols.etcd_settings import EtcdSettings
+from registrar.protocols.etcd.settings import EtcdSettings
 from registrar.surfaces.cli.parser import build_parser
 from registrar.surfaces.env import ENV_VARS
 from registrar.surfaces.options import ENV_PREFIX, OPTIONS

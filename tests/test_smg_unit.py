@@ -17,6 +17,7 @@ from registrar.core.backoff import Backoff
 from registrar.protocols.http import HttpResult
 from registrar.protocols.smg import (
     DEFAULT_CONFIRM_TIMEOUT,
+    SmgSettings,
     SmgTransport,
     validate_spec,
     worker_spec,
@@ -77,7 +78,10 @@ class Script:
 
 
 def transport(script: Script, clock: FakeClock, **kw: Any) -> SmgTransport:
-    return SmgTransport(GATEWAY, sender=script, clock=clock, **kw)
+    ready = kw.pop("ready", None)
+    if "token" in kw:
+        kw["key"] = kw.pop("token")
+    return SmgTransport(SmgSettings(GATEWAY, WORKER, **kw), ready=ready, sender=script, clock=clock)
 
 
 def test_register_posts_then_waits_until_listed_ready(clock: FakeClock) -> None:
@@ -302,7 +306,7 @@ def test_spec_validation_names_the_field() -> None:
     with pytest.raises(ConfigError, match="worker url"):
         worker_spec("127.0.0.1:31000")
     with pytest.raises(ConfigError, match="confirm_timeout must be a positive"):
-        SmgTransport(GATEWAY, confirm_timeout=0)
+        SmgTransport(SmgSettings(GATEWAY, WORKER, confirm_timeout=0))
     with pytest.raises(ConfigError, match="not both"):
         smg_registrar(GATEWAY, WORKER, key="a", key_file="/nonexistent")
     with pytest.raises(ConfigError, match="cannot read the gateway key file"):

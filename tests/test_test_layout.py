@@ -173,11 +173,11 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_rules.py",),
         "the settings values, each made through the rules it applies",
     ),
-    "registrar.protocols.etcd_settings": (
+    "registrar.protocols.etcd.settings": (
         ("test_rules.py", "test_options.py"),
         "the etcd settings value beside the loop's and HTTP's",
     ),
-    "registrar.protocols.smg_settings": (
+    "registrar.protocols.smg.settings": (
         ("test_rules.py",),
         "the gateway settings value beside the loop's and HTTP's",
     ),
@@ -208,6 +208,10 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.protocols.httpconn": (
         ("test_hostile.py", "test_hostile_answers.py", "test_security.py"),
         "urllib3 under the HTTP transport: hostile answers, TLS",
+    ),
+    "registrar.protocols.httpauth": (
+        ("test_token_provider.py", "test_security.py"),
+        "the HTTP transport's credentials: the token, its provider, basic auth",
     ),
     "registrar.protocols.httpvalues": (
         ("test_hostile_answers.py", "test_token_provider.py"),

@@ -23,6 +23,7 @@ from .redact import clean, redact_url
 __all__ = [
     "Invalid",
     "Rule",
+    "applied",
     "at_least_one",
     "check_fields",
     "count",
@@ -32,6 +33,8 @@ __all__ = [
     "existing_path",
     "fraction",
     "fraction_open",
+    "header_token",
+    "port_or_none",
     "seconds",
     "seconds_or_none",
     "seconds_or_zero",
@@ -49,10 +52,12 @@ class Invalid(ValueError):
     """A value broke a rule: `rule` says what is allowed ("must be ..."); `shown` is the value
     as it may be shown (redacted) when the rule text reads after it ("'x' has no host")."""
 
-    def __init__(self, rule: str, shown: str | None = None) -> None:
+    def __init__(self, rule: str, shown: str | None = None, *, secret: bool = False) -> None:
         super().__init__(rule)
         self.rule = rule
         self.shown = shown
+        self.secret = secret
+        """The value is a secret: the message never shows it."""
 
 
 Rule = Callable[[Any], Any]
@@ -61,9 +66,19 @@ Rule = Callable[[Any], Any]
 
 def describe(name: str, value: object, exc: Invalid) -> str:
     """One line naming `name` (a field, a variable, a flag) and the rule `value` broke."""
+    if exc.secret:
+        return f"{name} {exc.rule}"
     if exc.shown is not None:
         return f"{name} {exc.shown!r} {exc.rule}"
     return f"{name} {exc.rule}, got {value!r}"
+
+
+def applied(name: str, value: object, rule: Rule) -> Any:
+    """`rule(value)`, or `ConfigError` naming `name` (a field, an option, a variable)."""
+    try:
+        return rule(value)
+    except Invalid as exc:
+        raise ConfigError(describe(name, value, exc)) from None
 
 
 def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") -> None:
@@ -155,12 +170,39 @@ def timeout(value: object) -> float | tuple[float, float]:
         raise Invalid("must be positive seconds or a (connect, read) pair") from None
 
 
+def port_or_none(value: object) -> int | None:
+    """None, or a TCP port."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise Invalid("must be a port within [1, 65535]")
+    return value
+
+
 def single_line(value: object) -> str | None:
     """None, or a non-empty single-line string."""
     if value is None:
         return None
     if not isinstance(value, str) or not value or "\n" in value or "\r" in value:
         raise Invalid("must be a non-empty single-line string")
+    return value
+
+
+def header_token(value: object) -> str | None:
+    """None (or empty: no token), or one line of visible ASCII, which every HTTP stack can send
+    as a header (a newline would end the header; a character outside latin-1 cannot be encoded
+    at all). A secret: its messages never show it."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise Invalid(f"must be a string, got {type(value).__name__}", secret=True)
+    bad = next((i for i, c in enumerate(value) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise Invalid(
+            "must be one line of visible ASCII characters (no spaces, no control or "
+            f"non-ASCII characters); character {bad + 1} of {len(value)} is not",
+            secret=True,
+        )
     return value
 
 
@@ -214,7 +256,7 @@ def urls(kind: str, example: str) -> Rule:
             raise Invalid(f"must name at least one {kind} URL, e.g. {example}")
         found = tuple(url(item) for item in value)
         if len(set(found)) != len(found):
-            raise Invalid(f"must not give a {kind} URL twice")
+            raise Invalid(f"must not give a {kind} URL twice (a URL must not repeat)")
         return found
 
     return rule

@@ -28,6 +28,7 @@ __all__ = [
     "LoopSettings",
     "default_of",
     "rules_of",
+    "verify_fields",
 ]
 
 DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
@@ -53,11 +54,15 @@ def _on_failure(value: object) -> OnFailure:
 
 
 def _token(value: object) -> Token | None:
+    """A provider (asked before each request), or a fixed token: a single-line string, which
+    `rules.header_token` then holds to what an HTTP header can carry."""
     if value is None or callable(value):
         return value
     if not isinstance(value, str) or "\n" in value or "\r" in value:
-        raise rules.Invalid("must be a single-line string, or a callable answering one per request")
-    return value
+        raise rules.Invalid(
+            "must be a single-line string, or a callable answering one per request", secret=True
+        )
+    return rules.header_token(value)
 
 
 def _retry_after_cap(value: object) -> float:
@@ -65,6 +70,14 @@ def _retry_after_cap(value: object) -> float:
         return rules.seconds_or_zero(value)
     except rules.Invalid:
         raise rules.Invalid("must be a number of seconds >= 0 (0 ignores Retry-After)") from None
+
+
+def verify_fields(verify: bool | str) -> dict[str, Any]:
+    """The settings fields a transport's `verify=` stands for: True, False, or the path of a CA
+    file or directory (then verified against it)."""
+    if isinstance(verify, str):
+        return {"verify": True, "ca_bundle": verify}
+    return {"verify": verify}
 
 
 def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:

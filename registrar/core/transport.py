@@ -34,8 +34,9 @@ __all__ = [
     "TokenProvider",
     "Transport",
     "Waker",
+    "connect_seconds",
+    "deadline_seconds",
     "file_token",
-    "validate_timeout",
     "validate_url",
 ]
 
@@ -47,6 +48,16 @@ TokenProvider = Callable[[], str | None]
 token (a re-written file, a refreshed secret) is used from the next request on."""
 Token = str | TokenProvider
 """A fixed bearer token, or a provider asked before each request."""
+
+
+def deadline_seconds(timeout: Timeout) -> float:
+    """Seconds a request may take in all: the timeout, or a (connect, read) pair's sum."""
+    return sum(timeout) if isinstance(timeout, tuple) else timeout
+
+
+def connect_seconds(timeout: Timeout) -> float:
+    """Seconds connecting may take: the timeout, or a (connect, read) pair's first."""
+    return timeout[0] if isinstance(timeout, tuple) else timeout
 
 
 @runtime_checkable
@@ -150,17 +161,5 @@ def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenP
 def validate_url(url: object, option: str = "url") -> str:
     """`url` without a trailing slash, or `ConfigError` naming `option` (the rule:
     `registrar.core.rules.url`)."""
-    try:
-        kept: str = rules.url(url)
-    except rules.Invalid as exc:
-        raise ConfigError(rules.describe(option, url, exc)) from None
+    kept: str = rules.applied(option, url, rules.url)
     return kept
-
-
-def validate_timeout(timeout: object) -> Timeout:
-    """A positive float or a (connect, read) pair of positive floats, or `ConfigError` (the
-    rule: `registrar.core.rules.timeout`)."""
-    try:
-        return rules.timeout(timeout)
-    except rules.Invalid as exc:
-        raise ConfigError(rules.describe("timeout", timeout, exc)) from None

@@ -9,16 +9,16 @@ drain and the key file."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from ..core.registry import TransportOptions
-from ..core.transport import Transport
+from ..core.settings import HttpSettings, verify_fields
+from ..core.transport import Token, Transport
 from .etcd import EtcdTransport
-from .http import HttpTransport
+from .http import HttpTarget, HttpTransport
 from .sglang import SGLangTransport, token_from_env, token_source, validate_payload
-from .smg import KEY_ENV, SmgTransport, validate_spec
+from .smg import SmgSettings, SmgTransport, validate_spec
 
 __all__ = [
     "EtcdTransport",
@@ -31,40 +31,37 @@ __all__ = [
 ]
 
 
+def _http_settings(options: TransportOptions, token: Token | None) -> HttpSettings:
+    """The HTTP settings `options` stand for (they were checked as such), with `token`."""
+    return HttpSettings(
+        options.url, timeout=options.timeout, token=token, **verify_fields(options.verify)
+    )
+
+
 def sglang_protocol(
     payload: Mapping[str, Any], options: TransportOptions
 ) -> tuple[Transport, dict[str, Any]]:
     checked = validate_payload(payload)
-    transport = SGLangTransport(
-        options.url,
-        token=token_from_env(options.token),
-        token_source=token_source(options.token),
-        timeout=options.timeout,
-        verify=options.verify,
-    )
-    return transport, checked
+    settings = _http_settings(options, token_from_env(options.token))
+    target = HttpTarget(token_source=token_source(options.token))
+    return SGLangTransport.from_settings(settings, target), checked
 
 
 def http_protocol(
     payload: Mapping[str, Any], options: TransportOptions
 ) -> tuple[Transport, dict[str, Any]]:
-    transport = HttpTransport(
-        options.url, token=options.token, timeout=options.timeout, verify=options.verify
-    )
-    return transport, dict(payload)
-
+    return HttpTransport.from_settings(_http_settings(options, options.token)), dict(payload)
 
 
 def smg_protocol(
     payload: Mapping[str, Any], options: TransportOptions
 ) -> tuple[Transport, dict[str, Any]]:
     checked = validate_spec(payload)
-    token = options.token if options.token is not None else (os.environ.get(KEY_ENV) or None)
-    transport = SmgTransport(
-        options.url,
-        token=token,
-        token_source="token" if options.token is not None else f"${KEY_ENV}",
+    settings = SmgSettings(
+        (options.url,),
+        checked["url"],
+        key=options.token,
         timeout=options.timeout,
-        verify=options.verify,
+        **verify_fields(options.verify),
     )
-    return transport, checked
+    return SmgTransport(settings), checked

@@ -25,22 +25,29 @@ import logging
 import socket
 import ssl
 import time
-from base64 import b64encode
 from collections.abc import Callable, Mapping
-from typing import Any
-from urllib.parse import unquote, urlencode, urlsplit
+from typing import Any, Self
+from urllib.parse import urlsplit
 
 import urllib3
 from urllib3.exceptions import HTTPError
 
 from .._version import __version__
-from ..core.errors import ConfigError, describe_exception, root_cause
-from ..core.outcome import RegisterOutcome, RouteCheck, Verdict
+from ..core.errors import describe_exception, root_cause
+from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
-from ..core.transport import Timeout, Token, validate_timeout, validate_url
+from ..core.settings import HttpSettings, verify_fields
+from ..core.transport import (
+    Timeout,
+    Token,
+    connect_seconds,
+    deadline_seconds,
+    validate_url,  # noqa: F401 - registrar.transport's (registrar/moved.py)
+)
 from ..core.waker import Waker
 from .deadline import DeadlineExceeded
 from .deadline import Watchdog as _Watchdog
+from .httpauth import Credentials
 from .httpconn import (
     ConnectTimeout,
     Link,
@@ -52,12 +59,15 @@ from .httpconn import (
     reusable,
 )
 from .httpvalues import (
+    DEFAULT_MAX_ANSWER_BYTES,
     RETRY_AFTER_CEILING,
     HttpResult,
+    HttpTarget,
     TokenUnavailable,
     parse_retry_after,
     phrase,
     validate_token,
+    with_query,
 )
 from .idle import KEEPALIVE_WINDOW, MAX_HARMLESS_CLOSES, IdleCloses, Prober, wait_readable
 
@@ -69,6 +79,7 @@ __all__ = [
     "ConnectTimeout",
     "DeadlineExceeded",
     "HttpResult",
+    "HttpTarget",
     "HttpTransport",
     "ReadTimeout",
     "TlsError",
@@ -76,14 +87,13 @@ __all__ = [
     "TokenUnavailable",
     "parse_retry_after",
     "validate_token",
+    "with_query",
 ]
 
 logger = logging.getLogger(__name__)
 
 _RETRIED_4XX = frozenset({408, 429})
 _RETRY_AFTER_CODES = frozenset({429, 503})
-DEFAULT_MAX_ANSWER_BYTES = 64 * 1024
-"""A successful answer is read and decoded up to this many bytes (SGLang's are under 200)."""
 EXCERPT_BYTES = 1024
 """An error answer is read up to this many bytes: its excerpt shows no more than that."""
 # Everything by which an exchange fails rather than answers. Anything else raised inside a
@@ -108,7 +118,7 @@ class HttpTransport:
     token_hint = "check the auth token"
     token_how = "pass one with token="
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the documented keyword front door; the values it builds check
         self,
         url: str,
         *,
@@ -121,57 +131,41 @@ class HttpTransport:
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
         cert: tuple[str, str] | None = None,
     ) -> None:
-        self._url = validate_url(url)
-        if not callable(token):
-            token = validate_token(token, token_source)
+        settings = HttpSettings(url, timeout=timeout, token=token, **verify_fields(verify))
+        self._setup(settings, HttpTarget(path, method, token_source, max_answer_bytes, cert))
+
+    @classmethod
+    def from_settings(cls, settings: HttpSettings, target: HttpTarget | None = None) -> Self:
+        """The transport for `settings` (checked when they were made) and what its protocol
+        fixes (`target`: by default `PUT /route`)."""
+        transport = cls.__new__(cls)
+        transport._setup(settings, target if target is not None else HttpTarget())
+        return transport
+
+    def _setup(self, settings: HttpSettings, target: HttpTarget) -> None:
+        self._url = settings.url
         parts = urlsplit(self._url)
-        userinfo = parts.username is not None or parts.password is not None
-        if token and userinfo:
-            raise ConfigError(
-                f"url carries credentials (user:password@) and {token_source} sets a bearer "
-                "token; give one of them (a request carries one Authorization header)"
-            )
+        self._auth = Credentials(self._url, settings.token, target.token_source)
         self._display_url = redact_url(self._url)
-        self._path = path if path.startswith("/") else f"/{path}"
-        self._method = method
-        self._timeout = validate_timeout(timeout)
-        self._deadline = sum(self._timeout) if isinstance(self._timeout, tuple) else self._timeout
-        if (
-            isinstance(max_answer_bytes, bool)
-            or not isinstance(max_answer_bytes, int)
-            or max_answer_bytes < 1
-        ):
-            raise ConfigError(
-                f"max_answer_bytes must be a positive integer, got {max_answer_bytes!r}"
-            )
-        self._max_answer_bytes = max_answer_bytes
-        # A provider is asked before each request (rotation); a fixed token is set once.
-        self._token_provider = token if callable(token) else None
-        self._tokens_seen: set[str] = set() if callable(token) or not token else {token}
-        self._has_token = bool(token)
-        self._token_source = token_source
-        self._userinfo = userinfo
-        self._basic = (parts.username or "", parts.password or "") if userinfo else None
-        self._secrets = Secrets.of(self._tokens_seen, basic=self._basic)
+        self._path = target.path
+        self._method = target.method
+        self._timeout = settings.timeout
+        self._deadline = deadline_seconds(self._timeout)
+        self._max_answer_bytes = target.max_answer_bytes
         self._watchdog = _Watchdog()
         default_port = 443 if parts.scheme == "https" else 80
         self._address = (parts.hostname or "", parts.port or default_port)
         # A client certificate (mutual TLS) is for etcd; proxies from the environment are not
         # followed (the bootstrap server is on the cluster's own network).
-        tls = TlsFiles(verify, cert) if parts.scheme == "https" else None
+        tls = TlsFiles(settings.tls, target.cert) if parts.scheme == "https" else None
         self._link = Link(self._address[0], self._address[1], tls, self._watchdog)
         self._prefix = parts.path.rstrip("/")
         self._headers = {
             "User-Agent": f"registrar/{__version__}",
             # Only what this module decodes, with a cap.
             "Accept-Encoding": "gzip, deflate",
+            **self._auth.fixed,
         }
-        if isinstance(token, str) and token:
-            self._headers["Authorization"] = f"Bearer {token}"
-        elif self._basic is not None:
-            user, password = (unquote(part) for part in self._basic)
-            basic = b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
-            self._headers["Authorization"] = f"Basic {basic}"
         self._last_end: float | None = None
         self._kept_alive = False
         self._refused = False  # the last exchange was refused: probe before the next request
@@ -181,6 +175,11 @@ class HttpTransport:
     @property
     def display_url(self) -> str:
         return self._display_url
+
+    @property
+    def _secrets(self) -> Secrets:
+        """The token(s) and URL credentials kept out of every text."""
+        return self._auth.secrets
 
     @property
     def endpoint(self) -> str:
@@ -258,20 +257,20 @@ class HttpTransport:
         path: str,
         *,
         json: Any = None,
-        params: Mapping[str, str | int] | None = None,
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One request within the deadline; failures are returned, never raised. The body is
-        read up to `limit` bytes whatever the status, by default up to `max_answer_bytes` for
-        a success and `EXCERPT_BYTES` otherwise. `headers` are added to this request only."""
+        """One request within the deadline; failures are returned, never raised. `path` may
+        carry a query (`with_query`). The body is read up to `limit` bytes whatever the status,
+        by default up to `max_answer_bytes` for a success and `EXCERPT_BYTES` otherwise.
+        `headers` are added to this request only."""
         if self._refused:
             refusal = self._probe()
             if refusal is not None:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
         try:
-            return self._send(method, path, json=json, params=params, limit=limit, headers=headers)
+            return self._send(method, path, json, limit, headers)
         finally:
             self._link.discard_probe()
 
@@ -279,11 +278,9 @@ class HttpTransport:
         self,
         method: str,
         path: str,
-        *,
         json: Any,
-        params: Mapping[str, str | int] | None,
         limit: int | None,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None,
     ) -> HttpResult:
         opened_before = self._link.opened_count
         started = time.monotonic()
@@ -292,7 +289,7 @@ class HttpTransport:
             and self._last_end is not None
             and started - self._last_end < KEEPALIVE_WINDOW
         )
-        prepared = self._prepare(method, path, json, params, headers)
+        prepared = self._prepare(method, path, json, headers)
         if isinstance(prepared, HttpResult):
             return prepared
         target, data, sent = prepared
@@ -331,17 +328,12 @@ class HttpTransport:
         )
 
     def _prepare(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        params: Mapping[str, str | int] | None,
-        headers: Mapping[str, str] | None,
+        self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
     ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
         """The request's target, body and headers, or the result of a request that cannot be
         made (a token provider that failed, a payload that is not JSON)."""
         try:
-            auth = self._auth_header()
+            auth = self._auth.asked()
         except Exception as exc:  # a provider that fails fails this request, like the network
             return HttpResult(None, {}, "", TokenUnavailable(describe_exception(exc)), False)
         sent = dict(self._headers)
@@ -358,10 +350,7 @@ class HttpTransport:
             sent["Content-Type"] = "application/json"
         elif method in ("PUT", "POST", "PATCH"):
             data = b""
-        target = f"{self._prefix}{path}"
-        if params:
-            target = f"{target}?{urlencode(params)}"
-        return target, data, sent
+        return f"{self._prefix}{path}", data, sent
 
     def _abandoned(self) -> HttpResult:
         """The deadline (or a stop) ended the request: whatever the shutdown made the exchange
@@ -397,22 +386,6 @@ class HttpTransport:
             return lambda _: limit
         return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
 
-    def _auth_header(self) -> dict[str, str] | None:
-        """The Authorization header from the token provider, if there is one; every token it
-        answers joins the secrets kept out of error texts."""
-        if self._token_provider is None:
-            return None
-        token = self._token_provider()
-        if not token:
-            return None
-        # The same rule as a fixed token; the error names the provider, never the token.
-        token = validate_token(token, f"the token from {self._token_source}")
-        assert token is not None
-        if token not in self._tokens_seen:
-            self._tokens_seen.add(token)
-            self._secrets = Secrets.of(self._tokens_seen, basic=self._basic)
-        return {"Authorization": f"Bearer {token}"}
-
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         result = self.send(self._method, self._path, json=dict(payload))
         return self.classify_registration(result)
@@ -439,16 +412,22 @@ class HttpTransport:
             text = describe_exception(exc)
         return clean(text, secrets=self._secrets)
 
+    def unreachable(self, result: HttpResult) -> RouteCheck:
+        """The route check of an exchange that failed (no answer): unreachable, and why."""
+        assert result.error is not None
+        return RouteCheck(
+            Route.UNREACHABLE,
+            evidence=self.describe_error(result.error),
+            refused=result.refused,
+            broken=result.reconnected,
+        )
+
     def credentials_hint(self) -> str:
         """What to check after a 401/403: the credential that was actually sent."""
-        if self._has_token:
-            return f"{self.token_hint} (from {self._token_source})"
-        if self._userinfo:
-            return "check the user name and password in the URL (sent as basic auth)"
-        return f"the server wants credentials and none were sent; {self.token_how}"
+        return self._auth.hint(self.token_hint, self.token_how)
 
     def _connect_timeout(self) -> float:
-        return self._timeout[0] if isinstance(self._timeout, tuple) else self._timeout
+        return connect_seconds(self._timeout)
 
     def _read_timeout(self) -> float:
         return self._timeout[1] if isinstance(self._timeout, tuple) else self._timeout

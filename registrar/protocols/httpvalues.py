@@ -1,8 +1,8 @@
 """The values of one HTTP exchange, and the parsers of what a server or a user hands in.
 
 An `HttpResult` is what `HttpTransport.send` returns (an answer, or the error that stopped
-it); `parse_retry_after` reads a `Retry-After` header and `validate_token` checks a bearer
-token once, where it is configured.
+it); `HttpTarget` is what a protocol fixes about its requests; `parse_retry_after` reads a
+`Retry-After` header and `validate_token` checks a bearer token a provider answered.
 """
 
 from __future__ import annotations
@@ -13,21 +13,27 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import mktime_tz, parsedate_tz
+from urllib.parse import urlencode
 
-from ..core.errors import ConfigError
+from ..core import rules
 
 __all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES",
     "RETRY_AFTER_CEILING",
     "HttpResult",
+    "HttpTarget",
     "TokenUnavailable",
     "parse_retry_after",
     "phrase",
     "validate_token",
+    "with_query",
 ]
 
 RETRY_AFTER_CEILING = 365 * 24 * 3600.0
 """A year: no Retry-After is read as longer (the registrar's own cap is far smaller)."""
 _DELTA_SECONDS = re.compile("[0-9]+")
+DEFAULT_MAX_ANSWER_BYTES = 64 * 1024
+"""A successful answer is read and decoded up to this many bytes (SGLang's are under 200)."""
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
@@ -84,19 +90,32 @@ class TokenUnavailable(RuntimeError):
 
 def validate_token(token: object, source: str = "token") -> str | None:
     """`token` (None or empty: no token), or `ConfigError` naming its source but never its
-    value: it must be one line of visible ASCII, which every HTTP stack can send as a header
-    (a newline would end the header; a character outside latin-1 cannot be encoded at all)."""
-    if token is None or token == "":
-        return None
-    if not isinstance(token, str):
-        raise ConfigError(f"{source} must be a string, got {type(token).__name__}")
-    bad = next((i for i, c in enumerate(token) if not "!" <= c <= "~"), None)
-    if bad is not None:
-        raise ConfigError(
-            f"{source} must be one line of visible ASCII characters (no spaces, no control or "
-            f"non-ASCII characters); character {bad + 1} of {len(token)} is not"
-        )
-    return token
+    value (the rule: `registrar.core.rules.header_token`)."""
+    kept: str | None = rules.applied(source, token, rules.header_token)
+    return kept
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    """What a protocol fixes about its requests, beside the `HttpSettings` users give: the
+    registration's path and method, where the token came from (named in messages, never the
+    token), how much of a successful answer is read, and a client certificate (etcd's)."""
+
+    path: str = "/route"
+    method: str = "PUT"
+    token_source: str = "token"
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    cert: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        rules.check_fields(self, {"max_answer_bytes": rules.count})
+        if not self.path.startswith("/"):
+            object.__setattr__(self, "path", f"/{self.path}")
+
+
+def with_query(path: str, params: Mapping[str, str | int] | None) -> str:
+    """`path` with `params` as its query (`HttpTransport.send` takes the two as one)."""
+    return f"{path}?{urlencode(params)}" if params else path
 
 
 def phrase(code: int) -> str:

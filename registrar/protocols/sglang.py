@@ -27,9 +27,10 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import clean
+from ..core.settings import HttpSettings
 from ..core.transport import Timeout, Token
 from ..core.untrusted import load_json
-from .http import HttpResult, HttpTransport
+from .http import HttpResult, HttpTarget, HttpTransport, validate_token, with_query
 
 __all__ = [
     "OPTIONAL_FIELDS",
@@ -203,7 +204,7 @@ def token_from_env(token: Token | None) -> Token | None:
     environment."""
     if token is not None:
         return token or None
-    return os.environ.get(TOKEN_ENV) or None
+    return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV)
 
 
 def token_source(token: Token | None) -> str:
@@ -258,6 +259,9 @@ class SGLangTransport(HttpTransport):
             timeout=timeout,
             verify=verify,
         )
+
+    def _setup(self, settings: HttpSettings, target: HttpTarget) -> None:
+        super()._setup(settings, target)
         self._evidence = _Evidence()
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
@@ -275,7 +279,7 @@ class SGLangTransport(HttpTransport):
             self._evidence.reconnected = True
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
-        result = self.send("GET", "/route", params=rank_of(payload).query())
+        result = self.send("GET", with_query("/route", rank_of(payload).query()))
         self._note(result)
         check = self._classify_check(payload, result)
         self.settle_idle_signal(check.route in (Route.PRESENT, Route.CONFLICT))
@@ -290,12 +294,7 @@ class SGLangTransport(HttpTransport):
     def _classify_check(self, payload: Mapping[str, Any], result: HttpResult) -> RouteCheck:
         code = result.status_code
         if result.error is not None:
-            return RouteCheck(
-                Route.UNREACHABLE,
-                evidence=self.describe_error(result.error),
-                refused=result.refused,
-                broken=result.reconnected,
-            )
+            return self.unreachable(result)
         assert code is not None
         body = self.excerpt(result)
         if code == 200:

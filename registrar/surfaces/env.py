@@ -61,7 +61,9 @@ def read_variable(option: Option, env: Mapping[str, str], prefix: str = ENV_PREF
     try:
         return option.read(text)
     except ValueError as exc:
-        raise ConfigError(f"{key}={text!r} {exc}; e.g. {key}={option.example}") from None
+        # A secret (a token) is never shown, even in the error that refuses it.
+        shown = key if getattr(exc, "secret", False) else f"{key}={text!r}"
+        raise ConfigError(f"{shown} {exc}; e.g. {key}={option.example}") from None
 
 
 def _rows(table: Iterable[Option], names: Iterable[str] | None) -> list[Option]:

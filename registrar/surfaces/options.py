@@ -19,8 +19,8 @@ from ..core import rules
 from ..core.backoff import Backoff
 from ..core.settings import HttpSettings, LoopSettings, default_of, rules_of
 from ..protocols import smg
-from ..protocols.etcd_settings import EtcdSettings
-from ..protocols.smg_settings import SmgSettings
+from ..protocols.etcd.settings import EtcdSettings
+from ..protocols.smg.settings import SmgSettings
 from .parsers import (
     int_or_off,
     integer,

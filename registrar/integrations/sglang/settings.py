@@ -21,7 +21,7 @@ from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import file_token
 from ...protocols.http import validate_token
-from ...protocols.smg_settings import SmgSettings
+from ...protocols.smg.settings import SmgSettings
 from ...surfaces.env import (
     ENV_PREFIX,
     ENV_VARS,

@@ -35,7 +35,7 @@ from typing import Any
 
 from ...core.redact import clean
 from ...core.untrusted import load_json
-from ...protocols.http import HttpTransport
+from ...protocols.http import HttpTransport, with_query
 
 __all__ = [
     "CachedRow",
@@ -165,7 +165,7 @@ class _Watch:
             "target_tp_rank": row.tp,
             "target_pp_rank": row.pp,
         }
-        result = self.transport.send("GET", "/route", params=query)
+        result = self.transport.send("GET", with_query("/route", query))
         if result.error is not None or result.status_code is None:
             return RowAnswer(None, reconnected=result.reconnected)
         ip = port = None

@@ -8,95 +8,55 @@ One `HttpTransport` per member (`POST /v3/...` on etcd's JSON gateway): no gRPC 
 from __future__ import annotations
 
 import logging
-import os
-import ssl
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ...core.errors import ConfigError
 from ...core.redact import Secrets, clean, redact_url
-from ...core.transport import Timeout, validate_url
+from ...core.settings import HttpSettings
+from ...core.transport import connect_seconds
 from ..http import HttpTransport, TlsFiles
+from ..httpvalues import HttpTarget
 from .answer import EtcdAnswer, Grpc, parse_answer
+from .settings import EtcdSettings
+from .stream import Dial
 
-__all__ = ["EtcdClient", "check_cert", "check_credentials", "endpoint_urls"]
+__all__ = ["EtcdClient"]
 
 logger = logging.getLogger(__name__)
 
 
-def endpoint_urls(value: object) -> list[str]:
-    """The members' client URLs (one string, comma-separated, or a sequence), or ConfigError."""
-    if isinstance(value, str):
-        items: list[object] = [part.strip() for part in value.split(",") if part.strip()]
-    elif isinstance(value, Sequence):
-        items = list(value)
-    else:
-        items = []
-    if not items:
-        raise ConfigError(
-            "endpoints must name at least one etcd client URL, e.g. http://127.0.0.1:2379"
-        )
-    urls = [validate_url(item, "etcd endpoint") for item in items]
-    if len(set(urls)) != len(urls):
-        raise ConfigError("endpoints must not repeat an etcd URL")
-    return urls
-
-
-def check_credentials(username: object, password: object) -> None:
-    """Both or neither, each a non-empty string, or ConfigError."""
-    if (username is None) != (password is None):
-        raise ConfigError("username and password go together: give both or neither")
-    for name, value in (("username", username), ("password", password)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ConfigError(f"{name} must be a non-empty string")
-
-
-def check_cert(cert: object) -> tuple[str, str] | None:
-    """A (certificate file, key file) pair of existing files, or None, or ConfigError."""
-    if cert is None:
-        return None
-    if (
-        isinstance(cert, tuple)
-        and len(cert) == 2
-        and all(isinstance(path, str) and os.path.isfile(path) for path in cert)
-    ):
-        return (cert[0], cert[1])
-    raise ConfigError(
-        f"cert must be a (certificate file, key file) pair of readable files, got {cert!r}"
-    )
-
-
 class EtcdClient:
-    """Sends to a cluster's members with failover, auth and TLS. Its arguments arrive checked
-    (by the functions above, called by `EtcdTransport` among its own checks)."""
+    """Sends to a cluster's members with failover, auth and TLS, as its settings say (checked
+    when they were made)."""
 
-    def __init__(
-        self,
-        urls: list[str],
-        *,
-        username: str | None,
-        password: str | None,
-        timeout: Timeout,
-        verify: bool | str,
-        cert: tuple[str, str] | None,
-    ) -> None:
-        self._urls = urls
-        self.shown = [redact_url(url) for url in urls]
+    def __init__(self, settings: EtcdSettings) -> None:
+        self._urls = list(settings.endpoints)
+        self.shown = [redact_url(url) for url in self._urls]
         """The endpoints, credentials redacted, in failover order."""
+        target = HttpTarget(path="/", cert=settings.cert)
         self._http = [
-            HttpTransport(url, path="/", timeout=timeout, verify=verify, cert=cert) for url in urls
+            HttpTransport.from_settings(
+                HttpSettings(
+                    url,
+                    timeout=settings.timeout,
+                    verify=settings.verify,
+                    ca_bundle=settings.ca_bundle,
+                ),
+                target,
+            )
+            for url in self._urls
         ]
-        self._timeout = timeout
+        self._timeout = settings.timeout
         self.current = 0
         """The member that answered last: the first one asked."""
         self.all_refused = False
         """Every member refused the connection in the last call (nothing listens anywhere)."""
-        self._tls = TlsFiles(verify, cert)
-        self.cert = cert
-        self._username = username
-        self._password = password
-        self.secrets = Secrets.of((password,))
+        self._tls = TlsFiles(settings.tls, settings.cert)
+        self.cert = settings.cert
+        self._username = settings.username
+        self._password = settings.password
+        self.secrets = Secrets.of((settings.password,))
         self.token: str | None = None
         self._auth_off = False
         self._aborted = False
@@ -110,14 +70,11 @@ class EtcdClient:
     def url(self, index: int) -> str:
         return self._urls[index]
 
-    def ssl_context(self, index: int) -> ssl.SSLContext | None:
-        """The same TLS context the unary calls' transport uses (built from the same files)."""
-        if not self._urls[index].startswith("https://"):
-            return None
-        return self._tls.context()
-
-    def connect_timeout(self) -> float:
-        return self._timeout[0] if isinstance(self._timeout, tuple) else self._timeout
+    def dial(self, index: int) -> Dial:
+        """How a watch reaches member `index`: the same TLS context the unary calls' transport
+        uses (built from the same files) and the same connect timeout."""
+        https = self._urls[index].startswith("https://")
+        return Dial(self._tls.context() if https else None, connect_seconds(self._timeout))
 
     def _headers(self) -> dict[str, str] | None:
         return {"Authorization": self.token} if self.token else None

@@ -12,6 +12,7 @@ import contextlib
 import selectors
 import socket
 import ssl
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,7 +21,14 @@ from ...core.redact import clean
 from ...core.untrusted import load_json
 from ...core.waker import Waker
 
-__all__ = ["MAX_WATCH_MESSAGE", "ChunkedLines", "StreamError", "WatchStream", "message_limit"]
+__all__ = [
+    "MAX_WATCH_MESSAGE",
+    "ChunkedLines",
+    "Dial",
+    "StreamError",
+    "WatchStream",
+    "message_limit",
+]
 
 MAX_WATCH_MESSAGE = 1024 * 1024
 """Bytes one watch message may take (an event carries our value and maybe a previous one)."""
@@ -122,6 +130,15 @@ class ChunkedLines:
         return found
 
 
+@dataclass(frozen=True)
+class Dial:
+    """How a watch stream reaches its member: the TLS context (None for http://) and the
+    connect timeout, the same as the unary calls'."""
+
+    context: ssl.SSLContext | None
+    timeout: float
+
+
 class WatchStream:
     """One `POST /v3/watch` on a plain (or TLS) socket, read without blocking."""
 
@@ -135,22 +152,14 @@ class WatchStream:
         self._limit = limit
 
     @classmethod
-    def open(
-        cls,
-        endpoint: str,
-        index: int,
-        request: bytes,
-        context: ssl.SSLContext | None,
-        timeout: float,
-        limit: int,
-    ) -> WatchStream:
+    def open(cls, endpoint: str, index: int, request: bytes, dial: Dial, limit: int) -> WatchStream:
         parts = urlsplit(endpoint)
         host = parts.hostname or "127.0.0.1"
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = socket.create_connection((host, port), timeout=dial.timeout)
         try:
-            if context is not None:
-                sock = context.wrap_socket(sock, server_hostname=host)
+            if dial.context is not None:
+                sock = dial.context.wrap_socket(sock, server_hostname=host)
             sock.sendall(request)
             sock.setblocking(False)
         except BaseException:

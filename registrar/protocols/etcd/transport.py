@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ...core.errors import ConfigError
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
-from ...core.transport import Timeout, Waker, validate_timeout
+from ...core.settings import verify_fields
+from ...core.transport import Timeout, Waker
 from .answer import EtcdAnswer, Grpc, b64, header_revision, int64, unb64
-from .client import EtcdClient, check_cert, check_credentials, endpoint_urls
+from .client import EtcdClient
+from .settings import DEFAULT_KEEPALIVE_FRACTION, DEFAULT_TIMEOUT, DEFAULT_TTL, EtcdSettings
 from .stream import MAX_WATCH_MESSAGE, message_limit
 from .verdicts import key_check, not_renewed, not_written, unread
 from .watch import KeyWatch
@@ -35,16 +36,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-DEFAULT_TTL = 10.0
-"""Seconds a crashed process's key outlives it. etcd rounds a TTL up to whole seconds and to
-its own minimum (about 2 s on a default single member)."""
-DEFAULT_KEEPALIVE_FRACTION = 1 / 3
-"""The lease is renewed every TTL/3 (as etcd's own Go client does): two renewals may be lost
-before the key expires."""
-DEFAULT_TIMEOUT = 2.0
-"""Deadline of one request to one endpoint: a stopped member costs this before failing over.
-A renewal through a member waiting for a new leader can take one election (about 1 s)."""
-
 # The loop's first wait after a registration is up to 1.5 watch intervals (a fleet spreads its
 # checks over a whole interval), so this many intervals fit in one keep-alive period.
 _LONGEST_WAIT = 1.5
@@ -55,23 +46,6 @@ def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE
     `keepalive_fraction * ttl`: each check renews it, and the loop waits at most 1.5 intervals
     between checks."""
     return ttl * keepalive_fraction / _LONGEST_WAIT
-
-
-def _lease_options(ttl: object, keepalive_fraction: object) -> tuple[int, float]:
-    """The lease's TTL in whole seconds (rounded up, as etcd takes them) and the fraction of it
-    after which it is renewed, or ConfigError."""
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 1 <= ttl <= 9_000_000_000:
-        raise ConfigError(f"ttl must be a number of seconds >= 1, got {ttl!r}")
-    if (
-        isinstance(keepalive_fraction, bool)
-        or not isinstance(keepalive_fraction, int | float)
-        or not 0.05 <= keepalive_fraction <= 0.5
-    ):
-        raise ConfigError(
-            f"keepalive_fraction must be within [0.05, 0.5] (of the TTL), "
-            f"got {keepalive_fraction!r}"
-        )
-    return int(-(-ttl // 1)), float(keepalive_fraction)
 
 
 class EtcdTransport:
@@ -88,7 +62,7 @@ class EtcdTransport:
     `timeout` is one request's deadline on one endpoint.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the documented keyword front door; EtcdSettings checks
         self,
         endpoints: str | Sequence[str],
         key: str,
@@ -103,32 +77,40 @@ class EtcdTransport:
         max_message_bytes: int = MAX_WATCH_MESSAGE,
         rng: Callable[[], float] | None = None,
     ) -> None:
-        urls = endpoint_urls(endpoints)
-        if not isinstance(key, str) or not key or "\n" in key or "\r" in key:
-            raise ConfigError(f"key must be a non-empty single-line string, got {key!r}")
-        self._key = key.encode()
-        self._key_text = key
-        self._ttl, self._fraction = _lease_options(ttl, keepalive_fraction)
-        check_credentials(username, password)
-        checked = validate_timeout(timeout)
-        deadline = sum(checked) if isinstance(checked, tuple) else checked
-        if deadline >= self._ttl * (1 - self._fraction):
-            raise ConfigError(
-                f"timeout ({deadline:g} s per request) must be shorter than the part of the TTL "
-                f"left after a renewal is due ({self._ttl * (1 - self._fraction):g} s of "
-                f"ttl={self._ttl}): a member that never answers would cost the lease before "
-                "the next one is asked; raise ttl or lower timeout"
-            )
-        if isinstance(verify, str) and not verify:
-            raise ConfigError("verify must be True, False or the path of a CA bundle")
-        self._client = EtcdClient(
-            urls,
+        settings = EtcdSettings(
+            endpoints,
+            key,
+            ttl=ttl,
+            keepalive_fraction=keepalive_fraction,
             username=username,
             password=password,
-            timeout=checked,
-            verify=verify,
-            cert=check_cert(cert),
+            timeout=timeout,
+            cert=cert,
+            **verify_fields(verify),
         )
+        self._setup(settings, max_message_bytes, rng)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: EtcdSettings,
+        *,
+        max_message_bytes: int = MAX_WATCH_MESSAGE,
+        rng: Callable[[], float] | None = None,
+    ) -> EtcdTransport:
+        """The transport for `settings` (checked when they were made); `max_message_bytes`
+        caps one watch message, `rng` is for tests."""
+        transport = cls.__new__(cls)
+        transport._setup(settings, max_message_bytes, rng)
+        return transport
+
+    def _setup(
+        self, settings: EtcdSettings, max_message_bytes: int, rng: Callable[[], float] | None
+    ) -> None:
+        self._key = settings.key.encode()
+        self._key_text = settings.key
+        self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
+        self._client = EtcdClient(settings)
         limit = message_limit(max_message_bytes)
         self._watch = KeyWatch(
             self._client, self._key, limit, rng if rng is not None else random.random

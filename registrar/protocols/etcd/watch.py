@@ -117,12 +117,7 @@ class KeyWatch:
         request = self._watch_request(index)
         try:
             self._stream = WatchStream.open(
-                self._client.url(index),
-                index,
-                request,
-                self._client.ssl_context(index),
-                self._client.connect_timeout(),
-                self._limit,
+                self._client.url(index), index, request, self._client.dial(index), self._limit
             )
         except (OSError, ValueError) as exc:
             logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)

@@ -51,12 +51,7 @@ def worker_check(
     """What `GET /workers/{worker_id}` answered about our worker at `url` (`http` describes
     errors and excerpts bodies). MISSING only when the gateway does not know the id."""
     if result.error is not None:
-        return RouteCheck(
-            Route.UNREACHABLE,
-            evidence=http.describe_error(result.error),
-            refused=result.refused,
-            broken=result.reconnected,
-        )
+        return http.unreachable(result)
     code = result.status_code
     if code in (400, 404):
         return RouteCheck(

@@ -7,12 +7,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import validate_url
 
-__all__ = ["WORKER_TYPES", "validate_spec", "worker_spec"]
+__all__ = ["WORKER_TYPES", "validate_spec", "worker_spec", "worker_type"]
 
 WORKER_TYPES = ("prefill", "decode", "regular")
+
+
+def worker_type(value: object) -> str:
+    """The rule of a worker's type (the spec's field and `SmgSettings.worker_type`)."""
+    if value not in WORKER_TYPES:
+        raise rules.Invalid(f"must be one of {', '.join(WORKER_TYPES)}")
+    return str(value)
 
 
 def worker_spec(
@@ -32,13 +40,8 @@ def validate_spec(payload: object) -> dict[str, Any]:
         raise ConfigError(f"payload must be a worker spec mapping, got {type(payload).__name__}")
     spec = dict(payload)
     spec["url"] = validate_url(spec.get("url"), "worker url")
-    kind = spec.setdefault("worker_type", "regular")
-    if kind not in WORKER_TYPES:
-        raise ConfigError(f"worker_type must be one of {', '.join(WORKER_TYPES)}, got {kind!r}")
-    port = spec.get("bootstrap_port")
-    if port is not None:
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ConfigError(f"bootstrap_port must be a port within [1, 65535], got {port!r}")
-        if kind != "prefill":
-            raise ConfigError("bootstrap_port is for a prefill worker (worker_type=prefill)")
+    kind = rules.applied("worker_type", spec.setdefault("worker_type", "regular"), worker_type)
+    port = rules.applied("bootstrap_port", spec.get("bootstrap_port"), rules.port_or_none)
+    if port is not None and kind != "prefill":
+        raise ConfigError("bootstrap_port is for a prefill worker (worker_type=prefill)")
     return spec

@@ -11,40 +11,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...core.clock import Clock, SystemClock
-from ...core.errors import ConfigError
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
-from ...core.transport import Timeout, Token
+from ...core.settings import HttpSettings
 from ...core.waker import Waker
-from ..http import HttpResult, HttpTransport
+from ..http import HttpResult, HttpTarget, HttpTransport
 from .answers import json_object, listed_check, worker_check, worker_id_in, workers_at
-from .gate import Readiness, ReadinessGate
+from .gate import Readiness, ReadinessGate, readiness
+from .settings import (
+    KEY_ENV,
+    SmgSettings,
+)
 
 __all__ = [
-    "DEFAULT_CONFIRM_TIMEOUT",
-    "DEFAULT_DRAIN_TIMEOUT",
-    "DEFAULT_GRACE",
-    "DEFAULT_READY_INTERVAL",
     "DEFAULT_WATCH_INTERVAL",
-    "KEY_ENV",
     "MAX_LIST_BYTES",
     "SmgTransport",
 ]
 
 logger = logging.getLogger(__name__)
 
-KEY_ENV = "REGISTRAR_GATEWAY_KEY"
-"""The variable holding the gateway's control-plane key when no key file is given."""
-DEFAULT_CONFIRM_TIMEOUT = 30.0
-"""Seconds one attempt waits for the gateway to list the worker ready after its POST (a stand-in
-worker is listed in about 0.1 s; a worker whose /health fails is dropped within about 2 s)."""
-DEFAULT_DRAIN_TIMEOUT = 15.0
-"""Seconds `close` waits for the gateway to stop listing the worker after its DELETE (the
-gateway's own settle time is 5 s by default)."""
-DEFAULT_GRACE = 10.0
-"""Seconds the served process may be not ready before the worker is withdrawn."""
-DEFAULT_READY_INTERVAL = 1.0
-"""Seconds between readiness checks of the served process."""
 DEFAULT_WATCH_INTERVAL = 5.0
 """Seconds between checks of our worker: an operator's DELETE is undone within about this."""
 MAX_LIST_BYTES = 16 * 1024 * 1024
@@ -54,54 +40,41 @@ _POLL_FIRST, _POLL_MAX = 0.05, 1.0
 
 
 class SmgTransport:
-    """Keeps one worker listed by the smg gateway at `url` (see the module's docstring).
-
-    `ready` (see `readiness`) gates the offer; `grace`, `confirm_timeout`, `drain_timeout` and
-    `ready_interval` are seconds. `token` is the control-plane key (a string or a provider).
-    `clock` and `sender` are for tests (a fake clock; an object whose `send` answers like
-    `HttpTransport.send`)."""
+    """Keeps the worker of `settings` listed by the smg gateway at `gateway` (by default the
+    first the settings name; see the module's docstring), as the settings say (checked when
+    they were made). `ready` gates the offer (by default the settings' readiness check, see
+    `readiness`). `clock` and `sender` are for tests (a fake clock; an object whose `send`
+    answers like `HttpTransport.send`)."""
 
     token_hint = "check the gateway's control-plane key"
 
     def __init__(
         self,
-        url: str,
+        settings: SmgSettings,
+        gateway: str | None = None,
         *,
-        token: Token | None = None,
-        token_source: str = "the gateway key",
-        timeout: Timeout = 5.0,
-        verify: bool | str = True,
         ready: Readiness | None = None,
-        grace: float = DEFAULT_GRACE,
-        ready_interval: float = DEFAULT_READY_INTERVAL,
-        confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT,
-        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         clock: Clock | None = None,
         sender: Any = None,
     ) -> None:
-        self._http = HttpTransport(
-            url,
-            path="/workers",
-            method="POST",
+        gateway = gateway if gateway is not None else settings.gateways[0]
+        token, source = settings.token()
+        http = HttpSettings(
+            gateway,
+            timeout=settings.timeout,
             token=token,
-            token_source=token_source,
-            timeout=timeout,
-            verify=verify,
+            verify=settings.verify,
+            ca_bundle=settings.ca_bundle,
         )
+        self._http = HttpTransport.from_settings(http, HttpTarget("/workers", "POST", source))
         self._http.token_hint = self.token_hint
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
-        for name, value in (
-            ("grace", grace),
-            ("ready_interval", ready_interval),
-            ("confirm_timeout", confirm_timeout),
-            ("drain_timeout", drain_timeout),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        self._confirm_timeout = float(confirm_timeout)
-        self._drain_timeout = float(drain_timeout)
+        self._confirm_timeout = settings.confirm_timeout
+        self._drain_timeout = settings.drain_timeout
+        if ready is None:
+            ready = readiness(settings.ready)
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._gate = ReadinessGate(ready, self._clock, float(grace), float(ready_interval))
+        self._gate = ReadinessGate(ready, self._clock, settings.grace, settings.ready_interval)
         self._sender = sender.send if sender is not None else self._http.send
         self.requests_sent = 0
         """Requests that reached the gateway so far (a refused connection is not counted)."""

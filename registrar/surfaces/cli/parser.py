@@ -76,6 +76,8 @@ def flag_type(option: Option, check: bool = True) -> Any:
         try:
             return option.read(text) if check else option.parse(text)
         except rules.Invalid as exc:
+            if exc.secret:  # a token: never shown, even in the error that refuses it
+                raise argparse.ArgumentTypeError(f"{exc.rule}{good}") from None
             if exc.shown is not None:
                 raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}{good}") from None
             raise argparse.ArgumentTypeError(f"{exc.rule}, got {text!r}{good}") from None

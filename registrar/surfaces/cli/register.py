@@ -21,8 +21,8 @@ from ...core.settings import HttpSettings, LoopSettings
 from ...core.status import Status
 from ...core.transport import file_token
 from ...core.untrusted import load_json
-from ...protocols.etcd_settings import EtcdSettings
-from ...protocols.smg_settings import SmgSettings
+from ...protocols.etcd.settings import EtcdSettings
+from ...protocols.smg.settings import SmgSettings
 from ..env import UNSET, read_variable, registrar_options
 from ..health import start_health_server
 from ..options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option

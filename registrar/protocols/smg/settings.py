@@ -1,40 +1,40 @@
 """The smg gateway registration's settings: one frozen value, validated once when it is made,
-from which `registrar.assembly` builds one `SmgTransport` per gateway."""
+from which one `SmgTransport` per gateway is built. Every rule of the gateway options is here,
+and only here."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ..core import rules
-from ..core.errors import ConfigError
-from ..core.transport import Timeout, Token, file_token
-from .smg import (
-    DEFAULT_CONFIRM_TIMEOUT,
-    DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_GRACE,
-    DEFAULT_READY_INTERVAL,
-    KEY_ENV,
-    WORKER_TYPES,
-)
+from ...core import rules
+from ...core.errors import ConfigError
+from ...core.transport import Timeout, Token, deadline_seconds, file_token
+from . import spec
 
-__all__ = ["SmgSettings"]
+__all__ = [
+    "DEFAULT_CONFIRM_TIMEOUT",
+    "DEFAULT_DRAIN_TIMEOUT",
+    "DEFAULT_GRACE",
+    "DEFAULT_READY_INTERVAL",
+    "KEY_ENV",
+    "SmgSettings",
+]
 
-
-def _worker_type(value: object) -> str:
-    if value not in WORKER_TYPES:
-        raise rules.Invalid(f"must be one of {', '.join(WORKER_TYPES)}")
-    return str(value)
-
-
-def _port(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise rules.Invalid("must be a port within [1, 65535]")
-    return value
+KEY_ENV = "REGISTRAR_GATEWAY_KEY"
+"""The variable holding the gateway's control-plane key when no key file is given."""
+DEFAULT_CONFIRM_TIMEOUT = 30.0
+"""Seconds one attempt waits for the gateway to list the worker ready after its POST (a stand-in
+worker is listed in about 0.1 s; a worker whose /health fails is dropped within about 2 s)."""
+DEFAULT_DRAIN_TIMEOUT = 15.0
+"""Seconds `close` waits for the gateway to stop listing the worker after its DELETE (the
+gateway's own settle time is 5 s by default)."""
+DEFAULT_GRACE = 10.0
+"""Seconds the served process may be not ready before the worker is withdrawn."""
+DEFAULT_READY_INTERVAL = 1.0
+"""Seconds between readiness checks of the served process."""
 
 
 def _ready(value: object) -> str | Callable[[], bool] | None:
@@ -66,7 +66,7 @@ class SmgSettings:
     ready_interval: float = DEFAULT_READY_INTERVAL
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-    key: str | None = None
+    key: Token | None = None
     key_file: str | None = None
     timeout: Timeout = 5.0
     verify: bool = True
@@ -75,8 +75,8 @@ class SmgSettings:
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
         "worker_url": rules.url,
-        "worker_type": _worker_type,
-        "bootstrap_port": _port,
+        "worker_type": spec.worker_type,
+        "bootstrap_port": rules.port_or_none,
         "ready": _ready,
         "grace": _seconds,
         "ready_interval": _seconds,
@@ -102,8 +102,7 @@ class SmgSettings:
     def stop_timeout(self) -> float:
         """How long stopping may take: the drain's DELETE and last look, each within a request
         deadline, and the wait for the gateway."""
-        deadline = sum(self.timeout) if isinstance(self.timeout, tuple) else self.timeout
-        return self.drain_timeout + 2 * deadline + 1.0
+        return self.drain_timeout + 2 * deadline_seconds(self.timeout) + 1.0
 
     def token(self) -> tuple[Token | None, str]:
         """The control-plane key (or a provider reading the key file) and where it comes from."""
@@ -113,18 +112,3 @@ class SmgSettings:
         if self.key:
             return self.key, "the gateway key"
         return os.environ.get(KEY_ENV) or None, f"${KEY_ENV}"
-
-    def transport_options(self) -> dict[str, Any]:
-        """The `SmgTransport` keyword arguments these settings stand for (but the readiness
-        check, made per transport: it holds a connection)."""
-        token, source = self.token()
-        return {
-            "token": token,
-            "token_source": source,
-            "timeout": self.timeout,
-            "verify": self.tls,
-            "grace": self.grace,
-            "ready_interval": self.ready_interval,
-            "confirm_timeout": self.confirm_timeout,
-            "drain_timeout": self.drain_timeout,
-        }

@@ -1,0 +1,113 @@
+"""The etcd registration's settings: one frozen value, validated once when it is made, from
+which the `EtcdTransport` is built (and a surface reads the defaults its help shows: a request's
+deadline is 2 s here, not HTTP's 5 s). Every rule of the etcd options is here, and only here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...core import rules
+from ...core.errors import ConfigError
+from ...core.transport import Timeout, deadline_seconds
+
+__all__ = ["DEFAULT_KEEPALIVE_FRACTION", "DEFAULT_TIMEOUT", "DEFAULT_TTL", "EtcdSettings"]
+
+DEFAULT_TTL = 10.0
+"""Seconds a crashed process's key outlives it. etcd rounds a TTL up to whole seconds and to
+its own minimum (about 2 s on a default single member)."""
+DEFAULT_KEEPALIVE_FRACTION = 1 / 3
+"""The lease is renewed every TTL/3 (as etcd's own Go client does): two renewals may be lost
+before the key expires."""
+DEFAULT_TIMEOUT = 2.0
+"""Deadline of one request to one endpoint: a stopped member costs this before failing over.
+A renewal through a member waiting for a new leader can take one election (about 1 s)."""
+
+
+def _ttl(value: object) -> float:
+    kept = rules.seconds(value)
+    if not 1 <= kept <= 9_000_000_000:
+        raise rules.Invalid("must be a positive number of seconds within [1, 9e9] (etcd's lease)")
+    return kept
+
+
+def _keepalive_fraction(value: object) -> float:
+    kept = rules.fraction_open(value)
+    if not 0.05 <= kept <= 0.5:
+        raise rules.Invalid("must be within [0.05, 0.5] (of the TTL)")
+    return kept
+
+
+def _cert(value: object) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(path, str) and os.path.isfile(path) for path in value)
+    ):
+        return (value[0], value[1])
+    raise rules.Invalid("must be a (certificate file, key file) pair of readable files")
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    """The key under a lease: where (endpoints, key), how long a crashed process's key
+    outlives it (ttl) and when the lease is renewed, and how to reach etcd (credentials,
+    deadline, TLS: a CA file or directory, a client certificate)."""
+
+    endpoints: str | Sequence[str]
+    key: str
+    ttl: float = DEFAULT_TTL
+    keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION
+    username: str | None = None
+    password: str | None = None
+    timeout: Timeout = DEFAULT_TIMEOUT
+    verify: bool = True
+    ca_bundle: str | None = None
+    cert: tuple[str, str] | None = None
+
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "endpoints": rules.urls("etcd client", "http://127.0.0.1:2379"),
+        "key": rules.single_line,
+        "ttl": _ttl,
+        "keepalive_fraction": _keepalive_fraction,
+        "username": rules.single_line,
+        "password": rules.single_line,
+        "timeout": rules.timeout,
+        "verify": bool,
+        "ca_bundle": rules.existing_path,
+        "cert": _cert,
+    }
+
+    def __post_init__(self) -> None:
+        if self.key is None:
+            raise ConfigError("key must be a non-empty single-line string, e.g. /services/rank0")
+        rules.check_fields(self, self.RULES)
+        if (self.username is None) != (self.password is None):
+            raise ConfigError("username and password go together: give both or neither")
+        left = self.lease_seconds * (1 - self.keepalive_fraction)
+        if self.deadline >= left:
+            raise ConfigError(
+                f"timeout ({self.deadline:g} s per request) must be shorter than the part of the "
+                f"TTL left after a renewal is due ({left:g} s of ttl={self.lease_seconds}): a "
+                "member that never answers would cost the lease before the next one is asked; "
+                "raise ttl or lower timeout"
+            )
+
+    @property
+    def lease_seconds(self) -> int:
+        """The lease's TTL in whole seconds, rounded up as etcd takes it."""
+        return int(-(-self.ttl // 1))
+
+    @property
+    def deadline(self) -> float:
+        """Seconds one request to one member may take in all."""
+        return deadline_seconds(self.timeout)
+
+    @property
+    def tls(self) -> bool | str:
+        """What the transport's `verify=` takes: the CA path, else whether to verify."""
+        return self.ca_bundle if self.ca_bundle is not None else self.verify
