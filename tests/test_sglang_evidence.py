@@ -153,3 +153,30 @@ def test_conflict_and_unparseable(server: BootstrapServer) -> None:
     assert conflict.route is Route.CONFLICT
     assert "29999" in conflict.evidence
     assert odd.route is Route.UNDETERMINED
+
+
+@pytest.mark.parametrize(
+    ("timeout", "cut_by"),
+    [(0.5, "the request deadline"), ((5.0, 0.5), "the read timeout")],
+)
+def test_a_reopened_connection_stays_evidence_when_its_request_gets_no_answer(
+    server: BootstrapServer, timeout: float | tuple[float, float], cut_by: str
+) -> None:
+    # A restarted server dropped our kept-alive connection; the check that re-opens it gets no
+    # answer in time (a loaded server, a thousand ranks at once). The re-opening happened all
+    # the same: the next check must still know it, else this rank reads "503, k workers"
+    # from then on, never registers again, and the topology is never ready.
+    transport = SGLangTransport(server.url, timeout=timeout)
+    payload = sglang_payload(tp_rank=0, tp_size=3, port=20000)
+    assert transport.register(payload).verdict is Verdict.ACCEPTED
+    assert transport.check(payload).route is Route.UNDETERMINED
+    server.drop_connections()
+    server.inject(Fault("delay", seconds=1.5, method="GET"))
+    cut = transport.check(payload)
+    check = transport.check(payload)
+    transport.close()
+    assert cut.route is Route.UNREACHABLE, cut_by
+    assert check.route is Route.MISSING
+    assert reasons(check.evidence) == [
+        "the kept-alive connection was re-opened since our registration"
+    ]

@@ -310,18 +310,19 @@ class HttpTransport:
             fired = self._watchdog.end()
         self._last_end = time.monotonic()
         self._refused = False
+        # Evidence whatever becomes of the request (one cut at its deadline must not lose it).
+        reconnected = was_alive and self._link.opened_count > opened_before
         # A socket timeout as long as the deadline can end the request a moment before the
         # deadline thread does (a busy machine): it ran out of the same time.
         if fired or (isinstance(error, TimeoutError) and self._last_end >= due):
-            return self._abandoned()
+            return self._abandoned(reconnected)
         if error is not None or response is None:
-            return self._failed(error, was_alive)
+            return self._failed(error, was_alive, reconnected)
         # Only an answer read whole leaves its connection reusable: one cut at the cap is
         # closed here, and re-opening it is our own doing, not evidence of a restart.
         self._kept_alive = kept
         if not self._kept_alive:
             self._link.close()
-        reconnected = was_alive and self._link.opened_count > opened_before
         text = body.decode("utf-8", "replace")
         return HttpResult(
             response.status, response.headers, text, None, reconnected, complete=complete
@@ -352,10 +353,10 @@ class HttpTransport:
             data = b""
         return f"{self._prefix}{path}", data, sent
 
-    def _abandoned(self) -> HttpResult:
+    def _abandoned(self, reconnected: bool) -> HttpResult:
         """The deadline (or a stop) ended the request: whatever the shutdown made the exchange
         look like (an EOF inside the headers can even pass for a complete answer), it ran out
-        of time."""
+        of time. `reconnected`: it re-opened the kept-alive connection first (evidence)."""
         self._kept_alive = False
         self._link.close()
         exceeded = DeadlineExceeded(
@@ -363,19 +364,18 @@ class HttpTransport:
             if self._watchdog.by_abort
             else f"no complete answer within the request deadline of {self._deadline:g} s"
         )
-        return HttpResult(None, {}, "", exceeded, reconnected=False)
+        return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
 
-    def _failed(self, error: BaseException | None, was_alive: bool) -> HttpResult:
+    def _failed(self, error: BaseException | None, was_alive: bool, reopened: bool) -> HttpResult:
         self._kept_alive = False
         self._link.close()
-        # A kept-alive connection that breaks under a request was closed by the server: the
-        # same evidence of a restart as having to open it again.
+        # Our kept-alive connection broken under the request, or re-opened for it: server-closed.
         broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
             error, TimeoutError | TlsError | LocalError
         )
         # A refusal is evidence of its own; this is about the connection we had.
         refused = isinstance(error, ConnectionRefusedError)
-        lost = was_alive and broken and not refused
+        lost = (reopened or (was_alive and broken)) and not refused
         self._refused = refused
         return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
 
