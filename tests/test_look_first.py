@@ -172,6 +172,8 @@ def test_the_snapshot_at_registered_does_not_carry_the_look_before_the_put(
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
     assert transport.looked >= 1
+    # Listeners hear a transition from the registrar's thread after the state is set.
+    assert wait_until(lambda: any(state is State.REGISTERED for state, _ in seen), timeout=5)
     at_registered = [found for state, found in seen if state is State.REGISTERED]
     assert at_registered
     assert "missing" not in at_registered

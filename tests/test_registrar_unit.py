@@ -100,6 +100,8 @@ def test_retry_policy_keeps_trying_in_background(
     reg.add_listener(lambda old, new, status: seen.append((old, new)))
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
+    # Listeners hear a transition from the registrar's thread after the state is set.
+    assert wait_until(lambda: len(seen) >= 3, timeout=5)
     assert seen == [
         (State.UNREGISTERED, State.REGISTERING),
         (State.REGISTERING, State.FAILED),
