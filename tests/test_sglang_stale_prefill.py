@@ -67,6 +67,17 @@ def test_a_reopened_connection_counts_only_between_checks_of_the_same_cache() ->
     assert decide([(ROW, again)], None, same_cache=False) == stale_prefill.Decision(None, None)
 
 
+def test_a_reopened_connection_whose_request_got_no_answer_stays_evidence() -> None:
+    """A check that re-opened the connection and was then cut at its deadline (a loaded server
+    just restarted) keeps the evidence: the rows coming back unchanged later drop the prefill."""
+    cut = RowAnswer(None, reconnected=True)
+    first = decide([(ROW, cut)], None, same_cache=True)
+    assert first.drop is None
+    assert first.pending is not None
+    second = decide([(ROW, SAME)], first.pending, same_cache=True)
+    assert second.drop is not None
+
+
 def test_no_answer_is_left_to_the_heartbeat() -> None:
     other = CachedRow(0, 0, 1, 0, "127.0.0.1", 5001)
     answers = [(ROW, RowAnswer(None)), (other, RowAnswer(404))]

@@ -98,10 +98,12 @@ def decide(
     of a cache (a re-opened connection then predates it and says nothing)."""
     present = True
     for row, answer in answers:
-        if answer.status is None:
-            return Decision(None, pending)  # down: SGLang's heartbeat decides
+        # Before anything else: a request that re-opened the connection and then got no answer
+        # (cut at its deadline) is still evidence of a new process, and the only one there is.
         if answer.reconnected and same_cache and pending is None:
             pending = "its bootstrap server dropped our kept-alive connection (a new process)"
+        if answer.status is None:
+            return Decision(None, pending)  # down: SGLang's heartbeat decides
         if answer.status == 200:
             if (answer.ip, answer.port) != (row.ip, row.port):
                 return Decision(
