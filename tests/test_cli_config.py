@@ -19,6 +19,7 @@ from support import CLI_ENV, Ports, process_port, sglang_payload, wait_until
 
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces import cli
+from registrar.surfaces.cli.common import Signals
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -308,7 +309,7 @@ def test_ctrl_c_does_not_wait_out_the_request_in_flight(spawn) -> None:
 
 def test_a_second_signal_while_stopping_ends_at_once() -> None:
     exits: list[int] = []
-    signals = cli._Signals(exit=exits.append)
+    signals = Signals(exit=exits.append)
     signals.handle(signal.SIGINT, None)
     assert signals.done.is_set()
     assert exits == []  # the first asks for a clean stop

@@ -27,7 +27,6 @@ from .common import (
     UsageError,
     stdout_to_devnull,
 )
-from .common import Signals as _Signals  # noqa: F401 - its name before the split
 from .parser import build_parser as _parser
 
 __all__ = [
