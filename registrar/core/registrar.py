@@ -27,6 +27,9 @@ from .backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
 from .board import Listener, RequestEvent, RequestListener, StatusBoard
 from .clock import Clock, SystemClock
 from .decide import MAX_BROKEN_CHECKS, REPORT_CHECK_INTERVAL, REPORT_LOG_INTERVAL
+from .diagnosis import Diagnosable, Diagnosis
+from .diagnostician import Diagnostician
+from .diagnostician import Hooks as DiagnosisHooks
 from .errors import ConfigError, StateError
 from .failure import EXIT_CODE, OnFailure, OnFailureName, Policy, default_exit
 from .loopstate import LoopConfig
@@ -35,6 +38,7 @@ from .registry import TransportOptions, make_transport
 from .runner import MAX_ERROR_TEXT, UNEXPECTED, Controls, Runner
 from .settings import (
     DEFAULT_BACKOFF,
+    DEFAULT_DIAGNOSE_AFTER,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_WATCH_INTERVAL,
     Hooks,
@@ -133,6 +137,7 @@ class Registrar:
         ca_bundle: str | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
+        diagnose_after: float | None = DEFAULT_DIAGNOSE_AFTER,
         clock: Clock | None = None,
         rng: Callable[[], float] | None = None,
         exit: Callable[[int], None] | None = None,
@@ -150,6 +155,7 @@ class Registrar:
             watch_interval=watch_interval,
             max_retry_after=max_retry_after,
             max_payload_bytes=max_payload_bytes,
+            diagnose_after=diagnose_after,
         )
         self._setup(payload, via, loop, _hooks(clock, rng, exit))
 
@@ -200,6 +206,23 @@ class Registrar:
         self._forked_from: int | None = None
         self._running_at_fork = False
         _REGISTRARS.add(self)
+        self._attach_diagnostician(transport, sent, loop.diagnose_after)
+
+    def _attach_diagnostician(
+        self, transport: Transport, payload: dict[str, Any], after: float | None
+    ) -> None:
+        """Diagnose a URL that keeps failing, when the transport can probe it (diagnosis.py)."""
+        if after is None or not isinstance(transport, Diagnosable):
+            return
+        hooks = DiagnosisHooks(
+            self.status, self._publish_diagnosis, lambda: transport.evidence(payload)
+        )
+        watcher = Diagnostician(hooks, self._clock, after)
+        self.add_request_listener(watcher.on_request)
+        self.add_listener(watcher.on_transition)
+
+    def _publish_diagnosis(self, diagnosis: Diagnosis | None) -> None:
+        self._board.update(diagnosis=diagnosis)
 
     @property
     def settings(self) -> LoopSettings:

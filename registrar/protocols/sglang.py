@@ -31,6 +31,7 @@ from ..core.settings import HttpSettings
 from ..core.transport import Timeout, Token
 from ..core.untrusted import load_json
 from .http import HttpResult, HttpTarget, HttpTransport, validate_token, with_query
+from .probe import Answer
 
 __all__ = [
     "OPTIONAL_FIELDS",
@@ -38,6 +39,7 @@ __all__ = [
     "TOKEN_ENV",
     "Rank",
     "SGLangTransport",
+    "is_bootstrap_answer",
     "make_payload",
     "rank_of",
     "validate_payload",
@@ -84,6 +86,20 @@ _SIZE_RANK = (
 )
 # ASCII digits, and few enough that int() stays cheap and within its digit limit.
 _COUNT = re.compile(r"\(([0-9]{1,9}) workers? registered\)")
+
+
+def is_bootstrap_answer(answer: Answer) -> bool:
+    """Whether a GET of the all-`-1` route query was answered by an SGLang bootstrap server:
+    its server info (200, with the topology's sizes), or 503 "(N workers registered)"."""
+    if answer.status == 503:
+        return _COUNT.search(answer.text) is not None
+    if answer.status != 200:
+        return False
+    try:
+        info = load_json(answer.text)
+    except ValueError:
+        return False
+    return isinstance(info, dict) and "attn_tp_size" in info
 
 
 @dataclass(frozen=True)
@@ -284,6 +300,13 @@ class SGLangTransport(HttpTransport):
         check = self._classify_check(payload, result)
         self.settle_idle_signal(check.route in (Route.PRESENT, Route.CONFLICT))
         return check
+
+    probe_path = with_query("/route", Rank(-1, -1, -1, -1).query())
+
+    def recognise(self, answer: Answer) -> bool:
+        """SGLang's answer to the all-`-1` query: its server info (200), or 503 "(N workers
+        registered)" before every rank is in."""
+        return is_bootstrap_answer(answer)
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """The ranks of the topology, which all register with this one server."""
