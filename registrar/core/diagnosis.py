@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from .redact import redact_url
 
 __all__ = [
     "Code",
@@ -24,6 +27,8 @@ __all__ = [
     "Seen",
     "diagnose",
     "hostport",
+    "port_problem",
+    "port_text",
 ]
 
 
@@ -122,6 +127,30 @@ class Diagnosable(Protocol):
         ...
 
 
+def port_text(netloc: str) -> str:
+    """The port as a URL's authority writes it ("8998", "None"; "" when there is none)."""
+    hostpart = netloc.rpartition("@")[2]
+    if hostpart.startswith("["):
+        rest = hostpart.partition("]")[2]
+        return rest[1:] if rest.startswith(":") else ""
+    return hostpart.rpartition(":")[2] if ":" in hostpart else ""
+
+
+def port_problem(url: str) -> Diagnosis | None:
+    """The diagnosis of a URL whose port was never filled in (`:None`, `:0`, `:`), seen in
+    the text alone; None for a URL with a port number, or none at all (the scheme's)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None  # not a URL at all: its own error says so
+    text = port_text(parts.netloc)
+    if text == "" and not parts.netloc.endswith(":"):
+        return None
+    if text.isdigit() and int(text) != 0:
+        return None
+    return diagnose(Evidence(redact_url(url), parts.hostname or "", text, parts.scheme))
+
+
 def hostport(host: str, port: object) -> str:
     """`host:port`, with an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -136,9 +165,9 @@ def diagnose(seen: Evidence) -> Diagnosis | None:
     if seen.port is None or seen.port == 0:
         return Diagnosis(
             Code.PORT_MISSING,
-            f"the bootstrap URL {seen.url} has no usable port (':{seen.port_text}'): the "
-            f"bootstrap port was never filled in; set {_PORT_FLAG} (and the router's "
-            "bootstrap port) to the prefill's value",
+            f"{seen.url} has no usable port (':{seen.port_text}'): the port was never filled "
+            f"in; for a bootstrap URL set {_PORT_FLAG} (and the router's bootstrap port) to "
+            "the prefill's value",
         )
     if seen.resolved is False:
         return Diagnosis(

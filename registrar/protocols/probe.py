@@ -21,12 +21,12 @@ from urllib.parse import urlsplit
 from urllib3.connection import HTTPConnection
 
 from .._version import __version__
-from ..core.diagnosis import Evidence, Knock, Seen
+from ..core.diagnosis import Evidence, Knock, Seen, port_text
 from ..core.errors import describe_exception
 from ..core.redact import clean, redact_url
 from ..core.untrusted import load_json
 
-__all__ = ["Answer", "Recognise", "evidence_for", "fetch", "gather", "port_text", "resolve"]
+__all__ = ["Answer", "Recognise", "evidence_for", "fetch", "gather", "resolve"]
 
 PROBE_TIMEOUT = 2.0
 """Seconds for each step of a probe (resolve, connect, one answer)."""
@@ -49,15 +49,6 @@ class Answer:
 
 Recognise = Callable[[Answer], bool]
 """Whether an answer to the probe's GET is the bootstrap server's own."""
-
-
-def port_text(netloc: str) -> str:
-    """The port as a URL's authority writes it ("8998", "None"; "" when there is none)."""
-    hostpart = netloc.rpartition("@")[2]
-    if hostpart.startswith("["):
-        rest = hostpart.partition("]")[2]
-        return rest[1:] if rest.startswith(":") else ""
-    return hostpart.rpartition(":")[2] if ":" in hostpart else ""
 
 
 def resolve(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], str]:
