@@ -173,14 +173,14 @@ def diagnose(seen: Evidence) -> Diagnosis | None:
         return Diagnosis(
             Code.UNRESOLVED,
             f"the name {seen.host} does not resolve ({seen.detail}): check the host in the "
-            "bootstrap URL and the resolver",
+            "URL and the resolver",
         )
     if seen.seen is Seen.BOOTSTRAP or seen.seen is None:
         return None
     if seen.http_port is not None and seen.port == seen.http_port:
         return Diagnosis(
             Code.HTTP_PORT,
-            f"{at} is the rank's own HTTP port (prefill_http_port in the payload), not a "
+            f"{at} is the rank's own HTTP port (prefill_http_port), not a "
             f"bootstrap port ({seen.detail or seen.seen.value}): give the value of {_PORT_FLAG}",
         )
     return _by_answer(seen, at)

@@ -212,7 +212,7 @@ def gather(
 ) -> Evidence:
     """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
     listens, knock on `http_port` (the rank's own HTTP port) on the same host. Never raises."""
-    others = [(http_port, "the prefill HTTP port in the payload")] if http_port else []
+    others = [(http_port, "the prefill's HTTP port")] if http_port else []
     parts = urlsplit(url)
     host = parts.hostname or ""
     seen = Evidence(

@@ -39,6 +39,7 @@ __all__ = [
     "TOKEN_ENV",
     "Rank",
     "SGLangTransport",
+    "count_in",
     "is_bootstrap_answer",
     "make_payload",
     "rank_of",
@@ -88,11 +89,17 @@ _SIZE_RANK = (
 _COUNT = re.compile(r"\(([0-9]{1,9}) workers? registered\)")
 
 
+def count_in(text: str) -> int | None:
+    """The registered count a 503 "(N workers registered)" states, or None."""
+    match = _COUNT.search(text)
+    return int(match.group(1)) if match else None
+
+
 def is_bootstrap_answer(answer: Answer) -> bool:
     """Whether a GET of the all-`-1` route query was answered by an SGLang bootstrap server:
     its server info (200, with the topology's sizes), or 503 "(N workers registered)"."""
     if answer.status == 503:
-        return _COUNT.search(answer.text) is not None
+        return count_in(answer.text) is not None
     if answer.status != 200:
         return False
     try:
@@ -356,10 +363,9 @@ class SGLangTransport(HttpTransport):
         return RouteCheck(Route.CONFLICT, 200, f"our rank is registered as {theirs}, not {ours}")
 
     def _classify_not_ready(self, body: str) -> RouteCheck:
-        match = _COUNT.search(body)
-        if match is None:
+        count = count_in(body)
+        if count is None:
             return RouteCheck(Route.UNDETERMINED, 503, f"503 without a worker count: {body}")
-        count = int(match.group(1))
         reasons = self._evidence.reasons_forgotten(count)
         self._evidence.highest_count = max(self._evidence.highest_count, count)
         if reasons:
