@@ -118,15 +118,18 @@ class Probed(ScriptedTransport):
         return _seen(Seen.NOTHING, others=(Knock(30000, "the prefill HTTP port", True, True),))
 
 
-def _registrar(transport: Probed, clock: FakeClock, after: float = 30.0) -> Registrar:
+def _registrar(
+    transport: Probed, clock: FakeClock, after: float | None = 30.0, **options: Any
+) -> Registrar:
+    options.setdefault("max_attempts", None)
     return Registrar(
         "http://127.0.0.1:1",
         {"a": 1},
         transport=transport,
         clock=clock,
-        max_attempts=None,
         diagnose_after=after,
         watch_interval=60,
+        **options,
     )
 
 
@@ -196,14 +199,7 @@ def test_the_diagnosis_clears_once_the_server_answers(
 
 def test_off_means_no_probe_at_all(clock: FakeClock, registrars: list[Registrar]) -> None:
     transport = Probed(clock, up_at=None)
-    reg = Registrar(
-        "http://127.0.0.1:1",
-        {"a": 1},
-        transport=transport,
-        clock=clock,
-        max_attempts=None,
-        diagnose_after=None,
-    )
+    reg = _registrar(transport, clock, after=None)
     registrars.append(reg)
     reg.start()
     assert wait_until(lambda: clock.now - clock.start > 120)
@@ -216,15 +212,7 @@ def test_giving_up_for_good_diagnoses_at_once(
     clock: FakeClock, registrars: list[Registrar]
 ) -> None:
     transport = Probed(clock, up_at=None)
-    reg = Registrar(
-        "http://127.0.0.1:1",
-        {"a": 1},
-        transport=transport,
-        clock=clock,
-        max_attempts=2,
-        on_failure="stop",
-        diagnose_after=3600,
-    )
+    reg = _registrar(transport, clock, after=3600, max_attempts=2, on_failure="stop")
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.FAILED, timeout=10)

@@ -6,8 +6,7 @@ and the health document, within a small threshold; a server that is merely late 
 from __future__ import annotations
 
 import logging
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,16 +136,6 @@ def test_an_unresolvable_name(staged: Any, caplog: pytest.LogCaptureFixture) -> 
     reg = staged("http://bootstrap.invalid:8998")  # RFC 6761: never resolves
     sentence = _diagnosed(reg, Code.UNRESOLVED, caplog)
     assert "the name bootstrap.invalid does not resolve" in sentence
-
-
-@pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[BootstrapServer]:
-    from test_security import _self_signed  # noqa: PLC0415 - the project's one certificate maker
-
-    assert shutil.which("openssl"), "the TLS tests need the openssl command"
-    cert, key = _self_signed(tmp_path)
-    with BootstrapServer(certfile=cert, keyfile=key) as srv:
-        yield srv
 
 
 def test_a_plain_url_against_a_tls_server(

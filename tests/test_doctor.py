@@ -6,7 +6,6 @@ every check passed; the JSON is the documented schema."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -133,16 +132,6 @@ def test_an_unresolvable_name(doctor: Doctor) -> None:
     assert code == 1
     assert _code(report) == "unresolved"
     assert _check(report, "bootstrap", "listens")["status"] == "skip"
-
-
-@pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[BootstrapServer]:
-    from test_security import _self_signed  # noqa: PLC0415 - the project's one certificate maker
-
-    assert shutil.which("openssl"), "the TLS tests need the openssl command"
-    cert, key = _self_signed(tmp_path)
-    with BootstrapServer(certfile=cert, keyfile=key) as srv:
-        yield srv
 
 
 def test_tls_on_one_side_only(
