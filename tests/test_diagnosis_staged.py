@@ -5,6 +5,7 @@ and the health document, within a small threshold; a server that is merely late 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from hostile_server import Conn, HostileServer, Request, answer
 from smg_support import Gateway
 from support import Ports, sglang_payload, wait_until
+from test_cli import run
 
 from registrar import Backoff, Registrar, State
 from registrar.core.diagnosis import Code
@@ -200,3 +202,24 @@ def test_the_metrics_carry_the_diagnosis_as_a_labelled_gauge(
     value = metrics.registry.get_sample_value
     assert value("registrar_diagnosis", {"code": "refused"}) == 1.0
     assert value("registrar_diagnosis", {"code": "refused-host-up"}) == 0.0
+
+
+def test_giving_up_with_on_failure_exit_states_the_diagnosis_before_the_process_ends(
+    server: BootstrapServer, ports: Ports
+) -> None:
+    up = int(server.url.rsplit(":", 1)[1])
+    wrong = ports.refusing()
+    result = run(
+        "register",
+        "--url",
+        f"http://127.0.0.1:{wrong}",
+        "--payload",
+        json.dumps(sglang_payload(prefill_http_port=up)),
+        "--max-attempts",
+        "2",
+        "--on-failure",
+        "exit",
+    )
+    assert result.returncode == 3
+    assert f"nothing listens on 127.0.0.1:{wrong}; 127.0.0.1:{up}" in result.stderr
+    assert "[diagnosis refused-host-up]" in result.stderr

@@ -74,7 +74,9 @@ class Diagnostician:
             self._probe(run)
 
     def on_transition(self, old: State, new: State, status: Status) -> None:
-        """Given up for good: no request will come to reach the threshold, so probe now."""
+        """Given up for good: no request will come to reach the threshold, so probe now, on
+        this thread: with on_failure="exit" the process ends right after, and the diagnosis is
+        what its last lines should say (the probe's steps are bounded)."""
         if new is not State.FAILED or status.retrying:
             return
         with self._lock:
@@ -82,7 +84,7 @@ class Diagnostician:
                 return
             self._busy = True
             run = self._run
-        self._probe(run)
+        self._diagnose(run)
 
     def _clear(self) -> None:
         with self._lock:
