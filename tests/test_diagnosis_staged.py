@@ -21,7 +21,8 @@ from registrar import Backoff, Registrar, State
 from registrar.core.diagnosis import Code
 from registrar.core.errors import ConfigError
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces.health import render_health
+from registrar.surfaces.cli import main
+from registrar.surfaces.health import render_health, start_health_server
 from registrar.surfaces.metrics import RegistrarMetrics
 
 FAST = Backoff(initial=0.05, multiplier=2.0, maximum=0.2, jitter=0.25)
@@ -223,3 +224,16 @@ def test_giving_up_with_on_failure_exit_states_the_diagnosis_before_the_process_
     assert result.returncode == 3
     assert f"nothing listens on 127.0.0.1:{wrong}; 127.0.0.1:{up}" in result.stderr
     assert "[diagnosis refused-host-up]" in result.stderr
+
+
+def test_registrar_status_reads_the_diagnosis_from_the_health_server(
+    staged: Any, ports: Ports, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reg = staged(f"http://127.0.0.1:{ports.refusing()}")
+    sentence = _diagnosed(reg, Code.REFUSED, caplog)
+    health = start_health_server(reg, metrics=False)
+    try:
+        assert main(["status", "--health-url", health.url]) == 1
+    finally:
+        health.stop()
+    assert f"diagnosis:    refused: {sentence}" in capsys.readouterr().out
