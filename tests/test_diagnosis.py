@@ -56,6 +56,7 @@ def _seen(seen: Seen | None, port: str = "8998", **more: Any) -> Evidence:
         (_seen(Seen.PLAIN), Code.PLAIN_ON_TLS, "answers plain HTTP but the bootstrap URL says"),
         (_seen(Seen.TLS_FAILED), Code.TLS_FAILED, "the TLS handshake with 10.0.0.5:8998 fails"),
         (_seen(Seen.GATEWAY), Code.GATEWAY, "answers as a gateway"),
+        (_seen(Seen.DENIED), Code.DENIED, "refuses the request without the right credential"),
         (_seen(Seen.HTML), Code.NOT_BOOTSTRAP, "answers with an HTML page"),
         (
             _seen(Seen.OTHER, detail="GET /route answered 404"),

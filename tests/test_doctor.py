@@ -203,6 +203,22 @@ def test_a_gateway_listing_a_worker_twice_or_unhealthy(
     assert "unhealthy" in _check(report, "gateway", "workers")["detail"]
 
 
+def test_a_gateway_with_a_key(
+    doctor: Doctor, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gateway = Gateway(tmp_path / "gw", keys=("s3cret-key",)).start()
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret-key\n")
+    try:
+        code, report = doctor("--gateway", gateway.url)
+        assert (code, _code(report)) == (1, "denied")
+        code, report = doctor("--gateway", gateway.url, "--gateway-key-file", str(key_file))
+        assert code == 0, report
+    finally:
+        gateway.kill()
+    assert "s3cret-key" not in json.dumps(report)
+
+
 def test_a_gateway_given_as_the_bootstrap_url(doctor: Doctor, gateway: Gateway) -> None:
     code, report = doctor("--url", gateway.url)
     assert (code, _code(report)) == (1, "gateway")

@@ -45,6 +45,7 @@ class Code(StrEnum):
     PLAIN_ON_TLS = "plain-on-tls"
     TLS_FAILED = "tls-failed"
     GATEWAY = "gateway"
+    DENIED = "denied"
     NOT_BOOTSTRAP = "not-bootstrap"
 
 
@@ -78,6 +79,8 @@ class Seen(StrEnum):
     HTML = "html"
     GATEWAY = "gateway"
     """A gateway (smg's `GET /workers` list)."""
+    DENIED = "denied"
+    """An HTTP 401 or 403: the server wants a credential the probe did not send, or another."""
     OTHER = "other"
     """An HTTP server that is not a bootstrap server, or something that is not HTTP."""
 
@@ -228,6 +231,11 @@ _ANSWERS: dict[Seen | None, tuple[Code, str]] = {
         Code.GATEWAY,
         "{at} answers as a gateway, not a bootstrap server ({detail}): the bootstrap URL names "
         "the router; give the prefill's host and bootstrap port",
+    ),
+    Seen.DENIED: (
+        Code.DENIED,
+        "{at} refuses the request without the right credential ({detail}): give the key or "
+        "token it expects",
     ),
     Seen.HTML: (
         Code.NOT_BOOTSTRAP,

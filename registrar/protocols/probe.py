@@ -14,7 +14,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,7 +26,7 @@ from ..core.errors import describe_exception
 from ..core.redact import clean, redact_url
 from ..core.untrusted import load_json
 
-__all__ = ["Answer", "Recognise", "evidence_for", "fetch", "gather", "resolve"]
+__all__ = ["Answer", "ProbeOptions", "Recognise", "evidence_for", "fetch", "gather", "resolve"]
 
 PROBE_TIMEOUT = 2.0
 """Seconds for each step of a probe (resolve, connect, one answer)."""
@@ -106,16 +106,32 @@ def speaks_tls(address: str, port: int, host: str, timeout: float) -> tuple[bool
         return False, describe_exception(exc)
 
 
-def fetch(  # noqa: PLR0913 - one GET: where, what, over what, for how long
-    address: str, port: int, path: str, *, host: str, tls: bool, timeout: float = PROBE_TIMEOUT
+@dataclass(frozen=True)
+class ProbeOptions:
+    """How a probe asks: each step's timeout, and headers for every GET (a gateway's key)."""
+
+    timeout: float = PROBE_TIMEOUT
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
+    address: str,
+    port: int,
+    path: str,
+    *,
+    host: str,
+    tls: bool,
+    options: ProbeOptions = ProbeOptions(),
 ) -> Answer | str:
     """One GET on a fresh connection: the answer, or why there was none."""
+    timeout = options.timeout
     conn = HTTPConnection(address, port, timeout=timeout)
     try:
         if tls:
             raw = socket.create_connection((address, port), timeout=timeout)
             conn.sock = _tls_context().wrap_socket(raw, server_hostname=host)
-        conn.request("GET", path, headers={**_HEADERS, "Host": host}, preload_content=False)
+        headers = {**_HEADERS, **options.headers, "Host": host}
+        conn.request("GET", path, headers=headers, preload_content=False)
         response = conn.getresponse()
         body = response.read(4096, decode_content=False)
         kind = response.headers.get("Content-Type", "").split(";")[0].strip()
@@ -144,7 +160,11 @@ class _Target:
     host: str
     prefix: str
     tls: bool
-    timeout: float
+    options: ProbeOptions
+
+    @property
+    def timeout(self) -> float:
+        return self.options.timeout
 
     def get(self, path: str, tls: bool | None = None) -> Answer | str:
         use = self.tls if tls is None else tls
@@ -154,7 +174,7 @@ class _Target:
             self.prefix + path,
             host=self.host,
             tls=use,
-            timeout=self.timeout,
+            options=self.options,
         )
 
 
@@ -166,6 +186,8 @@ def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[See
     described = answer.describe(f"GET {path.partition('?')[0]}")
     if recognise(answer):
         return Seen.BOOTSTRAP, described
+    if answer.status in (401, 403):
+        return Seen.DENIED, described
     if answer.content_type == "text/html" or answer.text.lstrip().startswith("<"):
         return Seen.HTML, described
     if _gateway(target.get("/workers")):
@@ -190,7 +212,7 @@ def _knock(address: str, port: int, label: str, host: str, timeout: float) -> Kn
     refused, _ = _connect(address, port, timeout)
     if refused is not None:
         return Knock(port, label, listens=False, http=False)
-    answer = fetch(address, port, "/", host=host, tls=False, timeout=timeout)
+    answer = fetch(address, port, "/", host=host, tls=False, options=ProbeOptions(timeout))
     return Knock(port, label, listens=True, http=isinstance(answer, Answer))
 
 
@@ -208,11 +230,12 @@ def gather(
     recognise: Recognise,
     *,
     http_port: int | None = None,
-    timeout: float = PROBE_TIMEOUT,
+    options: ProbeOptions = ProbeOptions(),
 ) -> Evidence:
     """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
     listens, knock on `http_port` (the rank's own HTTP port) on the same host. Never raises."""
     others = [(http_port, "the prefill's HTTP port")] if http_port else []
+    timeout = options.timeout
     parts = urlsplit(url)
     host = parts.hostname or ""
     seen = Evidence(
@@ -232,7 +255,7 @@ def gather(
     if failed is not None:
         knocks = tuple(_knock(address, p, label, host, timeout) for p, label in others if p != port)
         return replace(seen, seen=failed, detail=why, others=knocks)
-    target = _Target(address, port, host, parts.path.rstrip("/"), parts.scheme == "https", timeout)
+    target = _Target(address, port, host, parts.path.rstrip("/"), parts.scheme == "https", options)
     kind, detail = _what_answers(target, path, recognise)
     return replace(seen, seen=kind, detail=detail)
 

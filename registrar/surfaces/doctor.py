@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from ..core.diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
 from ..core.untrusted import load_json
-from ..protocols.probe import Answer, fetch, gather
+from ..protocols.probe import Answer, ProbeOptions, fetch, gather
 from ..protocols.sglang import Rank, SGLangTransport, count_in, is_bootstrap_answer
 
 __all__ = [
@@ -88,6 +88,17 @@ class Target:
     gateways: tuple[str, ...] = ()
     etcd: tuple[str, ...] = ()
     timeout: float = 2.0
+    gateway_key: str | None = None
+    """The gateways' control-plane key (`GET /workers` needs it when smg has `--api-key`)."""
+
+    @property
+    def options(self) -> ProbeOptions:
+        return ProbeOptions(self.timeout)
+
+    @property
+    def gateway_options(self) -> ProbeOptions:
+        key = self.gateway_key
+        return ProbeOptions(self.timeout, {"Authorization": f"Bearer {key}"} if key else {})
 
 
 _WRONG_SERVICE = frozenset({Code.NOT_BOOTSTRAP, Code.GATEWAY, Code.HTTP_PORT})
@@ -148,7 +159,7 @@ def bootstrap_findings(target: Target) -> list[Finding]:
         SGLangTransport.probe_path,
         is_bootstrap_answer,
         http_port=target.http_port,
-        timeout=target.timeout,
+        options=target.options,
     )
     found = _reach("bootstrap", url, seen, "SGLang's bootstrap protocol")
     if _failed(found):
@@ -157,7 +168,7 @@ def bootstrap_findings(target: Target) -> list[Finding]:
     return [*found, _rows(url, target)]
 
 
-def _get(url: str, path: str, timeout: float) -> Answer | str:
+def _get(url: str, path: str, options: ProbeOptions) -> Answer | str:
     parts = urlsplit(url)
     scheme_port = 443 if parts.scheme == "https" else 80
     return fetch(
@@ -166,7 +177,7 @@ def _get(url: str, path: str, timeout: float) -> Answer | str:
         parts.path.rstrip("/") + path,
         host=parts.hostname or "",
         tls=parts.scheme == "https",
-        timeout=timeout,
+        options=options,
     )
 
 
@@ -180,7 +191,7 @@ def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
 
 def _rows(url: str, target: Target) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
-    answer = _get(url, SGLangTransport.probe_path, target.timeout)
+    answer = _get(url, SGLangTransport.probe_path, target.options)
     if isinstance(answer, str):
         return Finding("bootstrap", url, "rows", "fail", f"no answer: {answer}")
     if answer.status == 503:
@@ -205,7 +216,7 @@ def _rows(url: str, target: Target) -> Finding:
 def _missing(url: str, target: Target, ranks: list[Rank]) -> Finding:
     expected = len(ranks)
     asked = ranks[:MAX_RANKS]
-    missing = [r for r in asked if _status_of(url, r, target.timeout) == 404]
+    missing = [r for r in asked if _status_of(url, r, target.options) == 404]
     shown = [{"dp": r.dp, "cp": r.cp, "tp": r.tp, "pp": r.pp} for r in missing]
     data = {"registered": expected - len(missing), "expected": expected, "missing": shown}
     problems = []
@@ -225,9 +236,9 @@ def _missing(url: str, target: Target, ranks: list[Rank]) -> Finding:
     )
 
 
-def _status_of(url: str, rank: Rank, timeout: float) -> int | None:
+def _status_of(url: str, rank: Rank, options: ProbeOptions) -> int | None:
     query = "&".join(f"{k}={v}" for k, v in rank.query().items())
-    answer = _get(url, f"/route?{query}", timeout)
+    answer = _get(url, f"/route?{query}", options)
     return None if isinstance(answer, str) else answer.status
 
 
@@ -243,13 +254,14 @@ def _json(answer: Answer) -> Any:
         return None
 
 
-def gateway_findings(url: str, timeout: float) -> list[Finding]:
+def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
     """A gateway (smg): reachable and listing workers, none twice, none unhealthy."""
     url = url.rstrip("/")
-    found = _reach("gateway", url, gather(url, "/workers", _is_workers, timeout=timeout), "smg")
+    seen = gather(url, "/workers", _is_workers, options=options)
+    found = _reach("gateway", url, seen, "smg")
     if _failed(found):
         return found
-    answer = _get(url, "/workers", timeout)
+    answer = _get(url, "/workers", options)
     body = _json(answer) if isinstance(answer, Answer) else None
     listed = [w for w in (body or {}).get("workers", []) if isinstance(w, dict)]
     urls = [str(w.get("url", "")).rstrip("/") for w in listed]
@@ -271,10 +283,10 @@ def _is_etcd(answer: Answer) -> bool:
     return answer.status == 200 and isinstance(body, dict) and "etcdserver" in body
 
 
-def etcd_findings(url: str, timeout: float) -> list[Finding]:
+def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
     """An etcd endpoint: reachable and answering `GET /version` as etcd."""
     url = url.rstrip("/")
-    seen = gather(url, "/version", _is_etcd, timeout=timeout)
+    seen = gather(url, "/version", _is_etcd, options=options)
     found = _reach("etcd", url, seen, "etcd")
     if not _failed(found):
         found[-1] = Finding("etcd", url, "protocol", "pass", f"etcd answers ({seen.detail})")
@@ -292,9 +304,9 @@ def run_doctor(target: Target, environment: Sequence[EnvironmentCheck] = ()) -> 
     if target.bootstrap is not None:
         found += bootstrap_findings(target)
     for url in target.gateways:
-        found += gateway_findings(url, target.timeout)
+        found += gateway_findings(url, target.gateway_options)
     for url in target.etcd:
-        found += etcd_findings(url, target.timeout)
+        found += etcd_findings(url, target.options)
     for check in environment:
         found += check()
     return Report(tuple(found))

@@ -40,7 +40,20 @@ def _target(args: argparse.Namespace) -> Target:
         raise UsageError("nothing to check: give --url, --gateway or --etcd")
     # The bootstrap URL is not refused here for a port that was never filled in (":None"):
     # saying so is the first check's job.
-    return Target(args.url, args.expect, args.http_port, gateways, etcd, args.timeout)
+    key = _key(args.gateway_key_file) if args.gateway_key_file else None
+    return Target(args.url, args.expect, args.http_port, gateways, etcd, args.timeout, key)
+
+
+def _key(path: str) -> str:
+    """The gateway's key, from a file (never a flag: it would show in `ps`)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            key = file.read().strip()
+    except OSError as exc:
+        raise UsageError(f"--gateway-key-file {clean(path, 200)!r}: {exc.strerror}") from None
+    if not key or "\n" in key:
+        raise UsageError(f"--gateway-key-file {clean(path, 200)!r} must hold one line, the key")
+    return key
 
 
 def human(report: Report) -> list[str]:

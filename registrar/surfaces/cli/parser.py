@@ -171,6 +171,9 @@ def _doctor(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
     )
     doc.add_argument("--gateway", action="append", metavar="URL", help="an smg gateway (repeat)")
     doc.add_argument("--etcd", action="append", metavar="URL", help="an etcd endpoint (repeat)")
+    doc.add_argument(
+        "--gateway-key-file", metavar="FILE", help="the gateways' control-plane key, in a file"
+    )
     doc.add_argument("--timeout", type=_seconds, default=2.0, metavar="S", help="(default: 2)")
     doc.add_argument("--json", action="store_true", help="the report as JSON (docs/cli.md)")
 
