@@ -13,7 +13,15 @@ import pytest
 from support import FakeClock, ScriptedTransport, accepted, route, wait_until
 
 from registrar import Registrar, State
-from registrar.core.diagnosis import Code, Evidence, Knock, Seen, diagnose
+from registrar.core.diagnosis import (
+    Code,
+    Evidence,
+    Knock,
+    Seen,
+    diagnose,
+    port_problem,
+    port_text,
+)
 from registrar.core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.core.settings import DEFAULT_DIAGNOSE_AFTER, LoopSettings
 
@@ -79,6 +87,29 @@ def test_a_bootstrap_server_answering_is_no_diagnosis() -> None:
     assert diagnose(_seen(Seen.BOOTSTRAP)) is None
     # SGLang's rust server serves the bootstrap routes on the HTTP port: not a mistake there.
     assert diagnose(_seen(Seen.BOOTSTRAP, "30000", http_port=30000)) is None
+
+
+@pytest.mark.parametrize(
+    ("netloc", "port"),
+    [("h:8998", "8998"), ("h", ""), ("h:None", "None"), ("[::1]:8998", "8998"), ("[::1]", "")],
+)
+def test_the_port_is_read_as_the_url_writes_it(netloc: str, port: str) -> None:
+    assert port_text(netloc) == port
+    assert port_text(f"user:pass@{netloc}") == port
+
+
+def test_a_port_never_filled_in_is_seen_in_the_url_alone() -> None:
+    assert port_problem("http://10.0.0.5:8998") is None
+    assert port_problem("http://10.0.0.5") is None  # the scheme's port
+    assert port_problem("http://[::1") is None  # not a URL: its own error says so
+    for url in ("http://10.0.0.5:None", "http://10.0.0.5:0", "http://10.0.0.5:", "http://[::1]:None"):
+        found = port_problem(url)
+        assert found is not None
+        assert found.code == "port-missing"
+        assert type(found.code) is str
+    hidden = port_problem("http://user:s3cret@10.0.0.5:None")
+    assert hidden is not None
+    assert "s3cret" not in hidden.sentence
 
 
 def test_the_threshold_is_a_setting_with_a_default_of_a_few_tens_of_seconds() -> None:

@@ -57,6 +57,10 @@ class Diagnosis:
     code: str
     sentence: str
 
+    def __post_init__(self) -> None:
+        # A plain string (not the `Code` member): whatever serialises the status sees text.
+        object.__setattr__(self, "code", str(self.code))
+
     def to_dict(self) -> dict[str, str]:
         return {"code": self.code, "sentence": self.sentence}
 
