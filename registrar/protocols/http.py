@@ -394,9 +394,10 @@ class HttpTransport:
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
         """What a fresh probe of the URL sees, for a diagnosis (protocols/probe.py)."""
-        return evidence_for(self._url, self.probe_path, payload, self.recognise)
+        return evidence_for(self._url, self.probe_path or self._path, payload, self.recognise)
 
-    probe_path = "/route"
+    probe_path: str | None = None
+    """What the probe GETs (None: the registration path)."""
 
     def recognise(self, answer: Answer) -> bool:
         """Whether the probe's answer is this server's own: any but an HTML page (a generic

@@ -9,6 +9,7 @@ evidence of a server restart that the transport keeps. No credential is ever sen
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import ssl
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from urllib3.connection import HTTPConnection
+from urllib3.connection import HTTPConnection, HTTPSConnection
 
 from .._version import __version__
 from ..core.diagnosis import Evidence, Knock, Seen, port_text
@@ -125,21 +126,30 @@ def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
 ) -> Answer | str:
     """One GET on a fresh connection: the answer, or why there was none."""
     timeout = options.timeout
-    conn = HTTPConnection(address, port, timeout=timeout)
-    try:
-        if tls:
-            raw = socket.create_connection((address, port), timeout=timeout)
-            conn.sock = _tls_context().wrap_socket(raw, server_hostname=host)
-        headers = {**_HEADERS, **options.headers, "Host": host}
-        conn.request("GET", path, headers=headers, preload_content=False)
-        response = conn.getresponse()
-        body = response.read(4096, decode_content=False)
-        kind = response.headers.get("Content-Type", "").split(";")[0].strip()
-        return Answer(response.status, kind, body.decode("utf-8", "replace"))
-    except Exception as exc:  # whatever broke is the evidence
-        return describe_exception(exc)
-    finally:
-        conn.close()
+    conn: HTTPConnection
+    if tls:
+        conn = HTTPSConnection(
+            address,
+            port,
+            timeout=timeout,
+            ssl_context=_tls_context(),
+            server_hostname=host,
+            assert_hostname=False,
+        )
+    else:
+        conn = HTTPConnection(address, port, timeout=timeout)
+    with contextlib.ExitStack() as opened:
+        opened.callback(conn.close)
+        try:
+            headers = {**_HEADERS, **options.headers, "Host": host}
+            conn.request("GET", path, headers=headers, preload_content=False)
+            response = conn.getresponse()
+            opened.callback(response.close)  # its file holds the socket open until closed
+            body = response.read(4096, decode_content=False)
+            kind = response.headers.get("Content-Type", "").split(";")[0].strip()
+            return Answer(response.status, kind, body.decode("utf-8", "replace"))
+        except Exception as exc:  # whatever broke is the evidence
+            return describe_exception(exc)
 
 
 def _gateway(answer: Answer | str) -> bool:
@@ -196,7 +206,11 @@ def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[See
 
 
 def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
-    """No HTTP answer on the scheme the URL names: try the other one."""
+    """No HTTP answer on the scheme the URL names: try the other one (unless the server went
+    away meanwhile: then that is what was seen)."""
+    gone, how = _connect(target.address, target.port, target.timeout)
+    if gone is not None:
+        return gone, how
     if target.tls:
         plain = target.get("/", tls=False)
         if isinstance(plain, Answer):

@@ -35,6 +35,7 @@ from .probe import Answer
 
 __all__ = [
     "OPTIONAL_FIELDS",
+    "PROBE_PATH",
     "REQUIRED_FIELDS",
     "TOKEN_ENV",
     "Rank",
@@ -126,6 +127,10 @@ class Rank:
             "target_tp_rank": self.tp,
             "target_pp_rank": self.pp,
         }
+
+
+PROBE_PATH = with_query("/route", Rank(-1, -1, -1, -1).query())
+"""The all-`-1` route query: the server's info once every rank is in, 503 with the count before."""
 
 
 def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as documented
@@ -308,7 +313,7 @@ class SGLangTransport(HttpTransport):
         self.settle_idle_signal(check.route in (Route.PRESENT, Route.CONFLICT))
         return check
 
-    probe_path = with_query("/route", Rank(-1, -1, -1, -1).query())
+    probe_path = PROBE_PATH
 
     def recognise(self, answer: Answer) -> bool:
         """SGLang's answer to the all-`-1` query: its server info (200), or 503 "(N workers

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from ..core.diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
 from ..core.untrusted import load_json
 from ..protocols.probe import Answer, ProbeOptions, fetch, gather
-from ..protocols.sglang import Rank, SGLangTransport, count_in, is_bootstrap_answer
+from ..protocols.sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 
 __all__ = [
     "MAX_RANKS",
@@ -156,7 +156,7 @@ def bootstrap_findings(target: Target) -> list[Finding]:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
     seen = gather(
         url,
-        SGLangTransport.probe_path,
+        PROBE_PATH,
         is_bootstrap_answer,
         http_port=target.http_port,
         options=target.options,
@@ -191,7 +191,7 @@ def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
 
 def _rows(url: str, target: Target) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
-    answer = _get(url, SGLangTransport.probe_path, target.options)
+    answer = _get(url, PROBE_PATH, target.options)
     if isinstance(answer, str):
         return Finding("bootstrap", url, "rows", "fail", f"no answer: {answer}")
     if answer.status == 503:
