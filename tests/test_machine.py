@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from registrar import TRANSITIONS, State, Trigger, mermaid_diagram
-from registrar.core.machine import build_machine, fire
+from registrar import State
+from registrar.core.machine import TRANSITIONS, Trigger, build_machine, fire, mermaid_diagram
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"
 

@@ -13,18 +13,20 @@ import pytest
 from support import ScriptedTransport, accepted, sglang_payload
 
 from registrar import ConfigError, Registrar, State, __version__
-from registrar.integrations.sglang import (
-    HONOURED,
-    PLUGIN_ENV_VARS,
-    REFUSED,
+from registrar.integrations.sglang import plugin
+from registrar.integrations.sglang.plugin import (
     SUPPORTED_VERSIONS,
     TARGETS,
     bootstrap_summary,
+    table_complete,
+)
+from registrar.integrations.sglang.settings import (
+    HONOURED,
+    PLUGIN_ENV_VARS,
+    REFUSED,
     describe_plugin_env,
-    plugin,
     plugin_env_table,
     read_config,
-    table_complete,
 )
 from registrar.surfaces.env import ENV_VARS
 

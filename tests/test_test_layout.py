@@ -108,11 +108,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the reference server's sockets and writes",
     ),
     "registrar.devtools.demo": (("test_cli.py",), "`registrar demo`"),
-    "registrar.devtools.envdoc": (
-        ("test_configuration_doc.py",),
-        "the generated configuration page",
-    ),
-    "registrar.devtools.gateway": (("test_smg_gateway.py",), "the smg gateway the smg tests run"),
     "registrar.devtools.route_table": (
         ("test_reference_fidelity.py",),
         "SGLang's route table, checked against SGLang's server (and in "

@@ -40,6 +40,7 @@ __all__ = [
     "seconds_or_zero",
     "single_line",
     "timeout",
+    "tls",
     "url",
     "urls",
 ]
@@ -213,6 +214,14 @@ def existing_path(value: object) -> str | None:
     if not isinstance(value, str) or not (os.path.isfile(value) or os.path.isdir(value)):
         raise Invalid("is not a readable file or directory", shown=str(value))
     return value
+
+
+def tls(value: object) -> bool | str:
+    """True (the system's CAs), False (no verification), or the path of a CA file or directory
+    to verify against, as `requests` and `httpx` take `verify`."""
+    if isinstance(value, str):
+        return str(existing_path(value))
+    return bool(value)
 
 
 def url(value: object) -> str:

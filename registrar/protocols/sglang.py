@@ -27,10 +27,10 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import clean
-from ..core.settings import HttpSettings
 from ..core.transport import Timeout, Token
 from ..core.untrusted import load_json
-from .http import HttpResult, HttpTarget, HttpTransport, validate_token, with_query
+from .http import HttpTransport
+from .httpvalues import HttpResult, validate_token, with_query
 
 __all__ = [
     "OPTIONAL_FIELDS",
@@ -259,9 +259,6 @@ class SGLangTransport(HttpTransport):
             timeout=timeout,
             verify=verify,
         )
-
-    def _setup(self, settings: HttpSettings, target: HttpTarget) -> None:
-        super()._setup(settings, target)
         self._evidence = _Evidence()
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:

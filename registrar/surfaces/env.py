@@ -17,26 +17,15 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.settings import DEFAULT_BACKOFF
-from .options import (
-    ENV_PREFIX,
-    OPTIONS,
-    Option,
-    parse_flag,
-    parse_port,
-    parse_seconds_or_zero,
-)
+from .options import ENV_PREFIX, OPTIONS, Option
 
 __all__ = [
-    "ENV_PREFIX",
     "ENV_VARS",
     "UNSET",
     "EnvVar",
     "command_options_from_env",
     "describe_env",
     "options_from_env",
-    "parse_flag",
-    "parse_port",
-    "parse_seconds_or_zero",
     "read_variable",
     "registrar_options",
 ]

@@ -3,7 +3,7 @@ variable and the `--<name>` flag of `registrar register`), the settings field it
 that only turns text into a typed value, the settings' rule for that value, the help, an example
 and what the SGLang plugin does with it. The environment reader (`surfaces/env.py`), the command's
 flags and `--help` (`surfaces/cli/`), the plugin's tables (`integrations/sglang/settings.py`) and
-docs/configuration.md (`devtools/envdoc.py`) are all read from `OPTIONS`: an option is added here,
+docs/configuration.md (`docs/hooks/envdoc.py`) are all read from `OPTIONS`: an option is added here,
 in one row, and appears in all of them (tests/test_options.py).
 
 Defaults are never written here: `--help` and the docs read them from the settings classes.
@@ -36,16 +36,7 @@ from .parsers import (
     word,
 )
 
-__all__ = [
-    "DEFAULT_HEALTH_HOST",
-    "ENV_PREFIX",
-    "OPTIONS",
-    "Option",
-    "by_name",
-    "parse_flag",
-    "parse_port",
-    "parse_seconds_or_zero",
-]
+__all__ = ["DEFAULT_HEALTH_HOST", "ENV_PREFIX", "OPTIONS", "Option", "by_name"]
 
 ENV_PREFIX = "REGISTRAR_"
 
@@ -246,8 +237,10 @@ OPTIONS: tuple[Option, ...] = (
         "/etc/ssl/bootstrap-ca.pem",
         "CA bundle (a file) or CA directory to verify an https server",
         HttpSettings,
-        "ca_bundle",
-        "ca_bundle",
+        "verify",
+        "verify",
+        rule=rules.existing_path,
+        show_default=False,
         metavar="PATH",
     ),
     _backoff("BACKOFF_INITIAL", "initial", "1", "first retry delay, seconds", metavar="S"),
@@ -276,9 +269,7 @@ OPTIONS: tuple[Option, ...] = (
         "PROTOCOL",
         text,
         "sglang",
-        "sglang (PUT /route and watch the rank) or http (PUT only)",
-        HttpSettings,
-        "protocol",
+        "sglang (PUT /route and watch the rank) or http (PUT only) (default: sglang)",
         plugin="the plugin speaks SGLang's bootstrap protocol",
     ),
     Option(
@@ -359,6 +350,7 @@ OPTIONS: tuple[Option, ...] = (
         text,
         "http://10.0.0.5:30001",
         "with GATEWAY: the worker, as the gateway reaches it",
+        show_default=False,
     ),
     _smg(
         "WORKER_TYPE",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from ..core.registrar import Registrar, RequestEvent
+from ..core.board import RequestEvent
+from ..core.registrar import Registrar
 
 __all__ = ["log_request", "make_verbose"]
 

@@ -11,27 +11,21 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...core.errors import ConfigError
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
-from ...core.settings import verify_fields
-from ...core.transport import Timeout, Waker
+from ...core.waker import Waker
 from .answer import EtcdAnswer, Grpc, b64, header_revision, int64, unb64
 from .client import EtcdClient
-from .settings import DEFAULT_KEEPALIVE_FRACTION, DEFAULT_TIMEOUT, DEFAULT_TTL, EtcdSettings
+from .settings import DEFAULT_KEEPALIVE_FRACTION, EtcdSettings
 from .stream import MAX_WATCH_MESSAGE, message_limit
 from .verdicts import key_check, not_renewed, not_written, unread
 from .watch import KeyWatch
 
-__all__ = [
-    "DEFAULT_KEEPALIVE_FRACTION",
-    "DEFAULT_TIMEOUT",
-    "DEFAULT_TTL",
-    "EtcdTransport",
-    "watch_interval_for",
-]
+__all__ = ["EtcdTransport", "watch_interval_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +43,9 @@ def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE
 
 
 class EtcdTransport:
-    """Keeps `payload` (as compact JSON) under `key` in etcd, held by a lease renewed every
-    `keepalive_fraction * ttl` seconds.
+    """Keeps `payload` (as compact JSON) under the settings' `key` in etcd, held by a lease
+    renewed every `keepalive_fraction * ttl` seconds. `max_message_bytes` caps one watch
+    message, `rng` is for tests.
 
     `endpoints` are the cluster's client URLs (one string, comma-separated, or a sequence):
     requests go to the last one that answered and fail over to the next when a member does
@@ -62,50 +57,12 @@ class EtcdTransport:
     `timeout` is one request's deadline on one endpoint.
     """
 
-    def __init__(  # noqa: PLR0913 - the documented keyword front door; EtcdSettings checks
+    def __init__(
         self,
-        endpoints: str | Sequence[str],
-        key: str,
-        *,
-        ttl: float = DEFAULT_TTL,
-        keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION,
-        username: str | None = None,
-        password: str | None = None,
-        timeout: Timeout = DEFAULT_TIMEOUT,
-        verify: bool | str = True,
-        cert: tuple[str, str] | None = None,
-        max_message_bytes: int = MAX_WATCH_MESSAGE,
-        rng: Callable[[], float] | None = None,
-    ) -> None:
-        settings = EtcdSettings(
-            endpoints,
-            key,
-            ttl=ttl,
-            keepalive_fraction=keepalive_fraction,
-            username=username,
-            password=password,
-            timeout=timeout,
-            cert=cert,
-            **verify_fields(verify),
-        )
-        self._setup(settings, max_message_bytes, rng)
-
-    @classmethod
-    def from_settings(
-        cls,
         settings: EtcdSettings,
         *,
         max_message_bytes: int = MAX_WATCH_MESSAGE,
         rng: Callable[[], float] | None = None,
-    ) -> EtcdTransport:
-        """The transport for `settings` (checked when they were made); `max_message_bytes`
-        caps one watch message, `rng` is for tests."""
-        transport = cls.__new__(cls)
-        transport._setup(settings, max_message_bytes, rng)
-        return transport
-
-    def _setup(
-        self, settings: EtcdSettings, max_message_bytes: int, rng: Callable[[], float] | None
     ) -> None:
         self._key = settings.key.encode()
         self._key_text = settings.key
@@ -141,6 +98,25 @@ class EtcdTransport:
     def watch_interval(self) -> float:
         """The registrar watch interval that keeps the lease renewed in time."""
         return watch_interval_for(self._ttl, self._fraction)
+
+    def fit_watch_interval(self, given: float | None) -> float:
+        """`given`, or the longest interval that renews the lease in time (None); a longer one
+        is a `ConfigError` (each check renews the lease)."""
+        longest = self.watch_interval
+        if given is None:
+            return longest
+        if (
+            isinstance(given, bool)
+            or not isinstance(given, int | float)
+            or not 0 < given <= longest
+        ):
+            self.close()
+            raise ConfigError(
+                f"watch_interval must be within (0, {longest:g}] s for ttl={self._ttl} and "
+                f"keepalive_fraction={self._fraction:g}: each check renews the lease, "
+                f"got {given!r}"
+            )
+        return given
 
     @property
     def lease(self) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
-from ..http import TlsError
+from ..httpconn import TlsError
 from .answer import EtcdAnswer, Grpc, header_revision, int64, unb64
 from .client import EtcdClient
 

@@ -11,7 +11,8 @@ from typing import Any
 from ...core.outcome import Route, RouteCheck
 from ...core.redact import clean
 from ...core.untrusted import load_json
-from ..http import HttpResult, HttpTransport
+from ..http import HttpTransport
+from ..httpvalues import HttpResult
 
 __all__ = ["json_object", "listed_check", "worker_check", "worker_id_in", "workers_at"]
 

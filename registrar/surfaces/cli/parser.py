@@ -11,7 +11,8 @@ from typing import Any
 from ..._version import __version__
 from ...core import rules
 from ...core.failure import EXIT_CODE
-from ..options import OPTIONS, Option, parse_flag, parse_port
+from ..options import OPTIONS, Option
+from ..parsers import parse_flag, parse_port
 from .common import (
     DEMO_DURATION,
     EXIT_INTERRUPTED,
