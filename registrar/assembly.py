@@ -16,8 +16,6 @@ from .protocols.smg.settings import SmgSettings
 from .protocols.smg.spec import worker_spec
 from .protocols.smg.transport import DEFAULT_WATCH_INTERVAL, SmgTransport
 
-__all__ = ["etcd_registrar", "smg_registrar", "smg_registrars"]
-
 
 def etcd_registrar(
     endpoints: str | Sequence[str], key: str, payload: Mapping[str, Any], **options: Any

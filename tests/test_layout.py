@@ -345,8 +345,8 @@ def test_the_import_resolution_reaches_into_folders() -> None:
     found = dict(_resolved_imports(PROTOCOLS / "etcd" / "client.py"))
     assert found["...core.redact"] == "registrar.core.redact"
     assert found["..http"] == "registrar.protocols.http"
-    assert dict(_resolved_imports(PROTOCOLS / "etcd" / "__init__.py"))[".transport"] == (
-        "registrar.protocols.etcd.transport"
+    assert dict(_resolved_imports(PROTOCOLS / "etcd" / "transport.py"))[".client"] == (
+        "registrar.protocols.etcd.client"
     )
 
 

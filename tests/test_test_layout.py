@@ -252,10 +252,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.health.answer": (
-        ("test_health_server.py",),
-        "one part of the health endpoint; its tests are the endpoint's",
-    ),
     "registrar.surfaces.health.apps": (
         ("test_health_server.py", "test_health.py"),
         "one part of the health endpoint; its tests are the endpoint's",
@@ -265,7 +261,7 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "one part of the health endpoint; its tests are the endpoint's",
     ),
     "registrar.surfaces.health.document": (
-        ("test_health.py", "test_health_conventions.py"),
+        ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
         "one part of the health endpoint; its tests are the endpoint's",
     ),
     "registrar.surfaces.parsers": (

@@ -35,8 +35,6 @@ from .status import Status
 from .transport import Abortable, Transport, WatchBounded
 from .validate import encode_payload, fleet_size
 
-__all__ = ["Registrar"]
-
 _REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
 """Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
 

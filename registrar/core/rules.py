@@ -20,31 +20,6 @@ from urllib.parse import urlsplit
 from .errors import ConfigError
 from .redact import clean, redact_url
 
-__all__ = [
-    "Invalid",
-    "Rule",
-    "applied",
-    "at_least_one",
-    "check_fields",
-    "count",
-    "count_or_none",
-    "describe",
-    "each_seconds",
-    "existing_path",
-    "fraction",
-    "fraction_open",
-    "header_token",
-    "port_or_none",
-    "seconds",
-    "seconds_or_none",
-    "seconds_or_zero",
-    "single_line",
-    "timeout",
-    "tls",
-    "url",
-    "urls",
-]
-
 _T = TypeVar("_T")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 

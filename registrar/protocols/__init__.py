@@ -20,8 +20,6 @@ from .smg.settings import SmgSettings
 from .smg.spec import validate_spec, worker_spec
 from .smg.transport import SmgTransport
 
-__all__ = ["etcd_protocol", "http_protocol", "sglang_protocol", "smg_protocol"]
-
 
 def _sglang(payload: Mapping[str, Any], s: HttpSettings) -> tuple[Transport, dict[str, Any]]:
     checked = validate_payload(payload)

@@ -62,8 +62,6 @@ from .httpvalues import (
 )
 from .idle import KEEPALIVE_WINDOW, IdleCloses, Prober, wait_readable
 
-__all__ = ["EXCERPT_BYTES", "HttpTransport"]
-
 logger = logging.getLogger(__name__)
 
 _RETRIED_4XX = frozenset({408, 429})

@@ -17,17 +17,6 @@ from urllib.parse import urlencode
 
 from ..core import rules
 
-__all__ = [
-    "DEFAULT_MAX_ANSWER_BYTES",
-    "RETRY_AFTER_CEILING",
-    "HttpResult",
-    "TokenUnavailable",
-    "parse_retry_after",
-    "phrase",
-    "validate_token",
-    "with_query",
-]
-
 RETRY_AFTER_CEILING = 365 * 24 * 3600.0
 """A year: no Retry-After is read as longer (the registrar's own cap is far smaller)."""
 _DELTA_SECONDS = re.compile("[0-9]+")

@@ -18,9 +18,9 @@ from typing import Any
 from ..core import rules
 from ..core.backoff import Backoff
 from ..core.settings import HttpSettings, LoopSettings, default_of, rules_of
-from ..protocols import smg
 from ..protocols.etcd.settings import EtcdSettings
 from ..protocols.smg.settings import SmgSettings
+from ..protocols.smg.transport import DEFAULT_WATCH_INTERVAL as SMG_WATCH_INTERVAL
 from .parsers import (
     int_or_off,
     integer,
@@ -35,8 +35,6 @@ from .parsers import (
     urls,
     word,
 )
-
-__all__ = ["DEFAULT_HEALTH_HOST", "ENV_PREFIX", "OPTIONS", "Option", "by_name"]
 
 ENV_PREFIX = "REGISTRAR_"
 
@@ -200,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
         seconds_or_off,
         "15",
         "seconds between route checks once registered; 'off' for none (0 is refused); "
-        f"with --gateway: {smg.DEFAULT_WATCH_INTERVAL:g}, with --etcd: from --ttl",
+        f"with --gateway: {SMG_WATCH_INTERVAL:g}, with --etcd: from --ttl",
         metavar="S",
     ),
     Option(

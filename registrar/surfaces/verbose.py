@@ -8,8 +8,6 @@ import logging
 from ..core.board import RequestEvent
 from ..core.registrar import Registrar
 
-__all__ = ["log_request", "make_verbose"]
-
 logger = logging.getLogger(__name__)
 
 

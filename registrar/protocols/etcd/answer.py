@@ -18,8 +18,6 @@ from ...core.untrusted import load_json
 from ..httpconn import TlsError
 from ..httpvalues import HttpResult
 
-__all__ = ["EtcdAnswer", "Grpc", "b64", "header_revision", "int64", "parse_answer", "unb64"]
-
 
 class Grpc(IntEnum):
     """The gRPC status codes the gateway passes on in its error bodies."""

@@ -20,8 +20,6 @@ from .answer import EtcdAnswer, Grpc, parse_answer
 from .settings import EtcdSettings
 from .stream import Dial
 
-__all__ = ["EtcdClient"]
-
 logger = logging.getLogger(__name__)
 
 

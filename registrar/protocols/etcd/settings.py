@@ -13,8 +13,6 @@ from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import Timeout, deadline_seconds
 
-__all__ = ["DEFAULT_KEEPALIVE_FRACTION", "DEFAULT_TIMEOUT", "DEFAULT_TTL", "EtcdSettings"]
-
 DEFAULT_TTL = 10.0
 """Seconds a crashed process's key outlives it. etcd rounds a TTL up to whole seconds and to
 its own minimum (about 2 s on a default single member)."""

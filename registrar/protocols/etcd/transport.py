@@ -25,8 +25,6 @@ from .stream import MAX_WATCH_MESSAGE, message_limit
 from .verdicts import key_check, not_renewed, not_written, unread
 from .watch import KeyWatch
 
-__all__ = ["EtcdTransport", "watch_interval_for"]
-
 logger = logging.getLogger(__name__)
 
 

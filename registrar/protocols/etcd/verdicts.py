@@ -16,8 +16,6 @@ from ..httpconn import TlsError
 from .answer import EtcdAnswer, Grpc, header_revision, int64, unb64
 from .client import EtcdClient
 
-__all__ = ["key_check", "not_renewed", "not_written", "unread"]
-
 
 def not_written(
     answer: EtcdAnswer, failures: list[str], what: str, client: EtcdClient, key: str

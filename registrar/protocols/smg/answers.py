@@ -14,8 +14,6 @@ from ...core.untrusted import load_json
 from ..http import HttpTransport
 from ..httpvalues import HttpResult
 
-__all__ = ["json_object", "listed_check", "worker_check", "worker_id_in", "workers_at"]
-
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 

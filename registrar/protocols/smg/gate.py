@@ -11,8 +11,6 @@ from ...core.transport import validate_url
 from ...core.waker import Waker
 from ..http import HttpTransport
 
-__all__ = ["Readiness", "ReadinessGate", "UrlReadiness", "readiness"]
-
 Readiness = Callable[[], str | None]
 """None when the served process is ready, else why not (one line)."""
 

@@ -14,15 +14,6 @@ from ...core.errors import ConfigError
 from ...core.transport import Timeout, Token, deadline_seconds, file_token
 from . import spec
 
-__all__ = [
-    "DEFAULT_CONFIRM_TIMEOUT",
-    "DEFAULT_DRAIN_TIMEOUT",
-    "DEFAULT_GRACE",
-    "DEFAULT_READY_INTERVAL",
-    "KEY_ENV",
-    "SmgSettings",
-]
-
 KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 """The variable holding the gateway's control-plane key when no key file is given."""
 DEFAULT_CONFIRM_TIMEOUT = 30.0

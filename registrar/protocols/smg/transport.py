@@ -20,12 +20,6 @@ from .answers import json_object, listed_check, worker_check, worker_id_in, work
 from .gate import Readiness, ReadinessGate, readiness
 from .settings import KEY_ENV, SmgSettings
 
-__all__ = [
-    "DEFAULT_WATCH_INTERVAL",
-    "MAX_LIST_BYTES",
-    "SmgTransport",
-]
-
 logger = logging.getLogger(__name__)
 
 DEFAULT_WATCH_INTERVAL = 5.0

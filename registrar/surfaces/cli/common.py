@@ -15,24 +15,6 @@ from typing import NoReturn
 
 from ...core.failure import EXIT_CODE
 
-__all__ = [
-    "DEMO_DURATION",
-    "EXIT_BROKEN_PIPE",
-    "EXIT_INTERRUPTED",
-    "EXIT_NOT_REGISTERED",
-    "EXIT_OK",
-    "EXIT_STATUSES",
-    "EXIT_UNREACHABLE",
-    "EXIT_USAGE",
-    "Parser",
-    "Signals",
-    "UsageError",
-    "answer",
-    "exit_text",
-    "log_setup",
-    "stdout_to_devnull",
-]
-
 EXIT_OK = 0
 EXIT_NOT_REGISTERED = 1
 """`registrar status`: the agent answered, and is not registered."""

@@ -25,8 +25,6 @@ from .common import (
     exit_text,
 )
 
-__all__ = ["EXAMPLES_MAIN", "EXAMPLES_REGISTER", "build_parser", "flag_type"]
-
 _REGISTER_EXITS = exit_text(
     {
         EXIT_OK: "stopped cleanly on SIGTERM/SIGINT",

@@ -29,8 +29,6 @@ from ..options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
 from ..verbose import log_request
 from .common import EXIT_OK, Signals, UsageError, log_setup
 
-__all__ = ["cmd_register", "resolve"]
-
 _SHARED = ("timeout", "verify")
 """The HTTP settings every protocol takes (a deadline, TLS)."""
 
