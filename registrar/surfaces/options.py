@@ -11,7 +11,7 @@ Defaults are never written here: `--help` and the docs read them from the settin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from typing import Any
 
@@ -432,8 +432,3 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 """Every option, in the order `--help` and the docs list them."""
-
-
-def by_name(table: tuple[Option, ...] = OPTIONS) -> Mapping[str, Option]:
-    """The table's options by name (`TIMEOUT`)."""
-    return {option.name: option for option in table}

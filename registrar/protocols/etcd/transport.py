@@ -1,9 +1,6 @@
-"""`EtcdTransport`: the payload under a key, held by a lease this process keeps alive.
-
-`register` grants a lease (or reuses ours while etcd still has it) and puts the key with it;
-`check` renews the lease and reads the key back; `wait_idle` follows the watch (`.watch`) and
-the renewal schedule; `close` revokes the lease. The requests go through `.client` (failover,
-auth, TLS); what etcd's answers mean for the registration is decided here."""
+"""`EtcdTransport`: the payload under a key, held by a lease this process keeps alive (the
+model: the package's docstring). The requests go through `.client` (failover, auth, TLS); what
+etcd's answers mean for the registration is decided here."""
 
 from __future__ import annotations
 
