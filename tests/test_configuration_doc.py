@@ -8,8 +8,8 @@ from pathlib import Path
 
 from docs.hooks.envdoc import configuration_page
 from registrar.integrations.sglang.settings import plugin_env_table
-from registrar.surfaces.env import ENV_VARS
 from registrar.surfaces.options import ENV_PREFIX
+from registrar.surfaces.options import OPTIONS as ENV_VARS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

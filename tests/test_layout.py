@@ -35,7 +35,8 @@ from registrar.core.backoff import contact_delay
 from registrar.core.registry import protocol_names
 from registrar.core.settings import DEFAULT_BACKOFF
 from registrar.core.waker import Waker
-from registrar.surfaces.env import ENV_VARS, describe_env, options_from_env
+from registrar.surfaces.env import describe_env, options_from_env
+from registrar.surfaces.options import OPTIONS as ENV_VARS
 
 CORE = Path(registrar.__file__).parent / "core"
 

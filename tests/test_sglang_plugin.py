@@ -28,7 +28,7 @@ from registrar.integrations.sglang.settings import (
     plugin_env_table,
     read_config,
 )
-from registrar.surfaces.env import ENV_VARS
+from registrar.surfaces.options import OPTIONS as ENV_VARS
 
 
 def test_importing_registrar_and_the_plugin_imports_no_sglang() -> None:
