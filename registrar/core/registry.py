@@ -5,7 +5,8 @@ protocol. A name is found, in this order: registered at run time (`register_prot
 in the `registrar.protocols` entry-point group by any installed distribution
 (`[project.entry-points."registrar.protocols"] myproto = "mypkg.module:factory"`), or one of the
 built-in ones (named here by module path, imported only when chosen). Nothing registers itself
-by being imported.
+by being imported. A factory gets its protocol's settings value, made of the registrar's URL and
+options (`ProtocolFactory`).
 """
 
 from __future__ import annotations

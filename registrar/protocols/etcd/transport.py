@@ -39,17 +39,11 @@ def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE
 
 class EtcdTransport:
     """Keeps `payload` (as compact JSON) under the settings' `key` in etcd, held by a lease
-    renewed every `keepalive_fraction * ttl` seconds. `max_message_bytes` caps one watch
-    message, `rng` is for tests.
-
-    `endpoints` are the cluster's client URLs (one string, comma-separated, or a sequence):
-    requests go to the last one that answered and fail over to the next when a member does
-    not answer or says it cannot (no leader, timed out, unavailable). `username`/`password`
-    enable etcd's auth: the token is fetched with `/v3/auth/authenticate` and fetched again when
-    etcd says it is invalid (expired, or the member restarted). `verify` is True (system CAs),
-    False, or the path of a CA bundle for `https://` endpoints; `cert` a (certificate, key)
-    pair of files for clusters that require client certificates (`--client-cert-auth`).
-    `timeout` is one request's deadline on one endpoint.
+    renewed every `keepalive_fraction * ttl` seconds (`EtcdSettings` says what each option
+    means). Requests go to the member that answered last and fail over to the next when one
+    does not answer or says it cannot (no leader, timed out, unavailable); etcd's auth token is
+    fetched again when etcd says it is invalid. `max_message_bytes` caps one watch message,
+    `rng` is for tests.
     """
 
     def __init__(

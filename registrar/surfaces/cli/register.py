@@ -130,7 +130,7 @@ def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "rank_ip": value}
 
 
-def _etcd_settings(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
+def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
     """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
     if chosen.get("url") or chosen.get("protocol") or token is not None:
         raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
@@ -149,7 +149,7 @@ def _etcd_settings(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
     return {**fields, **_fields(chosen, HttpSettings, _SHARED)}
 
 
-def _smg_settings(chosen: dict[str, Any]) -> dict[str, Any]:
+def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
     """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
     clash = [
         f"--{name.replace('_', '-')}"
@@ -191,13 +191,13 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
     from ... import assembly  # noqa: PLC0415 - only --etcd and --gateway need it
 
     if chosen.get("gateway"):
-        return assembly.smg_registrars(**_smg_settings(chosen), **_loop_options(chosen))
+        return assembly.smg_registrars(**_smg_options(chosen), **_loop_options(chosen))
     source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
     payload = _rank_ip(_payload(chosen["payload"], source), chosen)
     token = _token(chosen, flags)
     loop = _loop_options(chosen)
     if chosen.get("etcd") is not None:
-        etcd = _etcd_settings(chosen, token)
+        etcd = _etcd_options(chosen, token)
         return RegistrarGroup([assembly.etcd_registrar(**etcd, payload=payload, **loop)])
     http = {**_fields(chosen, HttpSettings), "token": token}
     protocol = chosen.get("protocol", "sglang")
