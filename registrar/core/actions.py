@@ -182,3 +182,5 @@ class Decision:
     trigger: Trigger | None = None
     """Fired (with the snapshot's changes) before the action is performed."""
     notes: tuple[Note, ...] = ()
+
+
