@@ -22,10 +22,9 @@ def etcd_registrar(
 ) -> Registrar:
     """A `Registrar` keeping `payload` under `key` in etcd (not started): `protocol="etcd"`.
 
-    `options` are the fields of `EtcdSettings` (ttl, keepalive_fraction, username, password,
-    timeout, verify, cert) and `Registrar`'s (backoff, max_attempts, on_failure, clock, ...).
-    The watch interval derives from the TTL (`watch_interval_for`) so that every lease renewal
-    is on time; a longer one is refused."""
+    `options` are the fields of `EtcdSettings` and `Registrar`'s. The watch interval derives
+    from the TTL (`watch_interval_for`) so that every lease renewal is on time; a longer one is
+    refused."""
     return Registrar(endpoints, payload, protocol="etcd", key=key, **options)
 
 
@@ -33,12 +32,9 @@ def smg_registrar(
     gateway: str, worker_url: str, worker_type: str = "regular", **options: Any
 ) -> Registrar:
     """A `Registrar` keeping the worker at `worker_url` listed by the smg gateway at `gateway`
-    (not started). `options` are the fields of `SmgSettings` (bootstrap_port, ready, grace,
-    ready_interval, confirm_timeout, drain_timeout, key, key_file, timeout, verify), `spec`
-    (more fields of the gateway's WorkerSpec) and `Registrar`'s. The control-plane key comes
-    from `key`, else `key_file` (read before each request), else `$REGISTRAR_GATEWAY_KEY`.
-    `stop()` drains (see `SmgTransport.close`): give it `drain_timeout` and a request deadline
-    (`Registrar.stop(timeout=...)`)."""
+    (not started). `options` are the fields of `SmgSettings`, `spec` (more fields of the
+    gateway's WorkerSpec) and `Registrar`'s. `stop()` drains (see `SmgTransport.close`): give
+    it `drain_timeout` and a request deadline (`Registrar.stop(timeout=...)`)."""
     return smg_registrars((gateway,), worker_url, worker_type, **options).members()[0]
 
 
