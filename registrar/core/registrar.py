@@ -7,7 +7,7 @@ it out of any wait.
 
 This module holds the front door (construction, start, stop, status, reports, forks); the loop's
 choices are in `decide`, their performance in `runner`, the snapshot and its listeners in
-`board`, the failure policy in `failure`.
+`board`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from .board import Listener, RequestEvent, RequestListener, StatusBoard
 from .clock import Clock, SystemClock
 from .decide import MAX_BROKEN_CHECKS, REPORT_CHECK_INTERVAL, REPORT_LOG_INTERVAL
 from .errors import ConfigError, StateError
-from .failure import EXIT_CODE, OnFailure, OnFailureName, Policy, default_exit
-from .loopstate import LoopConfig
 from .machine import State, Trigger
 from .registry import TransportOptions, make_transport
 from .runner import MAX_ERROR_TEXT, UNEXPECTED, Controls, Runner
@@ -37,9 +35,13 @@ from .settings import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_WATCH_INTERVAL,
+    EXIT_CODE,
     Hooks,
     HttpSettings,
     LoopSettings,
+    OnFailure,
+    OnFailureName,
+    default_exit,
 )
 from .status import Status
 from .transport import Abortable, Token, Transport
@@ -179,17 +181,8 @@ class Registrar:
         self._transport = transport
         self._settings = loop
         self._clock: Clock = hooks.clock
-        self._rng = hooks.rng
-        self._config = LoopConfig(
-            backoff=loop.backoff,
-            max_attempts=loop.max_attempts,
-            max_elapsed=loop.max_elapsed,
-            watch_interval=loop.watch_interval,
-            max_retry_after=loop.max_retry_after,
-            fleet=fleet_size(transport, sent),
-            url=transport.display_url,
-        )
-        self._policy = Policy(loop.on_failure, hooks.exit)
+        self._hooks = hooks
+        self._fleet = fleet_size(transport, sent)
         initial = Status(
             state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
         )
@@ -268,7 +261,7 @@ class Registrar:
             # thread that exists but cannot be joined yet.
             self._thread = thread
             board.deliverer = thread
-            board.fire(Trigger.START, {})
+            board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
             thread.start()
         return self
 
@@ -287,7 +280,7 @@ class Registrar:
         if self._forked_from is None and isinstance(self._transport, Abortable):
             # A request in flight need not run to its deadline: its answer no longer matters.
             self._transport.abort()
-        board.transition(Trigger.STOP)
+        board.apply(Trigger.STOP, {})
         ended = True
         if thread is not None and thread is not me:
             # Once the gate is ours, the thread is not inside a request and will see the flag.
@@ -365,12 +358,13 @@ class Registrar:
 
     def _run(self) -> None:
         Runner(
-            config=self._config,
+            settings=self._settings,
+            fleet=self._fleet,
             transport=self._transport,
             payload=self._payload,
             clock=self._clock,
-            rng=self._rng,
+            rng=self._hooks.rng,
+            exit=self._hooks.exit,
             board=self._board,
             controls=self._controls,
-            policy=self._policy,
         ).run()
