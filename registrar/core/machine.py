@@ -20,7 +20,7 @@ from enum import StrEnum
 from transitions import EventData, Machine
 from transitions.extensions import GraphMachine
 
-MACHINE_NAME = "registrar.status"
+MACHINE_NAME = "registrar-status"
 """The name of every machine registrar builds; the library's log records begin with it."""
 
 
