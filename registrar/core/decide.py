@@ -1,16 +1,16 @@
 """The loop's decisions: one pure function from where the loop stands and what just happened to
 what it does next.
 
-As in tenacity's `iter()`, deciding is kept apart from doing: `decide()` looks at an explicit
-`LoopState` and the last `Observation` (an attempt's outcome, a route check, the end of a wait)
-and answers a `Decision`: the next state, the one `Action` to perform (wait, probe, look, send,
-check, fail, stop), the status change (the trigger to fire on the state machine and the fields
-it sets), and the lines to log. It is the only place that decides a status change: it reads the
-published `Status` and answers what changes in it. It reads no clock (the time is given), draws
-no random number of its own (`draw` is given), sends nothing and sleeps nowhere;
-`registrar.core.runner` performs what it answers. A test can therefore drive
-it through every state without threads, sockets or clocks (`tests/test_decide_explorer.py` explores
-it against a model of SGLang's counting server).
+As in tenacity's `iter()`, deciding is kept apart from doing: `decide()` looks at the
+`LoopSettings`, the published `Status`, an explicit `LoopState` and the last `Observation` (an
+attempt's outcome, a route check, the end of a wait, the `on_failure` answer) and answers a
+`Decision`: the next state, the one `Action` to perform (wait, probe, look, send, check, fail,
+stop), the status change (the trigger to fire on the state machine and the fields it sets) and
+the lines to log. It is the only place that decides a status change. It reads no clock (the
+time is given), draws no random number of its own (`draw` is given), sends nothing and sleeps
+nowhere; `registrar.core.runner` performs what it answers. A test can therefore drive it through
+every state without threads, sockets or clocks (`tests/test_decide_explorer.py` explores it
+against a model of SGLang's counting server).
 """
 
 from __future__ import annotations
