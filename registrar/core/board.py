@@ -50,28 +50,24 @@ class StatusBoard:
     """The published snapshot and who hears about it."""
 
     def __init__(self, status: Status, clock: Clock) -> None:
-        self.status = status
         self._clock = clock
-        self._machine = build_machine(status.state, self._changed)
-        self.lock = threading.Lock()
-        self.changed = threading.Condition(self.lock)
         self._listeners: list[Listener] = []
         self._request_listeners: list[RequestListener] = []
         self._pending: deque[tuple[State, State, Status]] = deque()
+        self.after_fork(status)
+
+    def after_fork(self, status: Status) -> None:
+        """A fresh lock, machine and delivery around `status` (also in a forked child, where
+        locks another thread held are made again and nothing is pending)."""
+        self.status = status
+        self._machine = build_machine(status.state, self._changed)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self._pending.clear()
         self.deliverer: threading.Thread | None = None
         """The one thread that calls listeners: the loop thread while it runs, else a
         short-lived "registrar-events" thread. Never a caller of start() or stop()."""
         self._draining = False  # the deliverer's alone
-
-    def after_fork(self, status: Status) -> None:
-        """In a forked child: locks another thread held are made again, nothing is pending."""
-        self.lock = threading.Lock()
-        self.changed = threading.Condition(self.lock)
-        self._machine = build_machine(status.state, self._changed)
-        self._pending.clear()
-        self.deliverer = None
-        self._draining = False
-        self.status = status
 
     def add_listener(self, listener: Listener) -> None:
         if not callable(listener):
