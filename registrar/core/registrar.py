@@ -338,23 +338,22 @@ class Registrar:
         parent, self._pid = self._pid, os.getpid()
         controls = self._controls
         self._controls = Controls(stopping=controls.stopping, reports=controls.reports)
-        status = self._board.status
+        status = self._board.status  # never started, or ended: as true here as there
+        if self._running_at_fork:
+            self._forked_from = parent
+            status = replace(
+                status,
+                thread_died=True,
+                retrying=False,
+                next_attempt_at=None,
+                last_error=(
+                    f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
+                    "registrar's thread runs; this copy cannot know the registration: start the "
+                    "Registrar in this process, or serve health from the parent "
+                    "(docs/operations.md)"
+                ),
+            )
         self._board.after_fork(status)
-        if not self._running_at_fork:
-            return  # never started, or already ended: the copy is as true here as there
-        self._forked_from = parent
-        self._board.status = replace(
-            status,
-            thread_died=True,
-            retrying=False,
-            next_attempt_at=None,
-            last_error=(
-                f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
-                "registrar's thread runs; this copy cannot know the registration: start the "
-                "Registrar in this process, or serve health from the parent "
-                "(docs/operations.md)"
-            ),
-        )
 
     def _run(self) -> None:
         Runner(
