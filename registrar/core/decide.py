@@ -212,8 +212,7 @@ def _look_or_send(state: LoopState, now: float) -> Decision:
 def _send(state: LoopState, now: float) -> Decision:
     number = state.streak + 1
     action: Action = Send(number) if state.due is None or now >= state.due else Probe(number)
-    changes = {"attempt": number, "next_attempt_at": None, "retrying": True}
-    return Decision(state, action, changes=changes)
+    return Decision(state, action)
 
 
 def _observed(check: RouteCheck, at: float) -> dict[str, Any]:

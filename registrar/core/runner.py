@@ -162,7 +162,7 @@ class Runner:
         if isinstance(action, Look):
             check = self._check()
             return Stopping() if self.controls.stopping else Looked(check, self.clock.time())
-        return self._attempt(isinstance(action, Send))
+        return self._attempt(action)
 
     def _wait(self, action: Wait) -> Observation:
         kind, delay = action.kind, action.delay
@@ -239,13 +239,15 @@ class Runner:
 
     # ----------------------------------------------------------------- requests
 
-    def _attempt(self, scheduled: bool) -> Observation:
-        """Send one registration (Stopping when stopping). A refusal outside the backoff
-        schedule (`scheduled=False`) is a free probe (`Sent.free`): not reported to request
-        listeners."""
+    def _attempt(self, action: Send | Probe) -> Observation:
+        """Send one registration (Stopping when stopping). It is published as in flight when it
+        is sent, not when decided: a `Gated` hold sends nothing and moves no counter. A refusal
+        of a `Probe` is free (`Sent.free`): not reported to request listeners."""
         with self.controls.gate:
             if self.controls.stopping:
                 return Stopping()
+            in_flight = {"attempt": action.number, "next_attempt_at": None, "retrying": True}
+            self.board.apply(None, in_flight)
             started = time.monotonic()
             try:
                 outcome = self.transport.register(self.payload)
@@ -254,7 +256,7 @@ class Runner:
             duration = time.monotonic() - started
         if outcome.error:  # any transport's words: one escaped, capped line in logs and status
             outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
-        sent = Sent(outcome, scheduled, self.clock.time())
+        sent = Sent(outcome, isinstance(action, Send), self.clock.time())
         if not sent.free:
             event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
             self.board.emit(event)
