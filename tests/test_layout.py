@@ -310,7 +310,7 @@ def test_no_module_of_the_package_is_over_500_lines() -> None:
 
 
 PROTOCOLS = PACKAGE / "protocols"
-ENGINE = ("core.registrar", "core.runner", "core.decide", "core.board", "core.failure")
+ENGINE = ("core.registrar", "core.runner", "core.decide", "core.board", "core.actions")
 
 
 def _resolved_imports(path: Path) -> list[tuple[str, str]]:

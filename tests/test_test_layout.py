@@ -42,13 +42,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_registrar_unit.py",),
         "the loop on a fake clock (support.FakeClock)",
     ),
-    "registrar.core.failure": (
-        (
-            "test_budget.py",
-            "test_promises.py",
-        ),
-        "the on_failure policies and the startup budget",
-    ),
     "registrar.core.loopstate": (
         ("test_decide_explorer.py",),
         "the loop state the decision function explores",
@@ -77,8 +70,9 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
             "test_registrar_unit.py",
             "test_promises.py",
             "test_fast_recovery.py",
+            "test_budget.py",
         ),
-        "the runner performs the decisions: what the loop does, end to end",
+        "the runner performs the decisions (and asks on_failure): what the loop does, end to end",
     ),
     "registrar.core.status": (
         (

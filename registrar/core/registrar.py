@@ -7,7 +7,7 @@ it out of any wait.
 
 This module holds the front door (construction, start, stop, status, reports, forks); the loop's
 choices are in `decide`, their performance in `runner`, the snapshot and its listeners in
-`board`, the failure policy in `failure`.
+`board`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from .aio import wait_for_state
 from .board import Listener, RequestListener, StatusBoard
 from .clock import Clock
 from .errors import ConfigError, StateError
-from .failure import Policy
-from .loopstate import LoopConfig
 from .machine import State, Trigger
 from .registry import protocol_factory
 from .runner import Controls, Runner
@@ -111,17 +109,8 @@ class Registrar:
         self._transport = transport
         self._settings = loop
         self._clock: Clock = hooks.clock
-        self._rng = hooks.rng
-        self._config = LoopConfig(
-            backoff=loop.backoff,
-            max_attempts=loop.max_attempts,
-            max_elapsed=loop.max_elapsed,
-            watch_interval=loop.watch_interval,
-            max_retry_after=loop.max_retry_after,
-            fleet=fleet_size(transport, sent),
-            url=transport.display_url,
-        )
-        self._policy = Policy(loop.on_failure, hooks.exit)
+        self._hooks = hooks
+        self._fleet = fleet_size(transport, sent)
         initial = Status(
             state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
         )
@@ -200,7 +189,7 @@ class Registrar:
             # thread that exists but cannot be joined yet.
             self._thread = thread
             board.deliverer = thread
-            board.fire(Trigger.START, {})
+            board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
             thread.start()
         return self
 
@@ -219,7 +208,7 @@ class Registrar:
         if self._forked_from is None and isinstance(self._transport, Abortable):
             # A request in flight need not run to its deadline: its answer no longer matters.
             self._transport.abort()
-        board.transition(Trigger.STOP)
+        board.apply(Trigger.STOP, {})
         ended = True
         if thread is not None and thread is not me:
             # Once the gate is ours, the thread is not inside a request and will see the flag.
@@ -277,32 +266,32 @@ class Registrar:
         parent, self._pid = self._pid, os.getpid()
         controls = self._controls
         self._controls = Controls(stopping=controls.stopping, reports=controls.reports)
-        status = self._board.status
+        status = self._board.status  # never started, or ended: as true here as there
+        if self._running_at_fork:
+            self._forked_from = parent
+            status = replace(
+                status,
+                thread_died=True,
+                retrying=False,
+                next_attempt_at=None,
+                last_error=(
+                    f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
+                    "registrar's thread runs; this copy cannot know the registration: start the "
+                    "Registrar in this process, or serve health from the parent "
+                    "(docs/operations.md)"
+                ),
+            )
         self._board.after_fork(status)
-        if not self._running_at_fork:
-            return  # never started, or already ended: the copy is as true here as there
-        self._forked_from = parent
-        self._board.status = replace(
-            status,
-            thread_died=True,
-            retrying=False,
-            next_attempt_at=None,
-            last_error=(
-                f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
-                "registrar's thread runs; this copy cannot know the registration: start the "
-                "Registrar in this process, or serve health from the parent "
-                "(docs/operations.md)"
-            ),
-        )
 
     def _run(self) -> None:
         Runner(
-            config=self._config,
+            settings=self._settings,
+            fleet=self._fleet,
             transport=self._transport,
             payload=self._payload,
             clock=self._clock,
-            rng=self._rng,
+            rng=self._hooks.rng,
+            exit=self._hooks.exit,
             board=self._board,
             controls=self._controls,
-            policy=self._policy,
         ).run()

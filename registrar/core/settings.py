@@ -8,24 +8,32 @@ Defaults live here and nowhere else: `--help` reads them from these classes.
 
 from __future__ import annotations
 
+import logging
+import os
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from . import rules
 from .backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
 from .clock import Clock, SystemClock
-from .failure import POLICIES, OnFailure, default_exit
+from .status import Status
 from .transport import Timeout, Token
 
 __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_WATCH_INTERVAL",
+    "EXIT_CODE",
+    "POLICIES",
     "Hooks",
     "HttpSettings",
     "LoopSettings",
+    "OnFailure",
+    "OnFailureName",
+    "default_exit",
     "default_of",
     "rules_of",
     "split_options",
@@ -39,6 +47,22 @@ timer, which remains for what sends no close (a partition, a host that vanished)
 about 0.01 % of a core and 4 requests a minute per registrar and recovers from a partition
 within 1.2 intervals + 1 s (docs/benchmarks.md)."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+
+OnFailureName = Literal["retry", "stop", "exit"]
+OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
+"""What to do when the startup budget is spent. A callable is given the FAILED status and
+answers with one of the names (None means "stop")."""
+POLICIES = ("retry", "stop", "exit")
+EXIT_CODE = 3
+"""Process exit status for on_failure="exit"."""
+
+
+def default_exit(code: int) -> None:
+    """End the process now: the registrar's thread cannot raise SystemExit into the main one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _backoff(value: object) -> Backoff:

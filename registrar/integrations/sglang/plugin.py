@@ -44,9 +44,9 @@ from typing import Any
 
 from ..._version import __version__
 from ...core.errors import ConfigError
-from ...core.failure import EXIT_CODE
 from ...core.machine import State
 from ...core.registrar import Registrar
+from ...core.settings import EXIT_CODE
 from ...protocols.sglang import rank_of
 from ...surfaces.verbose import make_verbose
 from .gateway import around_sigterm_watchdog, before_http_server, gateway_summary

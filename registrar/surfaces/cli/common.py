@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import NoReturn
 
-from ...core.failure import EXIT_CODE
+from ...core.settings import EXIT_CODE
 
 EXIT_OK = 0
 EXIT_NOT_REGISTERED = 1

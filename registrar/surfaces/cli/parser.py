@@ -10,7 +10,7 @@ from typing import Any
 
 from ..._version import __version__
 from ...core import rules
-from ...core.failure import EXIT_CODE
+from ...core.settings import EXIT_CODE
 from ..options import OPTIONS, Option
 from ..parsers import parse_flag, parse_port
 from .common import (
