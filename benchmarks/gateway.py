@@ -29,8 +29,9 @@ from typing import Any
 
 import requests
 
-from registrar import Registrar, SmgTransport, State, smg_registrar
-from registrar.devtools.gateway import Gateway, StandInWorker
+from registrar import Registrar, State, smg_registrar
+from registrar.protocols.smg.transport import SmgTransport
+from tests.gateway_lab import Gateway, StandInWorker
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ from _pytest.terminal import TerminalReporter
 from support import CLI_ENV, FakeClock, Ports
 
 from registrar.core import registry
-from registrar.core.registrar import UNEXPECTED
+from registrar.core.runner import UNEXPECTED
 from registrar.devtools.bootstrap_server import BootstrapServer
 
 

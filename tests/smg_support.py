@@ -1,4 +1,4 @@
-"""The real smg gateway for the tests: the binary, and the lab (registrar.devtools.gateway).
+"""The real smg gateway for the tests: the binary, and the lab (tests/gateway_lab.py).
 
 `gateway_binary()` is $REGISTRAR_SMG_BINARY (set by .ci/run), else what scripts/smg-venv.sh
 builds once per machine outside the repo. A missing gateway fails the gateway tests, never
@@ -13,10 +13,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import gateway_lab as lab
+from gateway_lab import StandInWorker, workers
 from support import process_port
-
-from registrar.devtools import gateway as lab
-from registrar.devtools.gateway import StandInWorker, workers
 
 __all__ = ["Gateway", "StandInWorker", "gateway_binary", "workers"]
 

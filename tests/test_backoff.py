@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registrar import DEFAULT_BACKOFF, Backoff, ConfigError
+from registrar import Backoff, ConfigError
 from registrar.core.backoff import (
     ACCEPT_RATE,
     PROBE_PERIOD,
@@ -18,6 +18,7 @@ from registrar.core.backoff import (
     retry_delay,
     watch_delay,
 )
+from registrar.core.settings import DEFAULT_BACKOFF
 
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
 

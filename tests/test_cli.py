@@ -24,7 +24,8 @@ from support import (
     wait_until,
 )
 
-from registrar import Registrar, State, mermaid_diagram
+from registrar import Registrar, State
+from registrar.core.machine import mermaid_diagram
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import start_health_server
 

@@ -18,7 +18,7 @@ import requests
 from support import CLI_ENV, Ports, process_port, sglang_payload, wait_until
 
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces import cli
+from registrar.surfaces.cli import common as cli
 from registrar.surfaces.cli.common import Signals
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from registrar.devtools.envdoc import configuration_page
-from registrar.integrations.sglang import plugin_env_table
-from registrar.surfaces.env import ENV_PREFIX, ENV_VARS
+from docs.hooks.envdoc import configuration_page
+from registrar.integrations.sglang.settings import plugin_env_table
+from registrar.surfaces.options import ENV_PREFIX
+from registrar.surfaces.options import OPTIONS as ENV_VARS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -37,8 +38,7 @@ def _variables(text: str) -> set[str]:
 def test_the_configuration_reference_is_generated_from_the_tables() -> None:
     committed = DOCS.joinpath("configuration.md").read_text()
     assert committed == configuration_page(), (
-        "docs/configuration.md is stale: python -m registrar.devtools.envdoc > "
-        "docs/configuration.md"
+        "docs/configuration.md is stale: python docs/hooks/envdoc.py > docs/configuration.md"
     )
 
 

@@ -32,14 +32,11 @@ from support import sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
 from registrar.core.outcome import Route, Verdict
-from registrar.protocols.http import (
-    DEFAULT_MAX_ANSWER_BYTES,
-    EXCERPT_BYTES,
-    DeadlineExceeded,
-    HttpTransport,
-    ReadTimeout,
-    _Watchdog,
-)
+from registrar.protocols.deadline import DeadlineExceeded
+from registrar.protocols.deadline import Watchdog as _Watchdog
+from registrar.protocols.http import EXCERPT_BYTES, HttpTransport
+from registrar.protocols.httpconn import ReadTimeout
+from registrar.protocols.httpvalues import DEFAULT_MAX_ANSWER_BYTES
 from registrar.protocols.sglang import SGLangTransport
 
 DEADLINE = 1.0

@@ -17,8 +17,8 @@ to a bound (breadth first), with the SGLang transport's evidence of a forgotten 
 Checked in every state reached:
 
 1. never a PUT while our row is in the server's table (the count would be wrong for ever);
-2. a decision never says `registered` with the route `missing` (the snapshot is published from
-   it, state and route together);
+2. a decision never leaves the snapshot saying `registered` with the route `missing` (its
+   trigger and its changes are published together);
 3. once the server stays up, every rank is registered (its row in the table, the count exact)
    within a bound of fault-free steps;
 4. the startup budget counts as documented: `max_attempts` counted attempts, probes free.
@@ -52,21 +52,23 @@ from registrar.core.actions import (
     WaitKind,
 )
 from registrar.core.backoff import Backoff
-from registrar.core.decide import decide
-from registrar.core.loopstate import LoopConfig, LoopState
-from registrar.core.machine import State
+from registrar.core.decide import Decision, decide
+from registrar.core.loopstate import LoopState
+from registrar.core.machine import TRANSITIONS, State
 from registrar.core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from registrar.core.settings import LoopSettings
+from registrar.core.status import Status
 from registrar.protocols.sglang import _Evidence
 
 TOPOLOGY = 2
 """Ranks in the topology: the server is ready once it counted this many PUTs."""
-CONFIG = LoopConfig(
+CONFIG = LoopSettings(
     backoff=Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25),
     max_attempts=3,
     watch_interval=15.0,
-    fleet=TOPOLOGY,
-    url="http://127.0.0.1:8998",
 )
+URL = "http://127.0.0.1:8998"
+NEXT = {(source, trigger): dest for source, trigger, dest in TRANSITIONS}
 
 
 def draw() -> float:
@@ -88,6 +90,8 @@ class Server:
 @dataclass(frozen=True)
 class Rank:
     loop: LoopState
+    status: Status
+    """What its snapshot says (the fields decisions read; timestamps left out)."""
     action: Action
     """What the decision function asked for and the model has not performed yet."""
     clock: float = 0.0
@@ -149,15 +153,32 @@ def _put(server: Server, me: int, where: str) -> Server:
 Step = tuple[str, World]
 
 
+def _applied(status: Status, decision: Decision) -> Status:
+    """The snapshot after `decision`, as the runner publishes it (the trigger through the
+    table), keeping only what decisions read: the state, the route, the counters."""
+    state = status.state
+    if decision.trigger is not None:
+        state = NEXT[(state, decision.trigger)]  # a refused trigger would raise here
+    after = replace(status, state=state, **decision.changes)
+    return Status(
+        state=after.state,
+        since=0.0,
+        url=URL,
+        route=after.route,
+        server_reachable=after.server_reachable,
+        registrations=after.registrations,
+    )
+
+
 def _settle(world: World, me: int, rank: Rank, seen: Observation) -> World:
     """Feed `seen` to the decision function and keep what it answers, checking it."""
     before = rank.loop
-    decision = decide(CONFIG_IN_USE.config, before, seen, rank.clock, draw)
-    after = decision.state
-    if after.state is State.REGISTERED and after.route == Route.MISSING.value:
+    decision = decide(CONFIG_IN_USE.config, rank.status, before, seen, rank.clock, draw)
+    after, status = decision.state, _applied(rank.status, decision)
+    if status.state is State.REGISTERED and status.route == Route.MISSING.value:
         raise Violation(f"rank {me}: registered with the route missing after {seen}")
     counted = rank.counted
-    if decision.trigger is not None and after.state is State.REGISTERING:
+    if decision.trigger is not None and status.state is State.REGISTERING:
         counted = 0  # a new run of attempts after the route was lost
     action = decision.action
     if isinstance(action, Fail) and not action.fatal and before.startup:
@@ -168,7 +189,7 @@ def _settle(world: World, me: int, rank: Rank, seen: Observation) -> World:
                 f"({action.attempts} reported), max_attempts={limit}"
             )
     ranks = list(world.ranks)
-    ranks[me] = replace(rank, loop=after, action=action, counted=counted)
+    ranks[me] = replace(rank, loop=after, status=status, action=action, counted=counted)
     return replace(world, ranks=tuple(ranks))
 
 
@@ -193,7 +214,7 @@ def _request(world: World, me: int, rank: Rank, faults: bool) -> Iterator[Step]:
         found.refused = True
         down = replace(rank, evidence=_kept(found), conn=None, clock=rank.clock + 0.001)
         refused: Observation = (
-            Sent(RegisterOutcome(Verdict.RETRY, error="refused", refused=True))
+            _sent(action, RegisterOutcome(Verdict.RETRY, error="refused", refused=True))
             if put
             else _check_seen(action, RouteCheck(Route.UNREACHABLE, None, "refused", refused=True))
         )
@@ -212,7 +233,11 @@ def _request(world: World, me: int, rank: Rank, faults: bool) -> Iterator[Step]:
 
 
 def _check_seen(action: Action, check: RouteCheck) -> Observation:
-    return Looked(check) if isinstance(action, Look) else Checked(check)
+    return Looked(check, 0.0) if isinstance(action, Look) else Checked(check, 0, 0.0)
+
+
+def _sent(action: Action, outcome: RegisterOutcome) -> Sent:
+    return Sent(outcome, scheduled=isinstance(action, Send), at=0.0)
 
 
 def _put_endings(
@@ -221,13 +246,13 @@ def _put_endings(
     server = world.server
     accepted = _put(server, me, "answered")
     fresh = replace(rank, evidence=_kept(_Evidence()), blind=False)
-    seen = Sent(RegisterOutcome(Verdict.ACCEPTED, 200))
+    seen = _sent(rank.action, RegisterOutcome(Verdict.ACCEPTED, 200))
     yield "put", _settle(_with_rank(world, me, fresh, accepted), me, fresh, seen)
     if not faults:
         return
     spent = replace(world, faults=world.faults - 1)
     closed = replace(rank, evidence=_kept(found), conn=None, blind=True)
-    lost = Sent(RegisterOutcome(Verdict.RETRY, error="deadline"))
+    lost = _sent(rank.action, RegisterOutcome(Verdict.RETRY, error="deadline"))
     yield "put lost before", _settle(_with_rank(spent, me, closed), me, closed, lost)
     after = _put(server, me, "its answer lost")
     yield "put lost after", _settle(_with_rank(spent, me, closed, after), me, closed, lost)
@@ -248,7 +273,7 @@ def _resets(world: World, me: int, rank: Rank, before: Rank) -> Iterator[Step]:
     if isinstance(rank.action, Send | Probe):
         # Unanswered, as a lost answer is: the outcome cannot say whether it arrived.
         broken = replace(broken, blind=True)
-        seen: Observation = Sent(RegisterOutcome(Verdict.RETRY, error="reset"))
+        seen: Observation = _sent(rank.action, RegisterOutcome(Verdict.RETRY, error="reset"))
     else:
         check = RouteCheck(Route.UNREACHABLE, evidence="reset", broken=before.conn is not None)
         seen = _check_seen(rank.action, check)
@@ -295,7 +320,7 @@ def rank_steps(world: World, me: int, quiet: bool = False) -> Iterator[Step]:
     if isinstance(action, Wait):
         yield from _wait_endings(world, me, rank, quiet)
     elif isinstance(action, Fail):
-        seen = Answered(CONFIG_IN_USE.go_on)
+        seen = Answered("retry" if CONFIG_IN_USE.go_on else "stop")
         yield "policy", _settle(world, me, rank, seen)
     else:
         yield from _request(world, me, rank, faults=not quiet and world.faults > 0)
@@ -327,7 +352,7 @@ def settled(world: World) -> bool:
     if not server.up or server.count != len(world.ranks):
         return False
     return all(
-        rank.loop.state is State.REGISTERED
+        rank.status.state is State.REGISTERED
         and me in server.table
         and isinstance(rank.action, Wait | Check)
         for me, rank in enumerate(world.ranks)
@@ -410,18 +435,20 @@ def _soonest(world: World, me: int) -> float:
 
 @dataclass(frozen=True)
 class Scenario:
-    config: LoopConfig
+    config: LoopSettings
+    fleet: int
     go_on: bool
     """The on_failure policy's answer ("retry": True, "stop": False)."""
 
 
-CONFIG_IN_USE = Scenario(CONFIG, go_on=True)
+CONFIG_IN_USE = Scenario(CONFIG, TOPOLOGY, go_on=True)
 
 
 def initial(ranks: int, up: bool, faults: int, restarts: int) -> World:
     world = World(Server(up=up, lifetime=0), (), faults, restarts)
     for me in range(ranks):
-        rank = Rank(LoopState(), Stop())
+        loop = LoopState(fleet=CONFIG_IN_USE.fleet, url=URL)
+        rank = Rank(loop, Status(State.REGISTERING, 0.0, URL), Stop())
         world = replace(world, ranks=(*world.ranks, rank))
         world = _settle(world, me, rank, Started())
     return world
@@ -518,7 +545,7 @@ def test_two_ranks_through_restarts_and_faults(
     within the bound once the server stays up, except where SGLang's answers cannot tell (an
     unanswered attempt while another rank's PUT made the count ambiguous), which is held."""
     global CONFIG_IN_USE
-    CONFIG_IN_USE = Scenario(replace(CONFIG, max_attempts=None), go_on=True)
+    CONFIG_IN_USE = Scenario(replace(CONFIG, max_attempts=None), TOPOLOGY, go_on=True)
     start = [initial(TOPOLOGY, up, faults=1, restarts=1) for up in (False, True)]
     result = explore(start, depth=8, check_liveness=True)
     held = [path for found, path in result.unsettled if found == HELD]
@@ -534,7 +561,7 @@ def test_one_rank_through_two_restarts_and_two_faults(
     record_property: Callable[[str, object], None],
 ) -> None:
     global CONFIG_IN_USE
-    CONFIG_IN_USE = Scenario(replace(CONFIG, max_attempts=None, fleet=1), go_on=True)
+    CONFIG_IN_USE = Scenario(replace(CONFIG, max_attempts=None), 1, go_on=True)
     start = [initial(1, up, faults=2, restarts=2) for up in (False, True)]
     result = explore(start, depth=16, check_liveness=False)
     _report(record_property, "one rank, two restarts and two faults", result)
@@ -548,7 +575,7 @@ def test_the_startup_budget_counts_attempts_not_probes(
     """max_attempts=3, on_failure="stop": every way to spend it (refusals with free probes,
     lost answers, a server that comes and goes) fails after exactly 3 counted attempts."""
     global CONFIG_IN_USE
-    CONFIG_IN_USE = Scenario(replace(CONFIG, max_attempts=3, fleet=1), go_on=False)
+    CONFIG_IN_USE = Scenario(replace(CONFIG, max_attempts=3), 1, go_on=False)
     start = [initial(1, up, faults=2, restarts=1) for up in (False, True)]
     result = explore(start, depth=16, check_liveness=False)
     _report(record_property, "the startup budget", result)

@@ -4,8 +4,7 @@ import pytest
 import requests
 from support import Ports
 
-from registrar import root_cause
-from registrar.core.errors import describe_exception
+from registrar.core.errors import describe_exception, root_cause
 from registrar.core.redact import redact_text, redact_url
 
 

@@ -23,7 +23,7 @@ from support import wait_until
 from registrar import Registrar, State
 from registrar.assembly import etcd_registrar
 from registrar.core.backoff import Backoff
-from registrar.protocols.etcd import EtcdTransport
+from registrar.protocols.etcd.transport import EtcdTransport
 from registrar.surfaces.health import start_health_server
 
 pytestmark = [
@@ -408,7 +408,7 @@ def test_tls_endpoint_with_ca_bundle(tmp_path: Path, registrars: list[Registrar]
     cert, key = _self_signed(tmp_path)
     with etcd_cluster(tmp_path / "etcd", tls=Tls(cert, key, ca=cert)) as etcd:
         assert etcd.url.startswith("https://")
-        reg = _registrar(registrars, etcd.url, ttl=60, ca_bundle=cert).start()
+        reg = _registrar(registrars, etcd.url, ttl=60, verify=cert).start()
         assert wait_until(lambda: reg.status().route == "present", 20)
         etcd.delete(KEY)  # seen through the TLS watch stream, not a check 6.7 s later
         assert wait_until(lambda: _ours(etcd, reg), WATCHED)
@@ -488,12 +488,12 @@ def test_client_certificate_required_by_the_cluster(
     tls = make_certificates(tmp_path)
     assert tls.client is not None
     with etcd_cluster(tmp_path / "etcd", tls=tls) as etcd:
-        reg = _registrar(registrars, etcd.url, ttl=60, ca_bundle=tls.ca, cert=tls.client).start()
+        reg = _registrar(registrars, etcd.url, ttl=60, verify=tls.ca, cert=tls.client).start()
         assert wait_until(lambda: reg.status().route == "present", 20)
         etcd.delete(KEY)  # the watch stream presents the client certificate too
         assert wait_until(lambda: _ours(etcd, reg), WATCHED)
         assert reg.status().reregistrations == 1
-        anonymous = _registrar(registrars, etcd.url, key="/services/x", ttl=60, ca_bundle=tls.ca)
+        anonymous = _registrar(registrars, etcd.url, key="/services/x", ttl=60, verify=tls.ca)
         anonymous.start()
         assert anonymous.wait_for(State.FAILED, 20)
         error = anonymous.status().last_error or ""

@@ -11,15 +11,13 @@ import pytest
 
 from registrar import ConfigError
 from registrar.assembly import etcd_registrar
-from registrar.protocols.etcd import (
-    ChunkedLines,
-    EtcdTransport,
-    StreamError,
-    parse_answer,
-    watch_change,
-    watch_interval_for,
-)
-from registrar.protocols.http import HttpResult, TlsError
+from registrar.protocols.etcd.answer import parse_answer
+from registrar.protocols.etcd.settings import EtcdSettings
+from registrar.protocols.etcd.stream import ChunkedLines, StreamError
+from registrar.protocols.etcd.transport import EtcdTransport, watch_interval_for
+from registrar.protocols.etcd.watch import watch_change
+from registrar.protocols.httpconn import TlsError
+from registrar.protocols.httpvalues import HttpResult
 
 KEY, VALUE, LEASE = b"/k", b'{"a":1}', 7
 
@@ -152,8 +150,9 @@ def test_watch_interval_keeps_renewals_on_time() -> None:
 def test_construction_errors_name_the_option(kwargs: dict[str, Any], error: str) -> None:
     options: dict[str, Any] = {"endpoints": "http://127.0.0.1:2379", "key": "/k"}
     options.update(kwargs)
+    extra = {k: options.pop(k) for k in ("max_message_bytes",) if k in options}
     with pytest.raises(ConfigError, match=error):
-        EtcdTransport(options.pop("endpoints"), options.pop("key"), **options)
+        EtcdTransport(EtcdSettings(**options), **extra)
 
 
 def test_etcd_registrar_derives_and_bounds_the_watch_interval() -> None:

@@ -9,7 +9,8 @@ from support import ScriptedTransport, accepted, retry, wait_until
 
 from registrar import ConfigError, Registrar, State, Status
 from registrar.core.group import RegistrarGroup
-from registrar.surfaces.health import render_group_health, start_health_server
+from registrar.surfaces.health import start_health_server
+from registrar.surfaces.health.document import render_group_health
 
 UP, DOWN = "http://127.0.0.1:30001", "http://127.0.0.1:30002"
 

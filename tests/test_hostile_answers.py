@@ -18,8 +18,8 @@ from support import ScriptedTransport, accepted, route, sglang_payload, wait_unt
 
 from registrar import Backoff, Registrar, State
 from registrar.core.outcome import Route
-from registrar.core.registrar import UNEXPECTED
-from registrar.protocols.http import RETRY_AFTER_CEILING, parse_retry_after
+from registrar.core.runner import UNEXPECTED
+from registrar.protocols.httpvalues import RETRY_AFTER_CEILING, parse_retry_after
 from registrar.protocols.sglang import SGLangTransport
 
 NOW = 1_800_000_000.0
@@ -148,7 +148,7 @@ def test_a_ca_bundle_deleted_after_construction_is_a_failed_attempt(
         reg = Registrar(
             f"https://127.0.0.1:{server.port}",
             sglang_payload(),
-            ca_bundle=str(bundle),
+            verify=str(bundle),
             backoff=FAST,
             max_attempts=2,
             on_failure="stop",
@@ -228,7 +228,6 @@ def test_a_check_that_raises_is_undetermined(registrars: list) -> None:
     assert reg.state is State.REGISTERED
     assert reg.running
     assert len(transport.registered) == 1
-
 
 
 class RaisingIdle(ScriptedTransport):

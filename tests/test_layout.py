@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
@@ -22,19 +23,20 @@ from support import FakeClock, ScriptedTransport, accepted, route, sglang_payloa
 import registrar
 from registrar import (
     ConfigError,
+    HttpSettings,
     Registrar,
     Route,
     State,
     Transport,
-    TransportOptions,
-    Waker,
-    protocol_names,
     register_protocol,
 )
 from registrar.core import registry
 from registrar.core.backoff import contact_delay
-from registrar.core.registrar import DEFAULT_BACKOFF
-from registrar.surfaces.env import ENV_VARS, describe_env, options_from_env
+from registrar.core.registry import protocol_names
+from registrar.core.settings import DEFAULT_BACKOFF
+from registrar.core.waker import Waker
+from registrar.surfaces.env import describe_env, options_from_env
+from registrar.surfaces.options import OPTIONS as ENV_VARS
 
 CORE = Path(registrar.__file__).parent / "core"
 
@@ -61,10 +63,10 @@ def test_builtin_protocols_are_registered() -> None:
 
 
 def test_a_registered_protocol_is_used_by_name(registrars: list[Registrar]) -> None:
-    made: list[TransportOptions] = []
+    made: list[HttpSettings] = []
 
     def factory(
-        payload: Mapping[str, Any], options: TransportOptions
+        payload: Mapping[str, Any], options: HttpSettings
     ) -> tuple[Transport, dict[str, Any]]:
         made.append(options)
         return ScriptedTransport([accepted()]), {"normalised": True, **payload}
@@ -72,10 +74,62 @@ def test_a_registered_protocol_is_used_by_name(registrars: list[Registrar]) -> N
     register_protocol("test-scripted", factory)
     reg = Registrar("http://127.0.0.1:1", {"a": 1}, protocol="test-scripted", token="t")
     registrars.append(reg)
-    assert made == [TransportOptions("http://127.0.0.1:1", token="t")]
+    assert made == [HttpSettings("http://127.0.0.1:1", token="t")]
     assert reg.payload == {"normalised": True, "a": 1}
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
+
+
+@dataclass(frozen=True)
+class _QueueSettings:
+    """A protocol's own settings value: its first field takes the URL."""
+
+    broker: str
+    queue: str
+    depth: int = 1
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ConfigError(f"depth must be at least 1, got {self.depth}")
+
+
+def test_a_protocol_with_options_of_its_own_is_one_factory_and_its_settings(
+    registrars: list[Registrar],
+) -> None:
+    made: list[_QueueSettings] = []
+
+    def factory(
+        payload: Mapping[str, Any], settings: _QueueSettings
+    ) -> tuple[Transport, dict[str, Any]]:
+        made.append(settings)
+        return ScriptedTransport([accepted()]), dict(payload)
+
+    register_protocol("test-queue", factory, _QueueSettings)
+    # Chosen by name; its options are split from the loop's by the settings' fields.
+    reg = Registrar(
+        "http://127.0.0.1:1", {"a": 1}, protocol="test-queue", queue="q", depth=3, max_attempts=2
+    )
+    registrars.append(reg)
+    assert made == [_QueueSettings("http://127.0.0.1:1", "q", 3)]
+    assert reg.settings.max_attempts == 2
+    with pytest.raises(ConfigError, match="depth must be at least 1"):
+        Registrar("http://127.0.0.1:1", {}, protocol="test-queue", queue="q", depth=0)
+    with pytest.raises(TypeError, match=r"unexpected options token .*queue, depth"):
+        Registrar("http://127.0.0.1:1", {}, protocol="test-queue", queue="q", token="t")
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=5)
+
+
+def test_etcd_and_smg_are_chosen_by_name(registrars: list[Registrar]) -> None:
+    reg = Registrar("http://127.0.0.1:2379", {"a": 1}, protocol="etcd", key="/k", ttl=9)
+    registrars.append(reg)
+    assert reg.settings.watch_interval == pytest.approx(2.0)  # derived from the TTL
+    assert reg.status().url == "http://127.0.0.1:2379 key /k"
+    spec = {"url": "http://127.0.0.1:30001", "worker_type": "decode"}
+    smg = Registrar("http://127.0.0.1:30000", spec, protocol="smg", grace=5.0)
+    registrars.append(smg)
+    assert smg.payload == spec
+    assert {"etcd", "smg"} <= set(protocol_names())
 
 
 def test_unknown_protocol_names_the_known_ones() -> None:
@@ -184,8 +238,7 @@ def test_env_table_reads_every_variable(tmp_path: Path) -> None:
         "timeout": (1.0, 4.0),
         "max_retry_after": 0.0,
         "diagnose_after": None,
-        "verify": False,
-        "ca_bundle": str(tmp_path),
+        "verify": str(tmp_path),  # a CA bundle verifies, whatever REGISTRAR_VERIFY says
         "backoff": DEFAULT_BACKOFF.__class__(initial=0.5, maximum=10, multiplier=3, jitter=0),
     }
     assert options_from_env({"REGISTRAR_MAX_ATTEMPTS": " "}) == {}
@@ -259,7 +312,7 @@ def test_no_module_of_the_package_is_over_500_lines() -> None:
 
 
 PROTOCOLS = PACKAGE / "protocols"
-ENGINE = ("core.registrar", "core.runner", "core.decide", "core.board", "core.failure")
+ENGINE = ("core.registrar", "core.runner", "core.decide", "core.board", "core.actions")
 
 
 def _resolved_imports(path: Path) -> list[tuple[str, str]]:
@@ -295,8 +348,8 @@ def test_the_import_resolution_reaches_into_folders() -> None:
     found = dict(_resolved_imports(PROTOCOLS / "etcd" / "client.py"))
     assert found["...core.redact"] == "registrar.core.redact"
     assert found["..http"] == "registrar.protocols.http"
-    assert dict(_resolved_imports(PROTOCOLS / "etcd" / "__init__.py"))[".transport"] == (
-        "registrar.protocols.etcd.transport"
+    assert dict(_resolved_imports(PROTOCOLS / "etcd" / "transport.py"))[".client"] == (
+        "registrar.protocols.etcd.client"
     )
 
 

@@ -18,7 +18,8 @@ import netns
 import pytest
 from support import sglang_payload, wait_until
 
-from registrar import Backoff, Registrar, RequestEvent, State
+from registrar import Backoff, Registrar, State
+from registrar.core.board import RequestEvent
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 

@@ -5,17 +5,21 @@ docs/configuration.md all come from it, and a row added to it appears in all fou
 from __future__ import annotations
 
 import argparse
+import inspect
+import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+from docs.hooks.envdoc import configuration_page
 from registrar.core.settings import HttpSettings, LoopSettings, default_of
-from registrar.devtools.envdoc import configuration_page
 from registrar.integrations.sglang.settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
 from registrar.protocols.etcd.settings import EtcdSettings
 from registrar.surfaces.cli.parser import build_parser
-from registrar.surfaces.env import ENV_VARS
+from registrar.surfaces.env import options_from_env
 from registrar.surfaces.options import ENV_PREFIX, OPTIONS
 
 
@@ -26,7 +30,7 @@ def _register_parser() -> argparse.ArgumentParser:
 
 
 def test_the_env_reader_reads_the_table() -> None:
-    assert ENV_VARS is OPTIONS
+    assert inspect.signature(options_from_env).parameters["table"].default is OPTIONS
     assert len({o.name for o in OPTIONS}) == len(OPTIONS)
 
 
@@ -75,7 +79,7 @@ def test_a_row_added_to_the_table_appears_in_all_four() -> None:
         from registrar.surfaces.cli.parser import build_parser
         from registrar.surfaces.cli.register import resolve
         from registrar.integrations.sglang.settings import HONOURED, plugin_env_table
-        from registrar.devtools.envdoc import configuration_page
+        from docs.hooks.envdoc import configuration_page
 
         assert command_options_from_env({"REGISTRAR_NEW_KNOB": "yes"}) == {"new_knob": True}
         args = build_parser().parse_args(["register", "--no-new-knob"])
@@ -117,3 +121,64 @@ def test_a_bad_flag_names_the_flag_and_a_bad_variable_the_variable() -> None:
         "REGISTRAR_TIMEOUT='-1' must be a positive number of seconds; e.g. REGISTRAR_TIMEOUT=5"
         in env.stderr
     )
+
+
+def test_a_loop_option_is_its_settings_field_and_its_row(tmp_path: Path) -> None:
+    """Done on a copy of the package: two lines in `LoopSettings` (the field, its rule) and a
+    row in the table, no other file, and `Registrar`, the variable, the flag, the plugin's
+    table and the docs page all take it."""
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "registrar", tmp_path / "registrar")
+    shutil.copytree(root / "docs" / "hooks", tmp_path / "docs" / "hooks")
+    settings = tmp_path / "registrar" / "core" / "settings.py"
+    text = settings.read_text()
+    field = "    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES\n"
+    rule = '        "max_payload_bytes": rules.count,\n'
+    assert field in text and rule in text  # noqa: PT018 - both anchors must exist
+    text = text.replace(field, field + "    max_knob: int = 3\n")
+    settings.write_text(text.replace(rule, rule + '        "max_knob": rules.count,\n'))
+    options = tmp_path / "registrar" / "surfaces" / "options.py"
+    table = "OPTIONS: tuple[Option, ...] = (\n"
+    row = '    _loop("MAX_KNOB", integer, "4", "a knob added in one row", metavar="N"),\n'
+    options.write_text(options.read_text().replace(table, table + row))
+    code = textwrap.dedent(
+        """
+        from registrar import ConfigError, Registrar
+        from registrar.integrations.sglang.settings import HONOURED
+        from registrar.surfaces.cli.parser import build_parser
+        from registrar.surfaces.cli.register import _loop_options, resolve
+        from registrar.surfaces.env import options_from_env
+        from docs.hooks.envdoc import configuration_page
+
+        url, payload = "http://127.0.0.1:1", {"a": 1}
+        assert Registrar(url, payload, protocol="http").settings.max_knob == 3
+        options = options_from_env({"REGISTRAR_MAX_KNOB": "4"})
+        assert options == {"max_knob": 4}
+        assert Registrar(url, payload, protocol="http", **options).settings.max_knob == 4
+        chosen = resolve(build_parser().parse_args(["register", "--max-knob", "5"]))[0]
+        loop = _loop_options(chosen)
+        assert Registrar(url, payload, protocol="http", **loop).settings.max_knob == 5
+        try:
+            Registrar(url, payload, protocol="http", max_knob=0)
+        except ConfigError as exc:
+            assert str(exc).startswith("max_knob must be a positive integer"), exc
+        else:
+            raise AssertionError("max_knob=0 was accepted")
+        assert "MAX_KNOB" in HONOURED
+        assert "| `REGISTRAR_MAX_KNOB` | `--max-knob` | yes | a knob added in one row | 3 |" in (
+            configuration_page()
+        )
+        print("one field, one row")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "one field, one row"

@@ -24,20 +24,12 @@ from support import (
     wait_until,
 )
 
-from registrar import (
-    EXIT_CODE,
-    Backoff,
-    RegisterOutcome,
-    Registrar,
-    RequestEvent,
-    Route,
-    State,
-    Status,
-    Verdict,
-)
-from registrar.core.registrar import REPORT_CHECK_INTERVAL
+from registrar import Backoff, RegisterOutcome, Registrar, Route, State, Status, Verdict
+from registrar.core.board import RequestEvent
+from registrar.core.decide import REPORT_CHECK_INTERVAL
+from registrar.core.settings import EXIT_CODE
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces.health import health_app
+from registrar.surfaces.health.apps import health_app
 
 PAYLOAD = {"service": "demo", "port": 20000}
 CAP = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)

@@ -12,16 +12,8 @@ import pytest
 from freezegun import freeze_time
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route, wait_until
 
-from registrar import (
-    DEFAULT_BACKOFF,
-    EXIT_CODE,
-    Backoff,
-    Registrar,
-    Route,
-    State,
-    StateError,
-    Status,
-)
+from registrar import Backoff, Registrar, Route, State, StateError, Status
+from registrar.core.settings import DEFAULT_BACKOFF, EXIT_CODE
 
 PAYLOAD = {"service": "demo", "port": 20000}
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
@@ -385,3 +377,36 @@ def test_route_lost_right_after_each_put_backs_off(
     # windows base(1..)=2, 4, 5, 5 s (capped) times the draw 0.5
     assert clock.waits[:4] == [1.0, 2.0, 2.5, 2.5]
     assert len(transport.registered) == len(clock.waits) + 1
+
+
+class ClosingGate(ScriptedTransport):
+    """A `Gated` transport whose served process stops being ready after the first attempt,
+    until the test opens the gate again."""
+
+    ready_interval = 1.0
+
+    def __init__(self) -> None:
+        super().__init__([retry(), accepted()], checks=[route(Route.PRESENT)])
+        self.closed_gate = False
+
+    def not_ready(self) -> str | None:
+        return "loading" if self.closed_gate else None
+
+    def register(self, payload: Any) -> Any:
+        self.closed_gate = not self.registered  # closes after the first attempt
+        return super().register(payload)
+
+
+def test_a_held_attempt_is_not_published_as_in_flight(
+    registrars: list[Registrar], clock: FakeClock
+) -> None:
+    gate = ClosingGate()
+    reg = make(registrars, gate, clock, max_attempts=None)
+    reg.start()
+    assert wait_until(lambda: reg.status().last_error == "not offered yet: loading")
+    status = reg.status()
+    # The second attempt was decided, then held: nothing sent, no counter moved.
+    assert (status.attempt, status.attempts_total, len(gate.registered)) == (1, 1, 1)
+    gate.closed_gate = False
+    assert reg.wait_for(State.REGISTERED, 5)
+    assert reg.status().attempts_total == 2

@@ -10,19 +10,11 @@ from pathlib import Path
 import pytest
 from support import ScriptedTransport, accepted, sglang_payload
 
-from registrar import (
-    ConfigError,
-    EtcdSettings,
-    Hooks,
-    HttpSettings,
-    LoopSettings,
-    Registrar,
-    SmgSettings,
-    State,
-    etcd_registrar,
-)
-from registrar.core.settings import default_of
+from registrar import ConfigError, HttpSettings, Registrar, State, etcd_registrar
+from registrar.core.settings import LoopSettings, default_of
 from registrar.devtools.bootstrap_server import BootstrapServer
+from registrar.protocols.etcd.settings import EtcdSettings
+from registrar.protocols.smg.settings import SmgSettings
 
 
 def test_a_given_transport_needs_no_url_and_no_http_option(registrars: list[Registrar]) -> None:
@@ -40,25 +32,28 @@ def test_without_transport_or_url_the_error_names_url() -> None:
         Registrar(payload={"a": 1})
 
 
-def test_from_settings_is_the_same_registrar(registrars: list[Registrar]) -> None:
+def test_options_are_split_into_the_settings_values(registrars: list[Registrar]) -> None:
     loop = LoopSettings(max_attempts=None, watch_interval=None)
-    reg = Registrar.from_settings({"a": 1}, ScriptedTransport([accepted()]), loop, Hooks())
+    transport = ScriptedTransport([accepted()])
+    reg = Registrar(payload={"a": 1}, transport=transport, max_attempts=None, watch_interval=None)
     registrars.append(reg)
     assert reg.settings == loop
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
-    http = HttpSettings("http://127.0.0.1:8998/", protocol="http", timeout=(1, 2))
+    http = HttpSettings("http://127.0.0.1:8998/", timeout=(1, 2))
     assert (http.url, http.timeout) == ("http://127.0.0.1:8998", (1.0, 2.0))
-    reg = Registrar.from_settings(sglang_payload(), http)
+    reg = Registrar("http://127.0.0.1:8998/", sglang_payload(), timeout=(1, 2))
     assert reg.status().url == "http://127.0.0.1:8998"
+    with pytest.raises(TypeError, match="unexpected options bogus"):
+        Registrar("http://127.0.0.1:8998", sglang_payload(), bogus=1)
 
 
 def test_a_ca_directory_is_accepted_where_a_bundle_is(tmp_path: Path) -> None:
-    assert HttpSettings("https://127.0.0.1:1", ca_bundle=str(tmp_path)).tls == str(tmp_path)
-    assert Registrar("https://127.0.0.1:1", sglang_payload(), ca_bundle=str(tmp_path))
+    assert HttpSettings("https://127.0.0.1:1", verify=str(tmp_path)).verify == str(tmp_path)
+    assert Registrar("https://127.0.0.1:1", sglang_payload(), verify=str(tmp_path))
     missing = str(tmp_path / "nope")
-    with pytest.raises(ConfigError, match=r"^ca_bundle '.*nope' is not a readable file or dir"):
-        HttpSettings("https://127.0.0.1:1", ca_bundle=missing)
+    with pytest.raises(ConfigError, match=r"^verify '.*nope' is not a readable file or dir"):
+        HttpSettings("https://127.0.0.1:1", verify=missing)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +129,7 @@ def test_a_ca_directory_verifies_a_real_tls_server(
 ) -> None:
     cert, key, folder = _ca_directory(tmp_path)
     with BootstrapServer(certfile=str(cert), keyfile=str(key)) as server:
-        reg = Registrar(server.url, sglang_payload(), ca_bundle=str(folder), watch_interval=None)
+        reg = Registrar(server.url, sglang_payload(), verify=str(folder), watch_interval=None)
         registrars.append(reg)
         reg.start()
         # Verified against the directory (without it, verification fails: test_security.py).

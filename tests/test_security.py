@@ -155,7 +155,7 @@ def test_tls_verification_on_by_default(registrars: list, tmp_path: Path) -> Non
             server.url, sglang_payload(), backoff=FAST, watch_interval=None, on_failure="stop"
         )
         trusted = Registrar(
-            server.url, sglang_payload(port=20001), ca_bundle=cert, backoff=FAST, watch_interval=0.2
+            server.url, sglang_payload(port=20001), verify=cert, backoff=FAST, watch_interval=0.2
         )
         registrars += [refused, trusted]
         refused.start()
@@ -169,7 +169,6 @@ def test_tls_verification_on_by_default(registrars: list, tmp_path: Path) -> Non
         assert trusted.wait_for(State.REGISTERED, timeout=10)
         server.restart()
         assert wait_until(lambda: trusted.status().registrations == 2)
-
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -187,7 +186,7 @@ def test_a_rotated_ca_bundle_is_read_again_on_the_next_connection(
     bundle.write_text(Path(old_cert).read_text())
     with BootstrapServer(sock=ports.reserve(), certfile=old_cert, keyfile=old_key) as server:
         reg = Registrar(
-            server.url, sglang_payload(), ca_bundle=str(bundle), backoff=FAST, watch_interval=0.2
+            server.url, sglang_payload(), verify=str(bundle), backoff=FAST, watch_interval=0.2
         )
         registrars.append(reg)
         reg.start()

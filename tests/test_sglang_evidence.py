@@ -7,8 +7,9 @@ import pytest
 import requests
 from support import sglang_payload
 
-from registrar import Route, SGLangTransport, Verdict
+from registrar import Route, Verdict
 from registrar.devtools.bootstrap_server import BootstrapServer, Fault
+from registrar.protocols.sglang import SGLangTransport
 
 
 def put(server: BootstrapServer, payload: dict) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from registrar import ConfigError
-from registrar.integrations.sglang import gateway, plugin, read_config
+from registrar.integrations.sglang import gateway, plugin
+from registrar.integrations.sglang.settings import read_config
 
 
 def _args(mode: str = "null", host: str = "127.0.0.1", port: int = 30001, **kw: Any) -> Any:

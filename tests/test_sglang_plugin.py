@@ -13,20 +13,22 @@ import pytest
 from support import ScriptedTransport, accepted, sglang_payload
 
 from registrar import ConfigError, Registrar, State, __version__
-from registrar.integrations.sglang import (
-    HONOURED,
-    PLUGIN_ENV_VARS,
-    REFUSED,
+from registrar.integrations.sglang import plugin
+from registrar.integrations.sglang.plugin import (
     SUPPORTED_VERSIONS,
     TARGETS,
     bootstrap_summary,
-    describe_plugin_env,
-    plugin,
-    plugin_env_table,
-    read_config,
     table_complete,
 )
-from registrar.surfaces.env import ENV_VARS
+from registrar.integrations.sglang.settings import (
+    HONOURED,
+    PLUGIN_ENV_VARS,
+    REFUSED,
+    describe_plugin_env,
+    plugin_env_table,
+    read_config,
+)
+from registrar.surfaces.options import OPTIONS as ENV_VARS
 
 
 def test_importing_registrar_and_the_plugin_imports_no_sglang() -> None:

@@ -50,13 +50,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_registrar_unit.py",),
         "the loop on a fake clock (support.FakeClock)",
     ),
-    "registrar.core.failure": (
-        (
-            "test_budget.py",
-            "test_promises.py",
-        ),
-        "the on_failure policies and the startup budget",
-    ),
     "registrar.core.loopstate": (
         ("test_decide_explorer.py",),
         "the loop state the decision function explores",
@@ -85,8 +78,9 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
             "test_registrar_unit.py",
             "test_promises.py",
             "test_fast_recovery.py",
+            "test_budget.py",
         ),
-        "the runner performs the decisions: what the loop does, end to end",
+        "the runner performs the decisions (and asks on_failure): what the loop does, end to end",
     ),
     "registrar.core.status": (
         (
@@ -116,11 +110,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the reference server's sockets and writes",
     ),
     "registrar.devtools.demo": (("test_cli.py",), "`registrar demo`"),
-    "registrar.devtools.envdoc": (
-        ("test_configuration_doc.py",),
-        "the generated configuration page",
-    ),
-    "registrar.devtools.gateway": (("test_smg_gateway.py",), "the smg gateway the smg tests run"),
     "registrar.devtools.route_table": (
         ("test_reference_fidelity.py",),
         "SGLang's route table, checked against SGLang's server (and in "
@@ -265,10 +254,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.health.answer": (
-        ("test_health_server.py",),
-        "one part of the health endpoint; its tests are the endpoint's",
-    ),
     "registrar.surfaces.health.apps": (
         ("test_health_server.py", "test_health.py"),
         "one part of the health endpoint; its tests are the endpoint's",
@@ -278,7 +263,7 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "one part of the health endpoint; its tests are the endpoint's",
     ),
     "registrar.surfaces.health.document": (
-        ("test_health.py", "test_health_conventions.py"),
+        ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
         "one part of the health endpoint; its tests are the endpoint's",
     ),
     "registrar.surfaces.parsers": (

@@ -1,5 +1,6 @@
 """The loop's vocabulary: what just happened (an `Observation`) and what to do next (an
-`Action`), with the `Decision` that pairs the next action with the loop's next state.
+`Action`), with the `Decision` that pairs the next action with the loop's next state and the
+status change it makes.
 
 `registrar.core.decide` answers one from the other; `registrar.core.runner` performs actions
 and reports observations. Values only: nothing here does anything.
@@ -7,12 +8,14 @@ and reports observations. Values only: nothing here does anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from .loopstate import LoopState
 from .machine import Trigger
-from .outcome import RegisterOutcome, RouteCheck
+from .outcome import RegisterOutcome, RouteCheck, Verdict
+from .settings import OnFailureName
 
 __all__ = [
     "Action",
@@ -21,6 +24,7 @@ __all__ = [
     "Checked",
     "Decision",
     "Fail",
+    "Held",
     "Look",
     "Looked",
     "Note",
@@ -53,7 +57,7 @@ class WaitKind(StrEnum):
     """Holding a report-driven check until REPORT_CHECK_INTERVAL since the last check."""
     READY = "ready"
     """Holding an attempt while a `Gated` transport has nothing to offer (the served process
-    is not ready); performed by the runner in place of the attempt; only a stop ends it."""
+    is not ready); only a stop ends it."""
 
 
 # ----------------------------------------------------------------- what happened
@@ -76,31 +80,52 @@ class Waited:
 
 @dataclass(frozen=True)
 class Looked:
-    """The route as found before an attempt (None: the protocol cannot check)."""
+    """The route as found before an attempt (None: the protocol cannot check), and when the
+    check ended (wall clock)."""
 
     check: RouteCheck | None
+    at: float
 
 
 @dataclass(frozen=True)
 class Sent:
-    """An attempt's (or a probe's) outcome."""
+    """An attempt's (or a probe's) outcome, and when it ended (wall clock)."""
 
     outcome: RegisterOutcome
+    scheduled: bool
+    """A `Send` (counted), not a `Probe`."""
+    at: float
+
+    @property
+    def free(self) -> bool:
+        """A refused probe: neither counted against the budget nor reported as a request."""
+        outcome = self.outcome
+        return not self.scheduled and outcome.refused and outcome.verdict is Verdict.RETRY
 
 
 @dataclass(frozen=True)
 class Checked:
-    """A route check's result while registered, and the reports it answers."""
+    """A route check's result while registered, the reports it answers, and when it ended."""
 
     check: RouteCheck | None
-    reported: int = 0
+    reported: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Held:
+    """A `Gated` transport has nothing to offer yet (the served process is not ready)."""
+
+    reason: str
+    interval: float
+    """How long to wait before asking again (the transport's `ready_interval`)."""
 
 
 @dataclass(frozen=True)
 class Answered:
-    """The `on_failure` policy's answer: attempts go on (True) or the loop ends."""
+    """The `on_failure` policy's answer ("retry" only if the registrar is not stopping)."""
 
-    go_on: bool
+    answer: OnFailureName
 
 
 @dataclass(frozen=True)
@@ -108,7 +133,7 @@ class Stopping:
     """`stop()` was called."""
 
 
-Observation = Started | Waited | Looked | Sent | Checked | Answered | Stopping
+Observation = Started | Waited | Looked | Sent | Checked | Held | Answered | Stopping
 
 # ----------------------------------------------------------------- what to do
 
@@ -148,7 +173,8 @@ class Check:
 
 @dataclass(frozen=True)
 class Fail:
-    """Enter FAILED and ask `on_failure`; the runner answers with `Answered`."""
+    """Ask `on_failure` (the startup budget is spent, or the configuration refused); the runner
+    answers with `Answered`, and the decision on it enters FAILED."""
 
     attempts: int
     error: str | None
@@ -160,7 +186,9 @@ class Fail:
 
 @dataclass(frozen=True)
 class Stop:
-    """The loop ends."""
+    """The loop ends; with `exit_code`, the process too (on_failure="exit")."""
+
+    exit_code: int | None = None
 
 
 Action = Wait | Look | Send | Probe | Check | Fail | Stop
@@ -180,7 +208,7 @@ class Decision:
     state: LoopState
     action: Action
     trigger: Trigger | None = None
-    """Fired (with the snapshot's changes) before the action is performed."""
+    """Fired with `changes`, in one snapshot, before the action is performed."""
+    changes: dict[str, Any] = field(default_factory=dict)
+    """The status fields this decision sets (a BACKOFF wait also publishes when it ends)."""
     notes: tuple[Note, ...] = ()
-
-

@@ -18,8 +18,6 @@ from typing import Any, Protocol
 from .machine import State
 from .status import Status
 
-__all__ = ["AsyncListener", "in_loop", "wait_for_state"]
-
 logger = logging.getLogger(__name__)
 
 AsyncListener = Callable[[State, State, Status], Awaitable[None] | None]

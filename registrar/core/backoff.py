@@ -14,21 +14,6 @@ from typing import ClassVar
 from . import rules
 from .errors import ConfigError
 
-__all__ = [
-    "ACCEPT_RATE",
-    "DEFAULT_MAX_RETRY_AFTER",
-    "PROBE_PERIOD",
-    "WATCH_JITTER",
-    "Backoff",
-    "contact_delay",
-    "first_watch_delay",
-    "probe_delay",
-    "probe_period",
-    "rejoin_delay",
-    "retry_delay",
-    "watch_delay",
-]
-
 
 @dataclass(frozen=True)
 class Backoff:

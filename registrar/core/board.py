@@ -1,9 +1,11 @@
 """The status board: the one published `Status` snapshot, the state machine behind it, and the
 listeners who hear every change, in order, outside any lock.
 
-Every snapshot is replaced whole under one lock, so a reader never sees half a decision; the
-listeners are called by one thread at a time (the registrar's own while it runs, else a
-short-lived "registrar-events" thread), never by a caller of `start()` or `stop()`.
+Every snapshot is replaced whole under one lock, so a reader never sees half a decision. A
+trigger fires on the `transitions` machine under that lock; the machine's after-state-change
+callback publishes the new state with the trigger's changes and queues the transition. The
+listeners are called later, outside the lock, by one thread at a time (the registrar's own while
+it runs, else a short-lived "registrar-events" thread), never by a caller of `start()` or `stop()`.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from transitions import EventData
+
 from .clock import Clock
 from .errors import ConfigError
-from .machine import State, Trigger, build_machine, fire
+from .machine import State, Trigger, build_machine
 from .status import Status
 
 __all__ = ["Listener", "RequestEvent", "RequestListener", "StatusBoard"]
@@ -46,28 +50,24 @@ class StatusBoard:
     """The published snapshot and who hears about it."""
 
     def __init__(self, status: Status, clock: Clock) -> None:
-        self.status = status
         self._clock = clock
-        self._machine, self._model = build_machine(status.state)
-        self.lock = threading.Lock()
-        self.changed = threading.Condition(self.lock)
         self._listeners: list[Listener] = []
         self._request_listeners: list[RequestListener] = []
         self._pending: deque[tuple[State, State, Status]] = deque()
+        self.after_fork(status)
+
+    def after_fork(self, status: Status) -> None:
+        """A fresh lock, machine and delivery around `status` (also in a forked child, where
+        locks another thread held are made again and nothing is pending)."""
+        self.status = status
+        self._machine = build_machine(status.state, self._changed)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self._pending.clear()
         self.deliverer: threading.Thread | None = None
         """The one thread that calls listeners: the loop thread while it runs, else a
         short-lived "registrar-events" thread. Never a caller of start() or stop()."""
         self._draining = False  # the deliverer's alone
-
-    def after_fork(self, status: Status) -> None:
-        """In a forked child: locks another thread held are made again, nothing is pending."""
-        self.lock = threading.Lock()
-        self.changed = threading.Condition(self.lock)
-        self._machine, self._model = build_machine(status.state)
-        self._pending.clear()
-        self.deliverer = None
-        self._draining = False
-        self.status = status
 
     def add_listener(self, listener: Listener) -> None:
         if not callable(listener):
@@ -89,21 +89,11 @@ class StatusBoard:
         self.status = status
         self.changed.notify_all()
 
-    def update(self, **changes: Any) -> Status:
-        """Change fields of the snapshot at once: a reader sees all of them or none."""
-        with self.changed:
-            self.publish(replace(self.status, **changes))
-            return self.status
-
-    def fire(self, trigger: Trigger, changes: dict[str, Any]) -> bool:
-        """Fire `trigger` and publish the new state with `changes` in one snapshot (the lock
-        held); the transition is queued for the listeners."""
-        old = self.status.state
-        if not fire(self._model, trigger):
+    def fire(self, trigger: Trigger, changes: Mapping[str, Any]) -> bool:
+        """Fire `trigger` with `changes` (the lock held): False, and nothing changed, when the
+        table does not allow it from here."""
+        if not self._machine.dispatch(trigger.value, **changes):
             return False
-        new = State(self._model.state)
-        self.publish(replace(self.status, state=new, since=self._clock.time(), **changes))
-        self._pending.append((old, new, self.status))
         if self.deliverer is None:
             # No registrar thread to deliver it (not started, ended, or a forked child).
             helper = threading.Thread(target=self.deliver_all, name="registrar-events")
@@ -112,8 +102,23 @@ class StatusBoard:
             helper.start()
         return True
 
-    def transition(self, trigger: Trigger, **changes: Any) -> bool:
+    def _changed(self, event: EventData) -> None:
+        """The machine's after-state-change callback: the new state and the trigger's changes
+        in one snapshot, and the transition queued for the listeners (no I/O: the lock is held)."""
+        moved = event.transition
+        assert moved is not None  # after a state change, there is always a transition
+        old, new = State(moved.source), State(str(moved.dest))
+        self.publish(replace(self.status, state=new, since=self._clock.time(), **event.kwargs))
+        self._pending.append((old, new, self.status))
+
+    def apply(self, trigger: Trigger | None, changes: Mapping[str, Any]) -> bool:
+        """Change the snapshot: fire `trigger` with `changes`, or publish `changes` alone. The
+        listeners hear it at once when the caller is the deliverer. False when the trigger is
+        refused (the registrar stopped)."""
         with self.changed:
+            if trigger is None:
+                self.publish(replace(self.status, **changes))
+                return True
             fired = self.fire(trigger, changes)
             mine = self.deliverer is threading.current_thread()
         if fired and mine:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "Waitable"]
-
 
 class Waitable(Protocol):
     """What a clock waits on: a `threading.Event` or a `registrar.core.waker.Waker`."""

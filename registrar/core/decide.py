@@ -1,21 +1,23 @@
 """The loop's decisions: one pure function from where the loop stands and what just happened to
 what it does next.
 
-As in tenacity's `iter()`, deciding is kept apart from doing: `decide()` looks at an explicit
-`LoopState` and the last `Observation` (an attempt's outcome, a route check, the end of a wait)
-and answers a `Decision`: the next state, the one `Action` to perform (wait, probe, look, send,
-check, fail, stop), the trigger to fire on the state machine, and the lines to log. It reads no
-clock (the time is given), draws no random number of its own (`draw` is given), sends nothing
-and sleeps nowhere; `registrar.core.runner` performs what it answers. A test can therefore drive
-it through every state without threads, sockets or clocks (`tests/test_decide_explorer.py` explores
-it against a model of SGLang's counting server).
+As in tenacity's `iter()`, deciding is kept apart from doing: `decide()` looks at the
+`LoopSettings`, the published `Status`, an explicit `LoopState` and the last `Observation` (an
+attempt's outcome, a route check, the end of a wait, the `on_failure` answer) and answers a
+`Decision`: the next state, the one `Action` to perform (wait, probe, look, send, check, fail,
+stop), the status change (the trigger to fire on the state machine and the fields it sets) and
+the lines to log. It is the only place that decides a status change. It reads no clock (the
+time is given), draws no random number of its own (`draw` is given), sends nothing and sleeps
+nowhere; `registrar.core.runner` performs what it answers. A test can therefore drive it through
+every state without threads, sockets or clocks (`tests/test_decide_explorer.py` explores it
+against a model of SGLang's counting server).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any, assert_never
 
 from .actions import (
     Action,
@@ -24,6 +26,7 @@ from .actions import (
     Checked,
     Decision,
     Fail,
+    Held,
     Look,
     Looked,
     Note,
@@ -46,14 +49,26 @@ from .backoff import (
     retry_delay,
     watch_delay,
 )
-from .loopstate import LoopConfig, LoopState, Phase
+from .loopstate import LoopState
 from .machine import State, Trigger
-from .notes import REPORT_LOG_INTERVAL, failed_attempt, unheeded
-from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from .notes import (
+    REPORT_LOG_INTERVAL,
+    answered,
+    attempt_label,
+    failed_attempt,
+    given_up,
+    say,
+    unheeded,
+)
+from .outcome import Route, RouteCheck, Verdict
+from .redact import clean
+from .settings import EXIT_CODE, LoopSettings
+from .status import Status
 
 __all__ = [
     "LOOKS_AFTER_UNANSWERED",
     "MAX_BROKEN_CHECKS",
+    "MAX_ERROR_TEXT",
     "REPORT_CHECK_INTERVAL",
     "REPORT_LOG_INTERVAL",
     "Draw",
@@ -72,47 +87,74 @@ before it is sent again; each lost look waits the backoff."""
 REPORT_CHECK_INTERVAL = 1.0
 """At most one route check per this many seconds is caused by `report_route_missing()`, however
 often it is called (a decode failing every transfer calls it ~1000 times a second)."""
+MAX_ERROR_TEXT = 1000
+"""An error or evidence text is cut here, whatever transport made it (see core.redact.clean)."""
 
 
 # ----------------------------------------------------------------- the function
 
 
-def decide(
-    config: LoopConfig, state: LoopState, seen: Observation, now: float, draw: Draw
+def decide(  # noqa: PLR0913 - a pure function's inputs, each named
+    settings: LoopSettings,
+    status: Status,
+    state: LoopState,
+    seen: Observation,
+    now: float,
+    draw: Draw,
 ) -> Decision:
-    """What to do after `seen`, at monotonic time `now`; `draw` gives the random draws of the
-    delays it chooses."""
-    handler: Callable[..., Decision] = _HANDLERS[type(seen)]
-    return handler(config, state, seen, now, draw)
+    """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`;
+    `draw` gives the random draws of the delays it chooses."""
+    given = _Given(settings, status, now, draw)
+    decision: Decision
+    match seen:
+        case Stopping():
+            decision = Decision(state, Stop())
+        case Started():
+            decision = _run_of_attempts(state, now, 0.0)
+        case Waited():
+            decision = _waited(given, state, seen)
+        case Held():
+            decision = _held(state, seen)
+        case Looked():
+            decision = _looked(given, state, seen)
+        case Sent():
+            decision = _sent(given, state, seen)
+        case Answered():
+            decision = _answered(state, seen, now)
+        case Checked():
+            decision = _checked(given, state, seen)
+        case _:
+            assert_never(seen)
+    return decision
 
 
-def _stopping(
-    config: LoopConfig, state: LoopState, seen: Stopping, now: float, draw: Draw
-) -> Decision:
-    return Decision(replace(state, phase=Phase.ENDED), Stop())
+@dataclass(frozen=True)
+class _Given:
+    """What a decision is made from besides the loop's own state and what it just saw."""
+
+    settings: LoopSettings
+    status: Status
+    now: float
+    draw: Draw
+
+    def retry_delay(self, streak: int, retry_after: float | None = None) -> float:
+        settings = self.settings
+        return retry_delay(
+            settings.backoff, streak, self.draw(), retry_after, settings.max_retry_after
+        )
 
 
-def _started(
-    config: LoopConfig, state: LoopState, seen: Started, now: float, draw: Draw
-) -> Decision:
-    return _run_of_attempts(config, state, now, 0.0)
-
-
-def _waited(config: LoopConfig, state: LoopState, seen: Waited, now: float, draw: Draw) -> Decision:
+def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
+    now = given.now
     if seen.kind is WaitKind.BACKOFF:
         return _look_or_send(state, now)
     if seen.kind is WaitKind.READY:
         # Waiting for the served process is not an attempt: the startup budget counts from
         # when there was something to offer.
-        return _look_or_send(replace(state, started=now) if _budgeted(state) else state, now)
+        return _look_or_send(replace(state, started=now) if _budgeted(given, state) else state, now)
     if seen.kind is WaitKind.IDLE and seen.sign:
-        spread = contact_delay(config.fleet, draw())
-        note = Note(
-            logging.INFO,
-            "%s: a sign the route may be gone (connection closed or watch event); "
-            "checking in %.3f s",
-            (config.url, spread),
-        )
+        spread = contact_delay(state.fleet, given.draw())
+        note = say("sign", state.url, spread)
         return Decision(state, Wait(spread, WaitKind.CONTACT), notes=(note,))
     if seen.kind is WaitKind.IDLE and seen.reports and state.last_check_started is not None:
         due = state.last_check_started + REPORT_CHECK_INTERVAL - now
@@ -121,16 +163,25 @@ def _waited(config: LoopConfig, state: LoopState, seen: Waited, now: float, draw
     return _check(state, now)
 
 
+def _held(state: LoopState, seen: Held) -> Decision:
+    """Wait in place of the attempt while the transport has nothing to offer."""
+    notes: tuple[Note, ...] = ()
+    if not state.holding:
+        notes = (say("held", state.url, clean(seen.reason, 200)),)
+    changes = {"last_error": f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}"}
+    wait = Wait(seen.interval, WaitKind.READY)
+    return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
+
+
 # ----------------------------------------------------------------- registering
 
 
 def _run_of_attempts(
-    config: LoopConfig, state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()
+    state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()
 ) -> Decision:
     """Begin a run of attempts (at start, or after the route went missing)."""
     fresh = replace(
         state,
-        phase=Phase.REGISTERING,
         startup=not state.ever_registered,
         started=now,
         streak=0,
@@ -159,44 +210,53 @@ def _look_or_send(state: LoopState, now: float) -> Decision:
 
 
 def _send(state: LoopState, now: float) -> Decision:
-    counted = state.due is None or now >= state.due
     number = state.streak + 1
-    action: Action = Send(number) if counted else Probe(number)
-    return Decision(replace(state, counted=counted), action)
+    action: Action = Send(number) if state.due is None or now >= state.due else Probe(number)
+    return Decision(state, action)
 
 
-def _looked(config: LoopConfig, state: LoopState, seen: Looked, now: float, draw: Draw) -> Decision:
+def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
+    """What a route check found, for the snapshot."""
+    return {
+        "last_check_at": at,
+        "last_request_at": at,
+        "server_reachable": check.reachable,
+        "route": check.route.value,
+    }
+
+
+def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
     check = seen.check
-    if check is not None:
-        state = replace(state, reachable=check.reachable, route=check.route.value)
-        if check.route is Route.PRESENT:
-            return _adopted(config, state, check, now)
+    state = replace(state, holding=False)
+    if check is None:
+        return _look_found(given, state, None, given.status.server_reachable is True)
+    if check.route is Route.PRESENT:
+        return _with(_adopted(given, state, check, seen.at), _observed(check, seen.at))
+    return _with(_look_found(given, state, check, check.reachable), _observed(check, seen.at))
+
+
+def _with(decision: Decision, changes: dict[str, Any]) -> Decision:
+    """`decision`, with `changes` under its own."""
+    return replace(decision, changes={**changes, **decision.changes})
+
+
+def _look_found(
+    given: _Given, state: LoopState, check: RouteCheck | None, reached: bool
+) -> Decision:
     notes: tuple[Note, ...] = ()
     if check is not None and check.route is Route.CONFLICT:
-        notes = (
-            Note(
-                logging.WARNING,
-                "%s already holds our rank at another address (%s); registering anyway: a "
-                "server that counts every registration (as SGLang's does) will count this "
-                "rank twice",
-                (config.url, check.evidence),
-            ),
-        )
-    reached = state.reachable is True
+        notes = (say("conflict", state.url, check.evidence),)
     state = replace(state, looked=state.looked or reached)
     if state.unanswered and check is not None and _may_hold_ours(check):
-        held = _hold(config, state, check, now, draw)
+        held = _hold(given, state, check)
         return replace(held, notes=(*notes, *held.notes))
     if state.unanswered and not reached:
         # The look was lost too: look again after the backoff (a few times) before sending
         # what the server may already hold.
         state = replace(state, unanswered=state.unanswered - 1)
         if state.unanswered:
-            delay = retry_delay(
-                config.backoff, max(state.streak, 1), draw(), None, config.max_retry_after
-            )
-            return _after(state, now, delay, notes)
-    decision = _send(replace(state, unanswered=0), now)
+            return _after(state, given.now, given.retry_delay(max(state.streak, 1)), notes)
+    decision = _send(replace(state, unanswered=0), given.now)
     return replace(decision, notes=notes)
 
 
@@ -209,149 +269,132 @@ def _may_hold_ours(check: RouteCheck) -> bool:
     return check.status_code == 503 and (check.count is None or check.count > 0)
 
 
-def _hold(
-    config: LoopConfig, state: LoopState, check: RouteCheck, now: float, draw: Draw
-) -> Decision:
+def _hold(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
     """Look again later instead of sending: a second arrival would be counted twice, and a
     topology that looks ready one rank early fails every request to the missing one. The
     wait ends when the server is ready (200: ours arrived; 404: send) or empty (0: send)."""
-    delay = retry_delay(config.backoff, max(state.streak, 1), draw(), None, config.max_retry_after)
-    note = Note(
-        logging.WARNING,
-        "our last attempt to %s went unanswered and the server now says %s; it names no rank "
-        "before the topology is ready, so the attempt may have arrived: not sending it again, "
-        "looking again in %.2f s",
-        (config.url, check.evidence, delay),
-    )
+    delay = given.retry_delay(max(state.streak, 1))
+    note = say("hold", state.url, check.evidence, delay)
     held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
-    return _after(held, now, delay, (note,))
+    return _after(held, given.now, delay, (note,))
 
 
-def _adopted(config: LoopConfig, state: LoopState, check: RouteCheck, now: float) -> Decision:
+def _adopted(given: _Given, state: LoopState, check: RouteCheck, at: float) -> Decision:
     ours = state.unanswered > 0
-    note = Note(
-        logging.INFO,
-        "%s already holds our route (%s): %s",
-        (
-            config.url,
-            check.evidence,
-            "our last attempt arrived though its answer was lost; not sent again"
-            if ours
-            else "adopted without registering again",
-        ),
+    note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
+    registrations = given.status.registrations + (1 if ours else 0)
+    return _registered(
+        state, given.now, {"registrations": registrations, "last_success_at": at}, note
     )
-    state = replace(
-        state,
-        state=State.REGISTERED,
-        ever_registered=True,
-        registrations=state.registrations + (1 if ours else 0),
-    )
-    return replace(_watching(state, now), trigger=Trigger.SUCCEED, notes=(note,))
 
 
-def _sent(config: LoopConfig, state: LoopState, seen: Sent, now: float, draw: Draw) -> Decision:
-    outcome = seen.outcome
-    state = replace(state, reachable=outcome.reachable)
+def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
+    outcome, now, status = seen.outcome, given.now, given.status
+    changes: dict[str, Any] = {"server_reachable": outcome.reachable, "last_request_at": seen.at}
+    if not seen.free:
+        changes["attempts_total"] = status.attempts_total + 1
+    state = replace(state, holding=False)
     if outcome.verdict is Verdict.ACCEPTED:
-        return _accepted(config, state, now)
+        return _with(_accepted(given, state, seen.at), changes)
+    changes["last_error"] = outcome.error
     refused = outcome.refused and outcome.verdict is Verdict.RETRY
     lost = outcome.verdict is Verdict.RETRY and not refused and outcome.status_code is None
     state = replace(
         state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
     )
-    probe_wait = probe_delay(config.fleet, draw()) if refused else 0.0
-    if refused and not state.counted and not _last_probe(config, state, now, probe_wait):
-        return _after(state, now, probe_wait)
+    probe_wait = probe_delay(state.fleet, given.draw()) if refused else 0.0
+    if seen.free and not _last_probe(given, state, probe_wait):
+        return _with(_after(state, now, probe_wait), changes)
     state = replace(state, streak=state.streak + 1)
     if outcome.verdict is Verdict.FATAL:
-        return _fatal(config, state, outcome, draw(), now)
-    delay = retry_delay(
-        config.backoff, state.streak, draw(), outcome.retry_after, config.max_retry_after
-    )
+        return _with(_fatal(given, state, outcome.error), changes)
+    delay = given.retry_delay(state.streak, outcome.retry_after)
     due = None
     if refused:
         due, delay = now + delay, probe_wait
     state = replace(state, due=due)
-    if _spent(config, state, now, delay):
-        failing = Fail(state.streak, outcome.error, delay, fatal=False)
-        return Decision(replace(state, delay=delay), failing)
-    return _after(state, now, delay, (failed_attempt(config, state, outcome, delay, now),))
+    if _spent(given, state, delay):
+        return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
+    label = attempt_label(given.settings, status.state, state)
+    note = failed_attempt(label, state, outcome, delay, now)
+    return _with(_after(state, now, delay, (note,)), changes)
 
 
-def _last_probe(config: LoopConfig, state: LoopState, now: float, delay: float) -> bool:
+def _last_probe(given: _Given, state: LoopState, delay: float) -> bool:
     """Whether the next probe would start past `max_elapsed`: this refusal is the last try."""
-    return _budgeted(state) and _out_of_time(config, state, now, delay)
+    return _budgeted(given, state) and _out_of_time(given, state, delay)
 
 
-def _budgeted(state: LoopState) -> bool:
+def _budgeted(given: _Given, state: LoopState) -> bool:
     """The startup budget applies: no registration yet, and it is not spent already."""
-    return state.startup and state.state is State.REGISTERING
+    return state.startup and given.status.state is State.REGISTERING
 
 
-def _out_of_time(config: LoopConfig, state: LoopState, now: float, delay: float) -> bool:
+def _out_of_time(given: _Given, state: LoopState, delay: float) -> bool:
     """Whether the next attempt would start past `max_elapsed`: the budget is spent now rather
     than after a wait that can only end over it."""
-    if config.max_elapsed is None:
-        return False
-    return now - state.started + delay > config.max_elapsed
+    limit = given.settings.max_elapsed
+    return limit is not None and given.now - state.started + delay > limit
 
 
-def _spent(config: LoopConfig, state: LoopState, now: float, delay: float) -> bool:
-    if not _budgeted(state):
+def _spent(given: _Given, state: LoopState, delay: float) -> bool:
+    if not _budgeted(given, state):
         return False
-    if config.max_attempts is not None and state.streak == config.max_attempts:
+    limit = given.settings.max_attempts
+    if limit is not None and state.streak == limit:
         return True
-    return _out_of_time(config, state, now, delay)
+    return _out_of_time(given, state, delay)
 
 
-def _fatal(
-    config: LoopConfig, state: LoopState, outcome: RegisterOutcome, u: float, now: float
-) -> Decision:
+def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
+    """Ask `on_failure`: the decision on its answer enters FAILED."""
+    failing = Fail(state.streak, error, state.delay, fatal)
+    note = given_up(state.url, given.settings.on_failure, failing)
+    return Decision(state, failing, notes=(note,))
+
+
+def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
     """Retrying cannot help until someone fixes the configuration (a token, a URL, a
     certificate), which may happen on the server's side: with "retry", try again slowly, at
     the backoff's cap."""
-    delay = config.backoff.maximum * (1 - config.backoff.jitter * u)
+    backoff = given.settings.backoff
+    delay = backoff.maximum * (1 - backoff.jitter * given.draw())
     state = replace(state, due=None, delay=delay)
-    if state.state is State.FAILED:
-        note = Note(
-            logging.WARNING,
-            "registration with %s still refused: %s; next attempt in %.2f s",
-            (config.url, outcome.error, delay),
-        )
-        return _after(state, now, delay, (note,))
-    return Decision(state, Fail(state.streak, outcome.error, delay, fatal=True))
+    if given.status.state is State.FAILED:
+        notes = (say("still refused", state.url, error, delay),)
+        return _after(state, given.now, delay, notes)
+    return _fail(given, state, error, True)
 
 
-def _answered(
-    config: LoopConfig, state: LoopState, seen: Answered, now: float, draw: Draw
-) -> Decision:
-    state = replace(state, state=State.FAILED)
-    if not seen.go_on:
-        return Decision(replace(state, phase=Phase.ENDED), Stop())
-    return _after(state, now, state.delay)
+def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
+    """FAILED, and what the policy answered: attempts go on in the background, or the loop ends
+    (and with "exit", the process)."""
+    notes = answered(seen.answer, state.delay)
+    if seen.answer == "retry":
+        return replace(_after(state, now, state.delay, notes), trigger=Trigger.GIVE_UP)
+    stop = Stop(EXIT_CODE if seen.answer == "exit" else None)
+    changes = {"next_attempt_at": None, "retrying": False}
+    return Decision(state, stop, Trigger.GIVE_UP, changes, notes)
 
 
-def _accepted(config: LoopConfig, state: LoopState, now: float) -> Decision:
+def _accepted(given: _Given, state: LoopState, at: float) -> Decision:
     number = state.streak + 1
-    note = Note(
-        logging.INFO,
-        "%s with %s after %d attempt%s",
-        (
-            "registered again" if state.ever_registered else "registered",
-            config.url,
-            number,
-            "" if number == 1 else "s",
-        ),
-    )
-    state = replace(
-        state,
-        state=State.REGISTERED,
-        ever_registered=True,
-        registrations=state.registrations + 1,
-        # What a look found before this PUT says nothing about the route now.
-        route=None,
-    )
-    return replace(_watching(state, now), trigger=Trigger.SUCCEED, notes=(note,))
+    again = "registered again" if state.ever_registered else "registered"
+    note = say("accepted", again, state.url, number, "" if number == 1 else "s")
+    # What a look found before this PUT says nothing about the route now.
+    changes = {
+        "registrations": given.status.registrations + 1,
+        "route": None,
+        "last_success_at": at,
+    }
+    return _registered(state, given.now, changes, note)
+
+
+def _registered(state: LoopState, now: float, changes: dict[str, Any], note: Note) -> Decision:
+    succeeded = {"attempt": 0, "last_error": None, "next_attempt_at": None, "retrying": False}
+    succeeded.update(changes)
+    decision = _watching(replace(state, ever_registered=True), now)
+    return replace(decision, trigger=Trigger.SUCCEED, changes=succeeded, notes=(note,))
 
 
 # ----------------------------------------------------------------- watching
@@ -359,8 +402,7 @@ def _accepted(config: LoopConfig, state: LoopState, now: float) -> Decision:
 
 def _watching(state: LoopState, now: float) -> Decision:
     """Registered: check at once (the check right after the PUT), then watch."""
-    state = replace(state, phase=Phase.WATCHING, check_now=True, checks=0, probing=False, broken=0)
-    return _check(state, now)
+    return _check(replace(state, check_now=True, checks=0, probing=False, broken=0), now)
 
 
 def _check(state: LoopState, now: float) -> Decision:
@@ -374,101 +416,72 @@ def _check(state: LoopState, now: float) -> Decision:
     return Decision(state, Check())
 
 
-def _watch_next(
-    config: LoopConfig, state: LoopState, draw: Draw, notes: tuple[Note, ...] = ()
-) -> Decision:
+def _watch_next(given: _Given, state: LoopState, notes: tuple[Note, ...] = ()) -> Decision:
     if state.probing or state.broken:
         # Probing already: a report cannot make it sooner, and must not make it a loop
         # (reports may come a thousand times a second).
-        return Decision(state, Wait(probe_delay(config.fleet, draw()), WaitKind.PROBE), notes=notes)
+        wait = Wait(probe_delay(state.fleet, given.draw()), WaitKind.PROBE)
+        return Decision(state, wait, notes=notes)
     delay = None
-    if config.watch_interval is not None:
+    interval = given.settings.watch_interval
+    if interval is not None:
         spread = first_watch_delay if state.checks == 1 else watch_delay
-        delay = spread(config.watch_interval, draw())
+        delay = spread(interval, given.draw())
     return Decision(state, Wait(delay, WaitKind.IDLE), notes=notes)
 
 
-def _checked(
-    config: LoopConfig, state: LoopState, seen: Checked, now: float, draw: Draw
-) -> Decision:
+def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
     check = seen.check
     if check is None:
         if seen.reported:
             reported = replace(state, lost_after_put=0)
-            return _lose(config, reported, now, draw, "the runtime reported the route missing")
-        return _watch_next(config, state, draw)
-    state = replace(state, reachable=check.reachable, route=check.route.value)
+            return _lose(given, reported, "the runtime reported the route missing")
+        return _watch_next(given, state)
+    return _with(_check_found(given, state, check, seen.reported), _observed(check, seen.at))
+
+
+def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: int) -> Decision:
     if check.route is Route.UNREACHABLE:
-        return _unreachable(config, state, check, draw)
+        return _unreachable(given, state, check)
     state = replace(state, probing=False, broken=0)
     if check.route is Route.MISSING:
         # Lost again right after our own PUT: the streak survives re-registration, so the
         # window before the next PUT keeps growing instead of PUTting in a loop.
         lost = state.lost_after_put + 1 if state.just_put else 0
-        return _lose(config, replace(state, lost_after_put=lost), now, draw, check.evidence)
+        return _lose(given, replace(state, lost_after_put=lost), check.evidence)
     if check.route is Route.PRESENT:
         state = replace(state, lost_after_put=0)
     notes: tuple[Note, ...] = ()
     if check.route is Route.CONFLICT:
-        notes = (Note(logging.WARNING, "route conflict at %s: %s", (config.url, check.evidence)),)
-    elif seen.reported:
-        state, notes = unheeded(config, state, check, seen.reported, now)
-    return _watch_next(config, state, draw, notes)
+        notes = (say("route conflict", state.url, check.evidence),)
+    elif reported:
+        state, notes = unheeded(state, check, reported, given.now)
+    return _watch_next(given, state, notes)
 
 
-def _unreachable(config: LoopConfig, state: LoopState, check: RouteCheck, draw: Draw) -> Decision:
-    every = probe_delay(config.fleet, 0.5)
+def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
+    every = probe_delay(state.fleet, 0.5)
     if check.refused:
         notes: tuple[Note, ...] = ()
         if not state.probing:
-            notes = (
-                Note(
-                    logging.WARNING,
-                    "route check at %s failed: %s; probing every ~%.2f s until it listens again",
-                    (config.url, check.evidence, every),
-                ),
-            )
-        return _watch_next(config, replace(state, probing=True), draw, notes)
+            notes = (say("refused", state.url, check.evidence, every),)
+        return _watch_next(given, replace(state, probing=True), notes)
     state = replace(state, probing=False)
     if check.broken and state.broken < MAX_BROKEN_CHECKS:
         # A reset while a server goes away (a connection accepted by the dying process): look
         # again soon, as for a refusal, a few times at most.
-        note = Note(
-            logging.INFO,
-            "route check at %s failed: %s; checking again in ~%.2f s",
-            (config.url, check.evidence, every),
-        )
-        return _watch_next(config, replace(state, broken=state.broken + 1), draw, (note,))
-    note = Note(
-        logging.WARNING,
-        "route check at %s failed: %s; checking again at the next interval",
-        (config.url, check.evidence),
-    )
-    return _watch_next(config, replace(state, broken=0), draw, (note,))
+        note = say("broken", state.url, check.evidence, every)
+        return _watch_next(given, replace(state, broken=state.broken + 1), (note,))
+    note = say("check failed", state.url, check.evidence)
+    return _watch_next(given, replace(state, broken=0), (note,))
 
 
-def _lose(config: LoopConfig, state: LoopState, now: float, draw: Draw, evidence: str) -> Decision:
+def _lose(given: _Given, state: LoopState, evidence: str) -> Decision:
     """Back to registering; no wait before the first re-attempt the first time (the check that
     found the route missing was the fleet's spread first contact). `state.lost_after_put`
     counts the losses right after our own PUT."""
-    delay = rejoin_delay(config.backoff, state.lost_after_put, draw())
-    note = Note(
-        logging.WARNING,
-        "route at %s is missing (%s); registering again in %.2f s",
-        (config.url, evidence, delay),
-    )
-    state = replace(state, state=State.REGISTERING)
-    decision = _run_of_attempts(config, state, now, delay, (note,))
-    return replace(decision, trigger=Trigger.LOSE)
-
-
-_HANDLERS: dict[type, Callable[..., Decision]] = {
-    Stopping: _stopping,
-    Started: _started,
-    Waited: _waited,
-    Looked: _looked,
-    Sent: _sent,
-    Answered: _answered,
-    Checked: _checked,
-}
-"""One handler per kind of observation."""
+    delay = rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
+    note = say("lost", state.url, evidence, delay)
+    decision = _run_of_attempts(state, given.now, delay, (note,))
+    lost = {"reregistrations": given.status.reregistrations + 1, "retrying": True}
+    return replace(_with(decision, lost), trigger=Trigger.LOSE)

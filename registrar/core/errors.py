@@ -8,14 +8,6 @@ every log line and status names the innermost error instead.
 
 from __future__ import annotations
 
-__all__ = [
-    "ConfigError",
-    "RegistrarError",
-    "StateError",
-    "describe_exception",
-    "root_cause",
-]
-
 
 class RegistrarError(Exception):
     """Base of every exception registrar raises on purpose."""

@@ -15,8 +15,6 @@ from .machine import State
 from .registrar import Registrar
 from .status import Status
 
-__all__ = ["RegistrarGroup"]
-
 
 class RegistrarGroup:
     """The registrars of one service, one per registry; `stop()` stops them together, so their

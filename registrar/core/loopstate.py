@@ -1,53 +1,23 @@
-"""Where the loop stands between two decisions (`LoopState`), and what its decisions depend on
-for a registrar's whole life (`LoopConfig`). Frozen values: `decide()` answers a new state."""
+"""Where the loop stands between two decisions: a frozen value, `decide()` answers a new one.
+What the published snapshot says (the machine's state, the route, the counters) is not kept
+here: `decide()` reads it from the `Status` itself."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
-from .backoff import Backoff
-from .machine import State
-
-__all__ = ["LoopConfig", "LoopState", "Phase"]
-
-
-class Phase(StrEnum):
-    """What the loop is doing: getting the route registered, watching it, or nothing more."""
-
-    REGISTERING = "registering"
-    WATCHING = "watching"
-    ENDED = "ended"
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """What the loop's decisions depend on, fixed for a registrar's life."""
-
-    backoff: Backoff
-    max_attempts: int | None = 5
-    max_elapsed: float | None = None
-    watch_interval: float | None = 15.0
-    max_retry_after: float = 60.0
-    fleet: int = 1
-    """How many clients register with the same server (spreads probes and first contact)."""
-    url: str = ""
-    """The server's URL as shown, for the log lines."""
+__all__ = ["LoopState"]
 
 
 @dataclass(frozen=True)
 class LoopState:
     """Everything the loop remembers between two decisions (nothing else is kept)."""
 
-    phase: Phase = Phase.REGISTERING
-    state: State = State.REGISTERING
-    """The machine state the published snapshot shows."""
-    route: str | None = None
-    """What the snapshot says the last route check found (None: not checked since the PUT)."""
-    reachable: bool | None = None
-    """Whether the server answered the last request (None before any)."""
+    fleet: int = 1
+    """How many clients register with the same server (spreads probes and first contact)."""
+    url: str = ""
+    """The server's URL as shown, for the log lines."""
     ever_registered: bool = False
-    registrations: int = 0
     # -- registering
     startup: bool = True
     """No registration was ever accepted when this run of attempts began: the budget counts."""
@@ -57,8 +27,6 @@ class LoopState:
     """Counted failed attempts in this run."""
     due: float | None = None
     """While refused: when the next counted attempt is due (probes before it are free)."""
-    counted: bool = True
-    """The attempt in flight counts against the budget (a probe does not)."""
     looked: bool = False
     """The server answered a look since this run began: no look before the next attempt."""
     refused: bool = False
@@ -67,6 +35,8 @@ class LoopState:
     """Looks still owed after an attempt that may have reached the server unanswered."""
     delay: float = 0.0
     """The wait chosen with a `Fail`, taken once the policy answers."""
+    holding: bool = False
+    """The last attempt was held by a `Gated` transport (said once per hold)."""
     # -- watching
     check_now: bool = False
     """Check at once (right after a PUT or an adoption), without waiting."""

@@ -1,32 +1,27 @@
 """The registration state machine: states, triggers, and the one table of what may follow what.
 
-The table below is the single source of truth. The `transitions` machine is built from it, the
-mermaid diagram in `docs/state-machine.md` is drawn from it (`registrar diagram`), and a test
-checks every (state, trigger) pair against it.
+The table below is the single source of truth: the `transitions` machine the status board runs
+is built from it (its triggers fire, its after-state-change callback publishes the snapshot),
+the mermaid diagram in `docs/state-machine.md` is drawn by the library's own mermaid engine
+(`registrar diagram`), and a test checks every (state, trigger) pair against it.
 
-`fire` takes a transition through the machine's table (`get_transitions`, `set_state`) rather
-than its event dispatch: registrar hangs no callbacks on the machine, and the dispatch narrates
-every change on the `transitions.core` logger (two INFO lines per state change, more at DEBUG),
-which a library must not add to its host's logs. Silencing that logger instead would reconfigure
-a logger the host owns, and hide the host's own machines too.
+The library narrates every state entered and left on the `transitions.core` logger (INFO), noise
+in a host's logs. Our machines are named `MACHINE_NAME`, which the library puts first in each of
+its records, and a filter on that logger drops those records and no one else's: the host's own
+machines are still heard, and no logger's level is touched.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
 
-from transitions import Machine
-from transitions.extensions import LockedMachine
+from transitions import EventData, Machine
+from transitions.extensions import GraphMachine
 
-__all__ = [
-    "TRANSITIONS",
-    "State",
-    "Trigger",
-    "build_machine",
-    "fire",
-    "mermaid_diagram",
-]
+MACHINE_NAME = "registrar-status"
+"""The name of every machine registrar builds; the library's log records begin with it."""
 
 
 class State(StrEnum):
@@ -68,49 +63,50 @@ TRANSITIONS: tuple[tuple[State, Trigger, State], ...] = (
 """Every allowed (source, trigger, destination); anything else is refused."""
 
 
-class _Model:
-    """The object the machine drives. It carries no methods named like a trigger, because a
-    model method with a trigger's name silently wins over the trigger."""
+class _OursDropped(logging.Filter):
+    """Drops the `transitions.core` records of registrar's machines, and only those."""
 
-    state: str
-    trigger: Any
-    machine: Machine
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        first = args[0] if isinstance(args, tuple) and args else record.msg
+        return not str(first).startswith(MACHINE_NAME + ": ")
 
 
-def build_machine(initial: State = State.UNREGISTERED) -> tuple[LockedMachine, _Model]:
-    """A fresh locked machine over the table, and its model."""
-    model = _Model()
-    machine = LockedMachine(
-        model=model,
-        states=[s.value for s in State],
-        transitions=[
+OURS_DROPPED = _OursDropped()
+logging.getLogger("transitions.core").addFilter(OURS_DROPPED)  # the same object: added once
+
+
+def _config(initial: State) -> dict[str, object]:
+    return {
+        "states": [s.value for s in State],
+        "transitions": [
             {"trigger": t.value, "source": s.value, "dest": d.value} for s, t, d in TRANSITIONS
         ],
-        initial=initial.value,
-        auto_transitions=False,
-        ignore_invalid_triggers=False,
-        send_event=False,
+        "initial": initial.value,
+        "auto_transitions": False,
+        "name": MACHINE_NAME,
+    }
+
+
+def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machine:
+    """A machine over the table, itself its model, starting at `initial`. A trigger the table
+    does not allow from here is refused (`dispatch` answers False); after each transition,
+    `changed` is called with the event (its source, destination and the trigger's keywords)."""
+    return Machine(
+        **_config(initial),  # type: ignore[arg-type]
+        ignore_invalid_triggers=True,
+        send_event=True,
+        after_state_change=changed,
     )
-    model.machine = machine
-    return machine, model
-
-
-def fire(model: _Model, trigger: Trigger) -> bool:
-    """Fire `trigger`; False (and no change) when the table does not allow it from here.
-
-    Logs nothing: see the module's docstring."""
-    allowed = model.machine.get_transitions(trigger=trigger.value, source=model.state)
-    dest = allowed[0].dest if allowed else None
-    if dest is None:  # not allowed from here (the table has no internal transitions)
-        return False
-    model.machine.set_state(dest, model)
-    return True
 
 
 def mermaid_diagram() -> str:
-    """The state diagram as mermaid `stateDiagram-v2` text, drawn from `TRANSITIONS`."""
-    lines = ["stateDiagram-v2", f"    [*] --> {State.UNREGISTERED.value}"]
-    for source, trigger, dest in TRANSITIONS:
-        lines.append(f"    {source.value} --> {dest.value}: {trigger.value}")
-    lines.append(f"    {State.STOPPED.value} --> [*]")
-    return "\n".join(lines) + "\n"
+    """The state diagram as mermaid `stateDiagram-v2` text, drawn from `TRANSITIONS` by the
+    library's mermaid engine (pure Python: no graphviz)."""
+    graph = GraphMachine(
+        **_config(State.UNREGISTERED),  # type: ignore[arg-type]
+        graph_engine="mermaid",
+        title="registrar",
+    )
+    text: str = graph.get_graph().draw(None)
+    return "".join(line.rstrip() + "\n" for line in text.strip("\n").splitlines())

@@ -6,27 +6,77 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from .actions import Note
+from .actions import Fail, Note
 from .backoff import probe_delay
-from .loopstate import LoopConfig, LoopState
+from .loopstate import LoopState
 from .machine import State
 from .outcome import RegisterOutcome, RouteCheck
+from .settings import EXIT_CODE, LoopSettings, OnFailure
 
 REPORT_LOG_INTERVAL = 60.0
 """At most one warning per this many seconds says that reports were contradicted by the server."""
 
-__all__ = ["REPORT_LOG_INTERVAL", "attempt_label", "failed_attempt", "unheeded"]
+_INFO, _WARNING = logging.INFO, logging.WARNING
+_LINES: dict[str, tuple[int, str]] = {
+    "accepted": (_INFO, "%s with %s after %d attempt%s"),
+    "adopted": (_INFO, "%s already holds our route (%s): adopted without registering again"),
+    "ours arrived": (
+        _INFO,
+        "%s already holds our route (%s): our last attempt arrived though its answer was lost; "
+        "not sent again",
+    ),
+    "sign": (
+        _INFO,
+        "%s: a sign the route may be gone (connection closed or watch event); checking in %.3f s",
+    ),
+    "held": (_INFO, "%s: not offered yet: %s"),
+    "conflict": (
+        _WARNING,
+        "%s already holds our rank at another address (%s); registering anyway: a server that "
+        "counts every registration (as SGLang's does) will count this rank twice",
+    ),
+    "hold": (
+        _WARNING,
+        "our last attempt to %s went unanswered and the server now says %s; it names no rank "
+        "before the topology is ready, so the attempt may have arrived: not sending it again, "
+        "looking again in %.2f s",
+    ),
+    "still refused": (_WARNING, "registration with %s still refused: %s; next attempt in %.2f s"),
+    "route conflict": (_WARNING, "route conflict at %s: %s"),
+    "refused": (
+        _WARNING,
+        "route check at %s failed: %s; probing every ~%.2f s until it listens again",
+    ),
+    "broken": (_INFO, "route check at %s failed: %s; checking again in ~%.2f s"),
+    "check failed": (_WARNING, "route check at %s failed: %s; checking again at the next interval"),
+    "lost": (_WARNING, "route at %s is missing (%s); registering again in %.2f s"),
+}
+"""The loop's one-line notes by name: their level and their text."""
+
+
+def say(line: str, *args: object) -> Note:
+    level, message = _LINES[line]
+    return Note(level, message, args)
+
+
+__all__ = [
+    "REPORT_LOG_INTERVAL",
+    "answered",
+    "attempt_label",
+    "failed_attempt",
+    "given_up",
+    "unheeded",
+]
 
 
 def failed_attempt(
-    config: LoopConfig, state: LoopState, outcome: RegisterOutcome, delay: float, now: float
+    label: str, state: LoopState, outcome: RegisterOutcome, delay: float, now: float
 ) -> Note:
-    label = attempt_label(config, state)
     if state.due is None:
         return Note(
             logging.WARNING,
             "registration attempt %s to %s failed: %s; next attempt in %.2f s",
-            (label, config.url, outcome.error, delay),
+            (label, state.url, outcome.error, delay),
         )
     return Note(
         logging.WARNING,
@@ -34,26 +84,65 @@ def failed_attempt(
         "(nothing listens: probing every ~%.2f s, the next counted attempt in %.2f s)",
         (
             label,
-            config.url,
+            state.url,
             outcome.error,
             delay,
-            probe_delay(config.fleet, 0.5),
+            probe_delay(state.fleet, 0.5),
             state.due - now,
         ),
     )
 
 
-def attempt_label(config: LoopConfig, state: LoopState) -> str:
+def attempt_label(settings: LoopSettings, failed: State, state: LoopState) -> str:
     number = state.streak
-    if config.max_attempts is None:
+    if settings.max_attempts is None:
         return str(number)
-    if number <= config.max_attempts and state.state is not State.FAILED:
-        return f"{number}/{config.max_attempts}"
+    if number <= settings.max_attempts and failed is not State.FAILED:
+        return f"{number}/{settings.max_attempts}"
     return f"{number} (background)"
 
 
+def _name(policy: OnFailure) -> str:
+    return policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
+
+
+def given_up(url: str, policy: OnFailure, action: Fail) -> Note:
+    """Why `on_failure` is asked."""
+    if action.fatal:
+        return Note(
+            logging.ERROR,
+            "registration with %s refused: %s; retrying cannot help until the "
+            "configuration is fixed; on_failure=%s",
+            (url, action.error, _name(policy)),
+        )
+    return Note(
+        logging.ERROR,
+        "registration with %s failed after %d attempt%s, last: %s; on_failure=%s",
+        (url, action.attempts, "" if action.attempts == 1 else "s", action.error, _name(policy)),
+    )
+
+
+def answered(answer: str, delay: float) -> tuple[Note, ...]:
+    """What the policy's answer means for the process."""
+    if answer == "retry":
+        return (
+            Note(
+                logging.WARNING, "still trying in the background; next attempt in %.2f s", (delay,)
+            ),
+        )
+    if answer == "exit":
+        return (
+            Note(
+                logging.CRITICAL,
+                "ending the process with status %d (on_failure='exit')",
+                (EXIT_CODE,),
+            ),
+        )
+    return ()
+
+
 def unheeded(
-    config: LoopConfig, state: LoopState, check: RouteCheck, reported: int, now: float
+    state: LoopState, check: RouteCheck, reported: int, now: float
 ) -> tuple[LoopState, tuple[Note, ...]]:
     """Say (at most once per REPORT_LOG_INTERVAL) that reports were contradicted."""
     unheeded = state.unheeded + reported

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["RegisterOutcome", "Route", "RouteCheck", "Verdict"]
-
 
 class Verdict(StrEnum):
     """What a registration attempt means for the next step."""

@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
-__all__ = ["MAX_SHOWN", "Secrets", "clean", "redact_text", "redact_url"]
-
 MAX_SHOWN = 300
 """Characters of untrusted text shown in one log line or status field, at most."""
 

@@ -7,65 +7,34 @@ it out of any wait.
 
 This module holds the front door (construction, start, stop, status, reports, forks); the loop's
 choices are in `decide`, their performance in `runner`, the snapshot and its listeners in
-`board`, the failure policy in `failure`.
+`board`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
 from typing import Any
 
 from .aio import wait_for_state
-from .backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
-from .board import Listener, RequestEvent, RequestListener, StatusBoard
-from .clock import Clock, SystemClock
-from .decide import MAX_BROKEN_CHECKS, REPORT_CHECK_INTERVAL, REPORT_LOG_INTERVAL
+from .board import Listener, RequestListener, StatusBoard
+from .clock import Clock
 from .diagnosis import Diagnosable, Diagnosis
 from .diagnostician import Diagnostician
 from .diagnostician import Hooks as DiagnosisHooks
 from .errors import ConfigError, StateError
-from .failure import EXIT_CODE, OnFailure, OnFailureName, Policy, default_exit
-from .loopstate import LoopConfig
 from .machine import State, Trigger
-from .registry import TransportOptions, make_transport
-from .runner import MAX_ERROR_TEXT, UNEXPECTED, Controls, Runner
-from .settings import (
-    DEFAULT_BACKOFF,
-    DEFAULT_DIAGNOSE_AFTER,
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_WATCH_INTERVAL,
-    Hooks,
-    HttpSettings,
-    LoopSettings,
-)
+from .registry import protocol_factory
+from .runner import Controls, Runner
+from .settings import Hooks, HttpSettings, LoopSettings, split_options
 from .status import Status
-from .transport import Abortable, Token, Transport
+from .transport import Abortable, Transport, WatchBounded
 from .validate import encode_payload, fleet_size
-
-__all__ = [
-    "DEFAULT_BACKOFF",
-    "DEFAULT_MAX_PAYLOAD_BYTES",
-    "DEFAULT_WATCH_INTERVAL",
-    "EXIT_CODE",
-    "MAX_BROKEN_CHECKS",
-    "MAX_ERROR_TEXT",
-    "REPORT_CHECK_INTERVAL",
-    "REPORT_LOG_INTERVAL",
-    "UNEXPECTED",
-    "Listener",
-    "OnFailure",
-    "OnFailureName",
-    "Registrar",
-    "RequestEvent",
-    "RequestListener",
-]
 
 _REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
 """Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
@@ -85,27 +54,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-def _hooks(
-    clock: Clock | None, rng: Callable[[], float] | None, exit: Callable[[int], None] | None
-) -> Hooks:
-    return Hooks(
-        clock if clock is not None else SystemClock(),
-        rng if rng is not None else random.random,
-        exit if exit is not None else default_exit,
-    )
-
-
-def _transport_for(
-    payload: dict[str, Any], via: HttpSettings | Transport
+def _protocol_transport(
+    protocol: str, url: str | Sequence[str] | None, payload: dict[str, Any], options: dict[str, Any]
 ) -> tuple[Transport, dict[str, Any]]:
-    """The transport given, or the one its HTTP settings' protocol names, with the payload it
-    will send."""
-    if not isinstance(via, HttpSettings):
-        if not isinstance(via, Transport):
-            raise ConfigError(f"transport must implement registrar.Transport, got {via!r}")
-        return via, payload
-    made = TransportOptions(via.url, token=via.token, timeout=via.timeout, verify=via.tls)
-    return make_transport(via.protocol, payload, made)
+    """The transport of protocol `protocol`, built from its settings value (`url` and the
+    options that are its fields), and the payload it will send."""
+    factory = protocol_factory(protocol)
+    names = [f.name for f in fields(factory.settings)][1:]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise TypeError(
+            f"Registrar got unexpected options {', '.join(unknown)} for protocol {protocol!r} "
+            f"(it takes {', '.join(names)} and the loop's)"
+        )
+    return factory.build(payload, factory.settings(url, **options))
 
 
 class Registrar:
@@ -115,87 +77,43 @@ class Registrar:
     The default protocol is SGLang's (`PUT {url}/route`, the rank's route watched afterwards);
     `protocol="http"` sends the payload to `{url}/route` without watching; other names come from
     `registrar.core.registry`, and `transport=` plugs in any `Transport` directly (then no URL
-    and none of the HTTP options are needed). `Registrar.from_settings` takes the same as
-    settings values (`LoopSettings`, `HttpSettings`).
+    and none of the HTTP options are needed). `options` are split by the fields of the
+    settings values: `LoopSettings`, `Hooks` and the protocol's (`HttpSettings` for these two).
     """
 
-    def __init__(  # noqa: PLR0913 - the front door: every option a keyword, as documented
+    def __init__(
         self,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         payload: Mapping[str, Any] | None = None,
         *,
-        backoff: Backoff = DEFAULT_BACKOFF,
-        max_attempts: int | None = 5,
-        max_elapsed: float | None = None,
-        on_failure: OnFailure = "retry",
-        watch_interval: float | None = DEFAULT_WATCH_INTERVAL,
-        timeout: float | tuple[float, float] = 5.0,
-        token: Token | None = None,
         protocol: str = "sglang",
         transport: Transport | None = None,
-        verify: bool = True,
-        ca_bundle: str | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
-        diagnose_after: float | None = DEFAULT_DIAGNOSE_AFTER,
-        clock: Clock | None = None,
-        rng: Callable[[], float] | None = None,
-        exit: Callable[[int], None] | None = None,
+        **options: Any,
     ) -> None:
-        via: HttpSettings | Transport
+        watch = options.get("watch_interval")  # etcd's lease bounds it: None is its longest
+        loop = LoopSettings(**split_options(options, LoopSettings))
+        hooks = Hooks(**{k: v for k, v in split_options(options, Hooks).items() if v is not None})
+        encoded = encode_payload(payload, loop.max_payload_bytes)
         if transport is None:
-            via = HttpSettings(url, protocol, timeout, token, verify, ca_bundle)  # type: ignore[arg-type]
+            transport, sent = _protocol_transport(protocol, url, encoded, options)
+            if isinstance(transport, WatchBounded):
+                loop = replace(loop, watch_interval=transport.fit_watch_interval(watch))
         else:
-            via = transport  # given: nothing about HTTP is needed, nor checked
-        loop = LoopSettings(
-            backoff=backoff,
-            max_attempts=max_attempts,
-            max_elapsed=max_elapsed,
-            on_failure=on_failure,
-            watch_interval=watch_interval,
-            max_retry_after=max_retry_after,
-            max_payload_bytes=max_payload_bytes,
-            diagnose_after=diagnose_after,
-        )
-        self._setup(payload, via, loop, _hooks(clock, rng, exit))
-
-    @classmethod
-    def from_settings(
-        cls,
-        payload: Mapping[str, Any],
-        via: HttpSettings | Transport,
-        loop: LoopSettings | None = None,
-        hooks: Hooks | None = None,
-    ) -> Registrar:
-        """A registrar from settings values: `via` is where to register (`HttpSettings`, or a
-        `Transport` of your own), `loop` the retry and watch policy (defaults if None)."""
-        made = cls.__new__(cls)
-        made._setup(payload, via, loop or LoopSettings(), hooks or Hooks())
-        return made
-
-    def _setup(
-        self,
-        payload: Mapping[str, Any] | None,
-        via: HttpSettings | Transport,
-        loop: LoopSettings,
-        hooks: Hooks,
-    ) -> None:
-        transport, sent = _transport_for(encode_payload(payload, loop.max_payload_bytes), via)
+            # Given: nothing about HTTP is needed, nor checked.
+            if not isinstance(transport, Transport):
+                raise ConfigError(
+                    f"transport must implement registrar.Transport, got {transport!r}"
+                )
+            unknown = sorted(set(options) - {f.name for f in fields(HttpSettings)})
+            if unknown:
+                raise TypeError(f"Registrar got unexpected options {', '.join(unknown)}")
+            sent = encoded
         self._payload = sent
         self._transport = transport
         self._settings = loop
         self._clock: Clock = hooks.clock
-        self._rng = hooks.rng
-        self._config = LoopConfig(
-            backoff=loop.backoff,
-            max_attempts=loop.max_attempts,
-            max_elapsed=loop.max_elapsed,
-            watch_interval=loop.watch_interval,
-            max_retry_after=loop.max_retry_after,
-            fleet=fleet_size(transport, sent),
-            url=transport.display_url,
-        )
-        self._policy = Policy(loop.on_failure, hooks.exit)
+        self._hooks = hooks
+        self._fleet = fleet_size(transport, sent)
         initial = Status(
             state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
         )
@@ -222,7 +140,7 @@ class Registrar:
         self.add_listener(watcher.on_transition)
 
     def _publish_diagnosis(self, diagnosis: Diagnosis | None) -> None:
-        self._board.update(diagnosis=diagnosis)
+        self._board.apply(None, {"diagnosis": diagnosis})
 
     @property
     def settings(self) -> LoopSettings:
@@ -291,7 +209,7 @@ class Registrar:
             # thread that exists but cannot be joined yet.
             self._thread = thread
             board.deliverer = thread
-            board.fire(Trigger.START, {})
+            board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
             thread.start()
         return self
 
@@ -310,7 +228,7 @@ class Registrar:
         if self._forked_from is None and isinstance(self._transport, Abortable):
             # A request in flight need not run to its deadline: its answer no longer matters.
             self._transport.abort()
-        board.transition(Trigger.STOP)
+        board.apply(Trigger.STOP, {})
         ended = True
         if thread is not None and thread is not me:
             # Once the gate is ours, the thread is not inside a request and will see the flag.
@@ -368,32 +286,32 @@ class Registrar:
         parent, self._pid = self._pid, os.getpid()
         controls = self._controls
         self._controls = Controls(stopping=controls.stopping, reports=controls.reports)
-        status = self._board.status
+        status = self._board.status  # never started, or ended: as true here as there
+        if self._running_at_fork:
+            self._forked_from = parent
+            status = replace(
+                status,
+                thread_died=True,
+                retrying=False,
+                next_attempt_at=None,
+                last_error=(
+                    f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
+                    "registrar's thread runs; this copy cannot know the registration: start the "
+                    "Registrar in this process, or serve health from the parent "
+                    "(docs/operations.md)"
+                ),
+            )
         self._board.after_fork(status)
-        if not self._running_at_fork:
-            return  # never started, or already ended: the copy is as true here as there
-        self._forked_from = parent
-        self._board.status = replace(
-            status,
-            thread_died=True,
-            retrying=False,
-            next_attempt_at=None,
-            last_error=(
-                f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
-                "registrar's thread runs; this copy cannot know the registration: start the "
-                "Registrar in this process, or serve health from the parent "
-                "(docs/operations.md)"
-            ),
-        )
 
     def _run(self) -> None:
         Runner(
-            config=self._config,
+            settings=self._settings,
+            fleet=self._fleet,
             transport=self._transport,
             payload=self._payload,
             clock=self._clock,
-            rng=self._rng,
+            rng=self._hooks.rng,
+            exit=self._hooks.exit,
             board=self._board,
             controls=self._controls,
-            policy=self._policy,
         ).run()

@@ -5,7 +5,8 @@ protocol. A name is found, in this order: registered at run time (`register_prot
 in the `registrar.protocols` entry-point group by any installed distribution
 (`[project.entry-points."registrar.protocols"] myproto = "mypkg.module:factory"`), or one of the
 built-in ones (named here by module path, imported only when chosen). Nothing registers itself
-by being imported.
+by being imported. A factory gets its protocol's settings value, made of the registrar's URL and
+options (`ProtocolFactory`).
 """
 
 from __future__ import annotations
@@ -14,43 +15,40 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
 from .errors import ConfigError
-from .transport import Timeout, Token, Transport
+from .settings import HttpSettings
+from .transport import Transport
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ProtocolFactory",
-    "TransportOptions",
-    "make_transport",
+    "protocol_factory",
     "protocol_names",
     "register_protocol",
 ]
 
+Build = Callable[[Mapping[str, Any], Any], tuple[Transport, dict[str, Any]]]
+"""`build(payload, settings)`: the transport and the payload it will send (validated and
+normalised by the protocol; raise `ConfigError` naming the field for a payload it cannot use)."""
+
 
 @dataclass(frozen=True)
-class TransportOptions:
-    """What every built-in protocol is configured with, already validated by the registrar."""
+class ProtocolFactory:
+    """A protocol: the settings class a registrar builds from its URL (the first field) and
+    the options that are fields of it, and the function that builds the transport from that
+    value. A protocol without options of its own takes `HttpSettings`."""
 
-    url: str
-    token: Token | None = None
-    timeout: Timeout = 5.0
-    verify: bool | str = True
-    """True (system CAs), False, or the path of a CA bundle."""
+    build: Build
+    settings: type = HttpSettings
 
-
-ProtocolFactory = Callable[[Mapping[str, Any], TransportOptions], tuple[Transport, dict[str, Any]]]
-"""Builds a transport and returns it with the payload it will send (validated and normalised by
-the protocol; raise `ConfigError` naming the field for a payload the protocol cannot use)."""
 
 ENTRY_POINT_GROUP = "registrar.protocols"
 _BUILTIN = {
-    "sglang": "registrar.protocols:sglang_protocol",
-    "http": "registrar.protocols:http_protocol",
-    "smg": "registrar.protocols:smg_protocol",
+    name: f"registrar.protocols:{name}_protocol" for name in ("sglang", "http", "etcd", "smg")
 }
 """The built-in protocols, by the factory's import path (also declared as entry points)."""
 
@@ -69,24 +67,31 @@ def _declared() -> dict[str, str]:
 
 
 def _load(name: str, target: str) -> ProtocolFactory:
+    """The `ProtocolFactory` at `target`, or a plain `build` function there (`HttpSettings`)."""
     module, _, attribute = target.partition(":")
     try:
-        factory: ProtocolFactory = getattr(importlib.import_module(module), attribute)
+        found = getattr(importlib.import_module(module), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"protocol {name!r} cannot be loaded from {target!r}: {exc}") from None
-    if not callable(factory):
+    if isinstance(found, ProtocolFactory):
+        return found
+    if not callable(found):
         raise ConfigError(f"protocol {name!r} at {target!r} is not callable")
-    return factory
+    return ProtocolFactory(found)
 
 
-def register_protocol(name: str, factory: ProtocolFactory) -> None:
-    """Make `protocol=name` available; registering a name again replaces its factory."""
+def register_protocol(name: str, build: Build, settings: type = HttpSettings) -> None:
+    """Make `protocol=name` available: `build(payload, settings)` gets a `settings` value
+    (a dataclass whose first field takes the URL) made of the registrar's options; registering
+    a name again replaces it."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"protocol name must be a non-empty string, got {name!r}")
-    if not callable(factory):
-        raise ConfigError(f"protocol factory for {name!r} must be callable, got {factory!r}")
+    if not callable(build):
+        raise ConfigError(f"protocol factory for {name!r} must be callable, got {build!r}")
+    if not is_dataclass(settings):
+        raise ConfigError(f"protocol settings for {name!r} must be a dataclass, got {settings!r}")
     with _lock:
-        _factories[name] = factory
+        _factories[name] = ProtocolFactory(build, settings)
 
 
 def protocol_names() -> tuple[str, ...]:
@@ -96,18 +101,15 @@ def protocol_names() -> tuple[str, ...]:
     return tuple(sorted(registered | set(_declared())))
 
 
-def make_transport(
-    name: object, payload: Mapping[str, Any], options: TransportOptions
-) -> tuple[Transport, dict[str, Any]]:
-    """The transport for protocol `name` and the payload it will send, or `ConfigError`."""
+def protocol_factory(name: object) -> ProtocolFactory:
+    """The factory of protocol `name`, or `ConfigError` listing the known names."""
     with _lock:
         factory = _factories.get(name) if isinstance(name, str) else None
-    if factory is None:
-        declared = _declared()
-        target = declared.get(name) if isinstance(name, str) else None
-        if target is None:
-            known = ", ".join(repr(n) for n in protocol_names())
-            raise ConfigError(f"protocol must be one of {known}, got {name!r}")
-        assert isinstance(name, str)
-        factory = _load(name, target)
-    return factory(payload, options)
+    if factory is not None:
+        return factory
+    target = _declared().get(name) if isinstance(name, str) else None
+    if target is None:
+        known = ", ".join(repr(n) for n in protocol_names())
+        raise ConfigError(f"protocol must be one of {known}, got {name!r}")
+    assert isinstance(name, str)
+    return _load(name, target)

@@ -21,30 +21,6 @@ from .diagnosis import port_problem
 from .errors import ConfigError
 from .redact import clean, redact_url
 
-__all__ = [
-    "Invalid",
-    "Rule",
-    "applied",
-    "at_least_one",
-    "check_fields",
-    "count",
-    "count_or_none",
-    "describe",
-    "each_seconds",
-    "existing_path",
-    "fraction",
-    "fraction_open",
-    "header_token",
-    "port_or_none",
-    "seconds",
-    "seconds_or_none",
-    "seconds_or_zero",
-    "single_line",
-    "timeout",
-    "url",
-    "urls",
-]
-
 _T = TypeVar("_T")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 
@@ -214,6 +190,14 @@ def existing_path(value: object) -> str | None:
     if not isinstance(value, str) or not (os.path.isfile(value) or os.path.isdir(value)):
         raise Invalid("is not a readable file or directory", shown=str(value))
     return value
+
+
+def tls(value: object) -> bool | str:
+    """True (the system's CAs), False (no verification), or the path of a CA file or directory
+    to verify against, as `requests` and `httpx` take `verify`."""
+    if isinstance(value, str):
+        return str(existing_path(value))
+    return bool(value)
 
 
 def url(value: object) -> str:

@@ -1,10 +1,11 @@
 """The runner: the registrar's thread, performing what `decide()` answers.
 
 A short loop, as in tenacity's `Retrying.__call__`: ask `decide()` what to do after what was
-just seen, log its lines, fire its trigger (with what the last request found, in one snapshot),
-perform its action (a wait, a request, the failure policy) and feed the result back. Everything
-that touches the network, the clock, the random source or another thread is here; every choice
-is in `registrar.core.decide`.
+just seen, log its lines, apply its status change (its trigger and the fields it sets, in one
+snapshot: the one place the loop changes the status), perform its action (a wait, a request,
+asking the `on_failure` callable) and feed the result back. Everything that touches the network,
+the clock, the random source or another thread is here; every choice is in
+`registrar.core.decide`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .actions import (
     Checked,
     Decision,
     Fail,
+    Held,
     Look,
     Looked,
     Observation,
@@ -37,12 +39,12 @@ from .actions import (
 )
 from .board import RequestEvent, StatusBoard
 from .clock import Clock
-from .decide import decide
-from .failure import Policy, apply_policy
-from .loopstate import LoopConfig, LoopState
-from .machine import Trigger
+from .decide import MAX_ERROR_TEXT, decide
+from .loopstate import LoopState
+from .machine import State, Trigger
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .redact import clean
+from .settings import POLICIES, LoopSettings, OnFailureName
 from .transport import Gated, IdleWatcher, Transport
 from .waker import Waker
 
@@ -50,8 +52,6 @@ __all__ = ["MAX_ERROR_TEXT", "UNEXPECTED", "Controls", "Runner"]
 
 logger = logging.getLogger("registrar")
 
-MAX_ERROR_TEXT = 1000
-"""An error or evidence text is cut here, whatever transport made it (see core.redact.clean)."""
 UNEXPECTED = "registrar_unexpected"
 """Set on the log record of an exception a transport raised instead of returning an outcome."""
 _IDLE_SLICE = 3600.0
@@ -86,19 +86,16 @@ class Runner:
     """Performs the loop's actions for one registrar; runs on its thread only. Made of the
     registrar's parts (a dataclass: they are named where it is built)."""
 
-    config: LoopConfig
+    settings: LoopSettings
+    fleet: int
     transport: Transport
     payload: Mapping[str, Any]
     clock: Clock
     rng: Callable[[], float]
+    exit: Callable[[int], None]
     board: StatusBoard
     controls: Controls
-    policy: Policy
-    _observed: dict[str, Any] = field(default_factory=dict, init=False)
-    """What the last route check found, published with the decision it leads to."""
     _unexpected_seen: set[str] = field(default_factory=set, init=False)
-    _holding: bool = field(default=False, init=False)
-    """Whether the last attempt was held by a `Gated` transport (logged once per hold)."""
 
     # ----------------------------------------------------------------- the loop
 
@@ -109,12 +106,8 @@ class Runner:
         except BaseException as exc:  # the thread must never die silently
             logger.exception("registrar thread ended on an unexpected error")
             # One snapshot: a reader never sees the thread dead without the reason.
-            self.board.update(
-                last_error=f"internal error: {exc!r}",
-                retrying=False,
-                next_attempt_at=None,
-                thread_died=True,
-            )
+            died = {"last_error": f"internal error: {exc!r}", "thread_died": True}
+            self.board.apply(None, {**died, "retrying": False, "next_attempt_at": None})
         finally:
             try:
                 self.transport.close()
@@ -123,55 +116,28 @@ class Runner:
                 self.board.deliver_all()
 
     def _loop(self) -> None:
-        state = LoopState()
+        state = LoopState(fleet=self.fleet, url=self.transport.display_url)
         seen: Observation | None = Started()
         while seen is not None:
-            decision = decide(self.config, state, seen, self.clock.monotonic(), self.rng)
+            now = self.clock.monotonic()
+            decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
-            if not self._publish(decision, state, seen):
+            if not self._apply(decision, seen):
                 return
             state = decision.state
             seen = self._perform(decision.action)
 
-    def _publish(self, decision: Decision, before: LoopState, seen: Observation) -> bool:
-        """Publish what the last request found together with the transition it leads to, in
-        one snapshot (a route found missing is never shown beside `registered`). False when
-        the transition was refused (stopped)."""
-        observed, self._observed = self._observed, {}
-        trigger = decision.trigger
-        if trigger is None:
-            if observed:
-                self.board.update(**observed)
-            return True
-        status = self.board.status
-        now = self.clock.time()
-        if trigger is Trigger.LOSE:
-            action = decision.action
-            due = action.delay if isinstance(action, Wait) else None
-            return self.board.transition(
-                Trigger.LOSE,
-                **observed,
-                reregistrations=status.reregistrations + 1,
-                retrying=True,
-                # The rejoin is scheduled in the same snapshot as the loss.
-                next_attempt_at=now + due if due else None,
-            )
-        if isinstance(seen, Sent):
+    def _apply(self, decision: Decision, seen: Observation) -> bool:
+        """Publish the decision's status change, in one snapshot; False when its trigger was
+        refused (stopped). A backoff wait is published as when the next attempt is due."""
+        changes, action = decision.changes, decision.action
+        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+            changes["retrying"] = True
+        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
             self.controls.take_reports()  # a report from before this PUT says nothing about it
-        added = decision.state.registrations - before.registrations
-        changes = {
-            **observed,
-            "attempt": 0,
-            "last_error": None,
-            "last_success_at": now,
-            "next_attempt_at": None,
-            "retrying": False,
-            "route": decision.state.route,
-            "registrations": status.registrations + added,
-        }
-        self.board.transition(Trigger.SUCCEED, **changes)
-        return True
+        return self.board.apply(decision.trigger, changes)
 
     def _perform(self, action: Action) -> Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
@@ -182,18 +148,21 @@ class Runner:
         if isinstance(action, Check):
             reported = self.controls.take_reports()
             check = self._check()
-            return Stopping() if self.controls.stopping else Checked(check, reported)
+            if self.controls.stopping:
+                return Stopping()
+            return Checked(check, reported, self.clock.time())
         if isinstance(action, Fail):
-            return Answered(self._fail(action))
+            return Answered(self._answer())
+        if action.exit_code is not None:
+            self.exit(action.exit_code)
         return None
 
     def _register(self, action: Look | Send | Probe) -> Observation:
         """A look before an attempt, or the attempt itself."""
         if isinstance(action, Look):
             check = self._check()
-            return Stopping() if self.controls.stopping else Looked(check)
-        outcome = self._attempt(action.number, isinstance(action, Send))
-        return Stopping() if outcome is None else Sent(outcome)
+            return Stopping() if self.controls.stopping else Looked(check, self.clock.time())
+        return self._attempt(action)
 
     def _wait(self, action: Wait) -> Observation:
         kind, delay = action.kind, action.delay
@@ -202,8 +171,6 @@ class Runner:
             if sign is None:
                 return Stopping()
             return Waited(kind, sign=sign, reports=self.controls.reports)
-        if kind is WaitKind.BACKOFF and delay is not None:
-            self.board.update(next_attempt_at=self.clock.time() + delay, retrying=True)
         if self._sleep(delay, interruptible=kind is WaitKind.CONTACT):
             return Stopping()
         return Waited(kind, reports=self.controls.reports)
@@ -259,8 +226,8 @@ class Runner:
         return None
 
     def _hold(self) -> Observation | None:
-        """While a `Gated` transport has nothing to offer (the served process is not ready),
-        wait `ready_interval` in place of the attempt: None when it may go ahead."""
+        """Whether a `Gated` transport has nothing to offer (the served process is not ready):
+        None when the attempt may go ahead."""
         gate = self.transport
         if not isinstance(gate, Gated):
             return None
@@ -268,27 +235,19 @@ class Runner:
             reason = gate.not_ready()
         except Exception as exc:
             reason = self._unexpected("not_ready", exc)
-        if reason is None:
-            self._holding = False
-            return None
-        if not self._holding:
-            logger.info("%s: not offered yet: %s", self.config.url, clean(reason, 200))
-            self._holding = True
-        self.board.update(last_error=f"not offered yet: {clean(reason, MAX_ERROR_TEXT)}")
-        if self._sleep(gate.ready_interval):
-            return Stopping()
-        return Waited(WaitKind.READY, reports=self.controls.reports)
+        return None if reason is None else Held(reason, gate.ready_interval)
 
     # ----------------------------------------------------------------- requests
 
-    def _attempt(self, number: int, scheduled: bool) -> RegisterOutcome | None:
-        """Send one registration, or None when stopping. A refusal outside the backoff
-        schedule (`scheduled=False`) is a free probe: it is not counted in `attempts_total` nor
-        reported to request listeners."""
+    def _attempt(self, action: Send | Probe) -> Observation:
+        """Send one registration (Stopping when stopping). It is published as in flight when it
+        is sent, not when decided: a `Gated` hold sends nothing and moves no counter. A refusal
+        of a `Probe` is free (`Sent.free`): not reported to request listeners."""
         with self.controls.gate:
             if self.controls.stopping:
-                return None
-            self.board.update(attempt=number, next_attempt_at=None, retrying=True)
+                return Stopping()
+            in_flight = {"attempt": action.number, "next_attempt_at": None, "retrying": True}
+            self.board.apply(None, in_flight)
             started = time.monotonic()
             try:
                 outcome = self.transport.register(self.payload)
@@ -297,23 +256,14 @@ class Runner:
             duration = time.monotonic() - started
         if outcome.error:  # any transport's words: one escaped, capped line in logs and status
             outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
-        probe = not scheduled and outcome.refused and outcome.verdict is Verdict.RETRY
-        changes: dict[str, Any] = {
-            "server_reachable": outcome.reachable,
-            "last_request_at": self.clock.time(),
-        }
-        if not probe:
-            changes["attempts_total"] = self.board.status.attempts_total + 1
-        if outcome.verdict is not Verdict.ACCEPTED:
-            changes["last_error"] = outcome.error
-        self.board.update(**changes)
-        if not probe:
+        sent = Sent(outcome, isinstance(action, Send), self.clock.time())
+        if not sent.free:
             event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
             self.board.emit(event)
-        return outcome
+        return sent
 
     def _check(self) -> RouteCheck | None:
-        """Check the route once; what it found is published with the decision it leads to."""
+        """Check the route once; what it found is published by the decision it leads to."""
         with self.controls.gate:
             if self.controls.stopping:
                 return None
@@ -328,13 +278,6 @@ class Runner:
             return None
         if check.evidence:
             check = replace(check, evidence=clean(check.evidence, MAX_ERROR_TEXT))
-        now = self.clock.time()
-        self._observed = {
-            "last_check_at": now,
-            "last_request_at": now,
-            "server_reachable": check.reachable,
-            "route": check.route.value,
-        }
         self.board.emit(RequestEvent("check", check.route.value, duration, check.status_code))
         return check
 
@@ -362,8 +305,24 @@ class Runner:
 
     # ----------------------------------------------------------------- failing
 
-    def _fail(self, action: Fail) -> bool:
-        """Go to FAILED and apply `on_failure`; True when attempts go on."""
-        return apply_policy(
-            self.board, self.clock, self.policy, action, lambda: self.controls.stopping
-        )
+    def _answer(self) -> OnFailureName:
+        """What `on_failure` says, "stop" when stopping. A callable is given the FAILED snapshot
+        before it is published, so that no reader sees "failed, nothing scheduled" while it
+        decides to retry; when it fails or answers something else, the answer is "stop"."""
+        policy = self.settings.on_failure
+        answer: object = policy
+        if callable(policy):
+            failed = replace(self.board.status, state=State.FAILED, next_attempt_at=None)
+            try:
+                answer = policy(replace(failed, retrying=False))
+            except Exception:
+                logger.exception("on_failure callable failed; staying failed")
+                answer = "stop"
+            if answer is None:
+                answer = "stop"
+            elif answer not in POLICIES:
+                logger.error("on_failure callable answered %r; staying failed", answer)
+                answer = "stop"
+        if answer == "retry" and self.controls.stopping:
+            return "stop"
+        return answer  # type: ignore[return-value]

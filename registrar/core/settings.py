@@ -1,22 +1,25 @@
 """The registrar's settings: one frozen value per concern, each validated once, here, when it is
-made. `Registrar(url, payload, **options)` builds them from its keyword arguments;
-`Registrar.from_settings` takes them as they are. A surface that reads a value from a variable
-or a flag applies the same rules (`rules_of`) and names the variable instead of the field.
+made. `Registrar(url, payload, **options)` splits its options by these classes' fields. A
+surface that reads a value from a variable or a flag applies the same rules (`rules_of`) and
+names the variable instead of the field.
 
 Defaults live here and nowhere else: `--help` reads them from these classes.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from . import rules
 from .backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
 from .clock import Clock, SystemClock
-from .failure import POLICIES, OnFailure, default_exit
+from .status import Status
 from .transport import Timeout, Token
 
 __all__ = [
@@ -24,12 +27,17 @@ __all__ = [
     "DEFAULT_DIAGNOSE_AFTER",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_WATCH_INTERVAL",
+    "EXIT_CODE",
+    "POLICIES",
     "Hooks",
     "HttpSettings",
     "LoopSettings",
+    "OnFailure",
+    "OnFailureName",
+    "default_exit",
     "default_of",
     "rules_of",
-    "verify_fields",
+    "split_options",
 ]
 
 DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
@@ -44,6 +52,22 @@ DEFAULT_DIAGNOSE_AFTER = 30.0
 """Seconds of requests reaching no bootstrap server before a diagnosis is stated: longer than
 SGLang takes to start its bootstrap server after the ranks (seconds), short enough to name a
 wrong port before an operator goes looking (docs/operations.md, troubleshooting)."""
+
+OnFailureName = Literal["retry", "stop", "exit"]
+OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
+"""What to do when the startup budget is spent. A callable is given the FAILED status and
+answers with one of the names (None means "stop")."""
+POLICIES = ("retry", "stop", "exit")
+EXIT_CODE = 3
+"""Process exit status for on_failure="exit"."""
+
+
+def default_exit(code: int) -> None:
+    """End the process now: the registrar's thread cannot raise SystemExit into the main one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _backoff(value: object) -> Backoff:
@@ -77,12 +101,10 @@ def _retry_after_cap(value: object) -> float:
         raise rules.Invalid("must be a number of seconds >= 0 (0 ignores Retry-After)") from None
 
 
-def verify_fields(verify: bool | str) -> dict[str, Any]:
-    """The settings fields a transport's `verify=` stands for: True, False, or the path of a CA
-    file or directory (then verified against it)."""
-    if isinstance(verify, str):
-        return {"verify": True, "ca_bundle": verify}
-    return {"verify": verify}
+def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any]:
+    """Take out of `options` those that are fields of the dataclass `settings`."""
+    names = {f.name for f in fields(settings)}
+    return {name: options.pop(name) for name in list(options) if name in names}
 
 
 def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
@@ -128,32 +150,23 @@ class LoopSettings:
 
 @dataclass(frozen=True)
 class HttpSettings:
-    """Where and how to reach an HTTP server: its URL, the protocol spoken there, each
-    request's deadline, the bearer token, and TLS (`ca_bundle`: a CA file or a directory of
-    CAs, else the system's when `verify`)."""
+    """Where and how to reach an HTTP server: its URL, each request's deadline, the bearer
+    token, and TLS (`verify`: True for the system's CAs, False, or a CA file or directory)."""
 
     url: str
-    protocol: str = "sglang"
     timeout: Timeout = 5.0
     token: Token | None = None
-    verify: bool = True
-    ca_bundle: str | None = None
+    verify: bool | str = True
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "url": rules.url,
         "timeout": rules.timeout,
         "token": _token,
-        "verify": bool,
-        "ca_bundle": rules.existing_path,
+        "verify": rules.tls,
     }
 
     def __post_init__(self) -> None:
         rules.check_fields(self, self.RULES)
-
-    @property
-    def tls(self) -> bool | str:
-        """What a transport's `verify=` takes: the CA path, else whether to verify."""
-        return self.ca_bundle if self.ca_bundle is not None else self.verify
 
 
 @dataclass(frozen=True)

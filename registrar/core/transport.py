@@ -33,7 +33,7 @@ __all__ = [
     "Token",
     "TokenProvider",
     "Transport",
-    "Waker",
+    "WatchBounded",
     "connect_seconds",
     "deadline_seconds",
     "file_token",
@@ -116,6 +116,17 @@ class FleetSized(Protocol):
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """How many clients (including this one) register with this server, at least 1."""
+        ...
+
+
+@runtime_checkable
+class WatchBounded(Protocol):
+    """Optional: a transport whose route checks keep the registration alive (etcd's lease), so
+    the watch interval has a longest value. A registrar built by protocol name asks it."""
+
+    def fit_watch_interval(self, given: float | None) -> float:
+        """The watch interval to use: `given`, or the longest when None; `ConfigError` for one
+        longer than that."""
         ...
 
 

@@ -9,8 +9,6 @@ from typing import Any
 
 from .redact import clean
 
-__all__ = ["MAX_DEPTH", "load_json", "nesting_depth"]
-
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays accepted; registration payloads are one level deep."""
 

@@ -13,11 +13,6 @@ from .errors import ConfigError
 from .transport import FleetSized, Transport
 from .untrusted import MAX_DEPTH, nesting_depth
 
-__all__ = [
-    "encode_payload",
-    "fleet_size",
-]
-
 logger = logging.getLogger("registrar")
 
 

@@ -15,8 +15,6 @@ import os
 import socket
 import threading
 
-__all__ = ["Waker"]
-
 
 class _EventFd:
     """One eventfd: readable while its counter is above zero."""

@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-__all__ = ["Handler", "Listener", "Owner", "bind", "cut", "send"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -27,8 +27,6 @@ from urllib.parse import parse_qs, urlsplit
 from .bootstrap_http import Handler, Listener, bind, cut, send
 from .route_table import CRASH, RouteTable, parse_get, parse_put
 
-__all__ = ["BootstrapServer", "Fault", "RequestRecord"]
-
 _CLOSE = {"Connection": "close"}
 """The header of an answer after which the server closes the connection."""
 

@@ -24,8 +24,6 @@ from ..protocols.sglang import make_payload
 from ..surfaces.health import start_health_server
 from .bootstrap_server import BootstrapServer
 
-__all__ = ["DEMO_PAYLOAD", "run_demo"]
-
 DEMO_PAYLOAD = make_payload("127.0.0.1", 20000)
 
 

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["CRASH", "PutRequest", "RouteTable", "parse_get", "parse_put"]
-
 _RANK_QUERY = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
 _REQUIRED = (
     "attn_tp_size",

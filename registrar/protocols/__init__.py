@@ -1,67 +1,52 @@
 """The protocols registrar speaks, side by side, and the factories of the built-in ones
-(`"sglang"`, `"http"`, `"smg"`). Importing this package registers nothing: `registrar.core.registry`
-finds a protocol by name through the `registrar.protocols` entry-point group (the built-in ones
-are declared there too, and known to the registry by name should the package's metadata be
-missing). etcd needs a key and a TTL, which the registry's options do not carry: build it with
-`registrar.etcd_registrar(...)` or pass `transport=EtcdTransport(...)`. `"smg"` adds a worker to
-SGLang's model gateway with the defaults; `registrar.smg_registrar(...)` also sets readiness,
-drain and the key file."""
+(`"sglang"`, `"http"`, `"etcd"`, `"smg"`), each built from its settings value. Importing this
+package registers nothing: `registrar.core.registry` finds a protocol by name through the
+`registrar.protocols` entry-point group (the built-in ones are declared there too, and known to
+the registry by name should the package's metadata be missing)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.registry import TransportOptions
-from ..core.settings import HttpSettings, verify_fields
-from ..core.transport import Token, Transport
-from .etcd import EtcdTransport
-from .http import HttpTarget, HttpTransport
+from ..core.registry import ProtocolFactory
+from ..core.settings import HttpSettings
+from ..core.transport import Transport
+from .etcd.settings import EtcdSettings
+from .etcd.transport import EtcdTransport
+from .http import HttpTransport
 from .sglang import SGLangTransport, token_from_env, token_source, validate_payload
-from .smg import SmgSettings, SmgTransport, validate_spec
-
-__all__ = [
-    "EtcdTransport",
-    "HttpTransport",
-    "SGLangTransport",
-    "SmgTransport",
-    "http_protocol",
-    "sglang_protocol",
-    "smg_protocol",
-]
+from .smg.settings import SmgSettings
+from .smg.spec import validate_spec, worker_spec
+from .smg.transport import SmgTransport
 
 
-def _http_settings(options: TransportOptions, token: Token | None) -> HttpSettings:
-    """The HTTP settings `options` stand for (they were checked as such), with `token`."""
-    return HttpSettings(
-        options.url, timeout=options.timeout, token=token, **verify_fields(options.verify)
-    )
-
-
-def sglang_protocol(
-    payload: Mapping[str, Any], options: TransportOptions
-) -> tuple[Transport, dict[str, Any]]:
+def _sglang(payload: Mapping[str, Any], s: HttpSettings) -> tuple[Transport, dict[str, Any]]:
     checked = validate_payload(payload)
-    settings = _http_settings(options, token_from_env(options.token))
-    target = HttpTarget(token_source=token_source(options.token))
-    return SGLangTransport.from_settings(settings, target), checked
-
-
-def http_protocol(
-    payload: Mapping[str, Any], options: TransportOptions
-) -> tuple[Transport, dict[str, Any]]:
-    return HttpTransport.from_settings(_http_settings(options, options.token)), dict(payload)
-
-
-def smg_protocol(
-    payload: Mapping[str, Any], options: TransportOptions
-) -> tuple[Transport, dict[str, Any]]:
-    checked = validate_spec(payload)
-    settings = SmgSettings(
-        (options.url,),
-        checked["url"],
-        key=options.token,
-        timeout=options.timeout,
-        **verify_fields(options.verify),
+    token, source = token_from_env(s.token), token_source(s.token)
+    made = SGLangTransport(
+        s.url, token=token, token_source=source, timeout=s.timeout, verify=s.verify
     )
-    return SmgTransport(settings), checked
+    return made, checked
+
+
+def _http(payload: Mapping[str, Any], s: HttpSettings) -> tuple[Transport, dict[str, Any]]:
+    return HttpTransport(s.url, token=s.token, timeout=s.timeout, verify=s.verify), dict(payload)
+
+
+def _etcd(payload: Mapping[str, Any], s: EtcdSettings) -> tuple[Transport, dict[str, Any]]:
+    return EtcdTransport(s), dict(payload)
+
+
+def _smg(payload: Mapping[str, Any], s: SmgSettings) -> tuple[Transport, dict[str, Any]]:
+    """The payload is the worker's spec; with `worker_url` set, the fields it adds to it."""
+    if s.worker_url is None:
+        return SmgTransport(s), validate_spec(payload)
+    spec = worker_spec(s.worker_url, s.worker_type, s.bootstrap_port, **dict(payload))
+    return SmgTransport(s), spec
+
+
+sglang_protocol = ProtocolFactory(_sglang)
+http_protocol = ProtocolFactory(_http)
+etcd_protocol = ProtocolFactory(_etcd, EtcdSettings)
+smg_protocol = ProtocolFactory(_smg, SmgSettings)

@@ -26,25 +26,20 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Any
 from urllib.parse import urlsplit
 
 import urllib3
 from urllib3.exceptions import HTTPError
 
 from .._version import __version__
+from ..core import rules
 from ..core.diagnosis import Evidence
 from ..core.errors import describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
-from ..core.settings import HttpSettings, verify_fields
-from ..core.transport import (
-    Timeout,
-    Token,
-    connect_seconds,
-    deadline_seconds,
-    validate_url,  # noqa: F401 - registrar.transport's (registrar/moved.py)
-)
+from ..core.settings import HttpSettings
+from ..core.transport import Timeout, Token, connect_seconds, deadline_seconds
 from ..core.waker import Waker
 from .deadline import DeadlineExceeded
 from .deadline import Watchdog as _Watchdog
@@ -61,36 +56,13 @@ from .httpconn import (
 )
 from .httpvalues import (
     DEFAULT_MAX_ANSWER_BYTES,
-    RETRY_AFTER_CEILING,
     HttpResult,
-    HttpTarget,
     TokenUnavailable,
     parse_retry_after,
     phrase,
-    validate_token,
-    with_query,
 )
-from .idle import KEEPALIVE_WINDOW, MAX_HARMLESS_CLOSES, IdleCloses, Prober, wait_readable
+from .idle import KEEPALIVE_WINDOW, IdleCloses, Prober, wait_readable
 from .probe import Answer, evidence_for
-
-__all__ = [
-    "DEFAULT_MAX_ANSWER_BYTES",
-    "EXCERPT_BYTES",
-    "MAX_HARMLESS_CLOSES",
-    "RETRY_AFTER_CEILING",
-    "ConnectTimeout",
-    "DeadlineExceeded",
-    "HttpResult",
-    "HttpTarget",
-    "HttpTransport",
-    "ReadTimeout",
-    "TlsError",
-    "TlsFiles",
-    "TokenUnavailable",
-    "parse_retry_after",
-    "validate_token",
-    "with_query",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -133,33 +105,22 @@ class HttpTransport:
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
         cert: tuple[str, str] | None = None,
     ) -> None:
-        settings = HttpSettings(url, timeout=timeout, token=token, **verify_fields(verify))
-        self._setup(settings, HttpTarget(path, method, token_source, max_answer_bytes, cert))
-
-    @classmethod
-    def from_settings(cls, settings: HttpSettings, target: HttpTarget | None = None) -> Self:
-        """The transport for `settings` (checked when they were made) and what its protocol
-        fixes (`target`: by default `PUT /route`)."""
-        transport = cls.__new__(cls)
-        transport._setup(settings, target if target is not None else HttpTarget())
-        return transport
-
-    def _setup(self, settings: HttpSettings, target: HttpTarget) -> None:
+        settings = HttpSettings(url, timeout=timeout, token=token, verify=verify)
         self._url = settings.url
         parts = urlsplit(self._url)
-        self._auth = Credentials(self._url, settings.token, target.token_source)
+        self._auth = Credentials(self._url, settings.token, token_source)
         self._display_url = redact_url(self._url)
-        self._path = target.path
-        self._method = target.method
+        self._path = path if path.startswith("/") else f"/{path}"
+        self._method = method
         self._timeout = settings.timeout
         self._deadline = deadline_seconds(self._timeout)
-        self._max_answer_bytes = target.max_answer_bytes
+        self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
         self._watchdog = _Watchdog()
         default_port = 443 if parts.scheme == "https" else 80
         self._address = (parts.hostname or "", parts.port or default_port)
         # A client certificate (mutual TLS) is for etcd; proxies from the environment are not
         # followed (the bootstrap server is on the cluster's own network).
-        tls = TlsFiles(settings.tls, target.cert) if parts.scheme == "https" else None
+        tls = TlsFiles(settings.verify, cert) if parts.scheme == "https" else None
         self._link = Link(self._address[0], self._address[1], tls, self._watchdog)
         self._prefix = parts.path.rstrip("/")
         self._headers = {

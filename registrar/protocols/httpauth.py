@@ -14,8 +14,6 @@ from ..core.redact import Secrets
 from ..core.transport import Token
 from .httpvalues import validate_token
 
-__all__ = ["Credentials"]
-
 
 class Credentials:
     """The credential of the server at `url`: `token` (checked by `HttpSettings`) named by

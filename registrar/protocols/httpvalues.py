@@ -1,8 +1,8 @@
 """The values of one HTTP exchange, and the parsers of what a server or a user hands in.
 
 An `HttpResult` is what `HttpTransport.send` returns (an answer, or the error that stopped
-it); `HttpTarget` is what a protocol fixes about its requests; `parse_retry_after` reads a
-`Retry-After` header and `validate_token` checks a bearer token a provider answered.
+it); `parse_retry_after` reads a `Retry-After` header and `validate_token` checks a bearer token
+a provider answered.
 """
 
 from __future__ import annotations
@@ -16,18 +16,6 @@ from email.utils import mktime_tz, parsedate_tz
 from urllib.parse import urlencode
 
 from ..core import rules
-
-__all__ = [
-    "DEFAULT_MAX_ANSWER_BYTES",
-    "RETRY_AFTER_CEILING",
-    "HttpResult",
-    "HttpTarget",
-    "TokenUnavailable",
-    "parse_retry_after",
-    "phrase",
-    "validate_token",
-    "with_query",
-]
 
 RETRY_AFTER_CEILING = 365 * 24 * 3600.0
 """A year: no Retry-After is read as longer (the registrar's own cap is far smaller)."""
@@ -93,24 +81,6 @@ def validate_token(token: object, source: str = "token") -> str | None:
     value (the rule: `registrar.core.rules.header_token`)."""
     kept: str | None = rules.applied(source, token, rules.header_token)
     return kept
-
-
-@dataclass(frozen=True)
-class HttpTarget:
-    """What a protocol fixes about its requests, beside the `HttpSettings` users give: the
-    registration's path and method, where the token came from (named in messages, never the
-    token), how much of a successful answer is read, and a client certificate (etcd's)."""
-
-    path: str = "/route"
-    method: str = "PUT"
-    token_source: str = "token"
-    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
-    cert: tuple[str, str] | None = None
-
-    def __post_init__(self) -> None:
-        rules.check_fields(self, {"max_answer_bytes": rules.count})
-        if not self.path.startswith("/"):
-            object.__setattr__(self, "path", f"/{self.path}")
 
 
 def with_query(path: str, params: Mapping[str, str | int] | None) -> str:

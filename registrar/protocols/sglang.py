@@ -27,10 +27,10 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import clean
-from ..core.settings import HttpSettings
-from ..core.transport import Timeout, Token
+from ..core.transport import Token
 from ..core.untrusted import load_json
-from .http import HttpResult, HttpTarget, HttpTransport, validate_token, with_query
+from .http import HttpTransport
+from .httpvalues import HttpResult, validate_token, with_query
 from .probe import Answer
 
 __all__ = [
@@ -270,26 +270,10 @@ class SGLangTransport(HttpTransport):
     token_hint = "check the bootstrap auth token"
     token_how = f"pass one with token= or {TOKEN_ENV}"
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: Token | None = None,
-        token_source: str = "token",
-        timeout: Timeout = 5.0,
-        verify: bool | str = True,
-    ) -> None:
-        super().__init__(
-            url,
-            path="/route",
-            token=token,
-            token_source=token_source,
-            timeout=timeout,
-            verify=verify,
-        )
-
-    def _setup(self, settings: HttpSettings, target: HttpTarget) -> None:
-        super()._setup(settings, target)
+    def __init__(self, url: str, **options: Any) -> None:
+        """`options` are `HttpTransport`'s (token, token_source, timeout, verify); the path is
+        SGLang's."""
+        super().__init__(url, path="/route", **options)
         self._evidence = _Evidence()
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:

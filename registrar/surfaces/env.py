@@ -17,47 +17,28 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.settings import DEFAULT_BACKOFF
-from .options import (
-    ENV_PREFIX,
-    OPTIONS,
-    Option,
-    parse_flag,
-    parse_port,
-    parse_seconds_or_zero,
-)
+from .options import ENV_PREFIX, OPTIONS, Option
 
 __all__ = [
-    "ENV_PREFIX",
-    "ENV_VARS",
     "UNSET",
-    "EnvVar",
     "command_options_from_env",
     "describe_env",
     "options_from_env",
-    "parse_flag",
-    "parse_port",
-    "parse_seconds_or_zero",
     "read_variable",
     "registrar_options",
 ]
 
-EnvVar = Option
-"""A variable is a row of an options table."""
-ENV_VARS: tuple[Option, ...] = OPTIONS
-"""The variables `registrar` reads: the options table."""
-
-_UNSET: Any = object()
+UNSET: Any = object()
 """What `read_variable` answers for a variable unset or empty."""
-UNSET = _UNSET
 
 
 def read_variable(option: Option, env: Mapping[str, str], prefix: str = ENV_PREFIX) -> Any:
-    """The checked value of `option`'s variable, `_UNSET` when unset or empty, or
+    """The checked value of `option`'s variable, `UNSET` when unset or empty, or
     `ConfigError` naming the variable and showing a good value."""
     key = prefix + option.name
     text = env.get(key, "").strip()
     if not text:
-        return _UNSET
+        return UNSET
     try:
         return option.read(text)
     except ValueError as exc:
@@ -85,7 +66,7 @@ def options_from_env(
     reads another table instead (e.g. the SGLang plugin's own, whose rows name its settings)."""
     env = os.environ if environ is None else environ
     found = [(row, read_variable(row, env, prefix)) for row in _rows(table, names) if row.kwarg]
-    return registrar_options((row, value) for row, value in found if value is not _UNSET)
+    return registrar_options((row, value) for row, value in found if value is not UNSET)
 
 
 def registrar_options(values: Iterable[tuple[Option, Any]]) -> dict[str, Any]:
@@ -118,7 +99,7 @@ def command_options_from_env(
     for row in _rows(OPTIONS, names):
         if row.kwarg is None:
             value = read_variable(row, env, prefix)
-            if value is not _UNSET:
+            if value is not UNSET:
                 options[row.key] = value
     return options
 

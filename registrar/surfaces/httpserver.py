@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler
 
-__all__ = ["HEAD_TIMEOUT", "LISTEN_BACKLOG", "MAX_PENDING", "WORKERS", "ProbeServer"]
-
 logger = logging.getLogger(__name__)
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]

@@ -25,7 +25,8 @@ from ..core.machine import State
 from ..core.status import Status
 
 if TYPE_CHECKING:
-    from ..core.registrar import Registrar, RequestEvent
+    from ..core.board import RequestEvent
+    from ..core.registrar import Registrar
 
 __all__ = ["RegistrarMetrics", "metrics_available"]
 

@@ -3,7 +3,7 @@ variable and the `--<name>` flag of `registrar register`), the settings field it
 that only turns text into a typed value, the settings' rule for that value, the help, an example
 and what the SGLang plugin does with it. The environment reader (`surfaces/env.py`), the command's
 flags and `--help` (`surfaces/cli/`), the plugin's tables (`integrations/sglang/settings.py`) and
-docs/configuration.md (`devtools/envdoc.py`) are all read from `OPTIONS`: an option is added here,
+docs/configuration.md (`docs/hooks/envdoc.py`) are all read from `OPTIONS`: an option is added here,
 in one row, and appears in all of them (tests/test_options.py).
 
 Defaults are never written here: `--help` and the docs read them from the settings classes.
@@ -11,16 +11,16 @@ Defaults are never written here: `--help` and the docs read them from the settin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from typing import Any
 
 from ..core import rules
 from ..core.backoff import Backoff
 from ..core.settings import HttpSettings, LoopSettings, default_of, rules_of
-from ..protocols import smg
 from ..protocols.etcd.settings import EtcdSettings
 from ..protocols.smg.settings import SmgSettings
+from ..protocols.smg.transport import DEFAULT_WATCH_INTERVAL as SMG_WATCH_INTERVAL
 from .parsers import (
     int_or_off,
     integer,
@@ -35,17 +35,6 @@ from .parsers import (
     urls,
     word,
 )
-
-__all__ = [
-    "DEFAULT_HEALTH_HOST",
-    "ENV_PREFIX",
-    "OPTIONS",
-    "Option",
-    "by_name",
-    "parse_flag",
-    "parse_port",
-    "parse_seconds_or_zero",
-]
 
 ENV_PREFIX = "REGISTRAR_"
 
@@ -209,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
         seconds_or_off,
         "15",
         "seconds between route checks once registered; 'off' for none (0 is refused); "
-        f"with --gateway: {smg.DEFAULT_WATCH_INTERVAL:g}, with --etcd: from --ttl",
+        f"with --gateway: {SMG_WATCH_INTERVAL:g}, with --etcd: from --ttl",
         metavar="S",
     ),
     Option(
@@ -254,8 +243,10 @@ OPTIONS: tuple[Option, ...] = (
         "/etc/ssl/bootstrap-ca.pem",
         "CA bundle (a file) or CA directory to verify an https server",
         HttpSettings,
-        "ca_bundle",
-        "ca_bundle",
+        "verify",
+        "verify",
+        rule=rules.existing_path,
+        show_default=False,
         metavar="PATH",
     ),
     _backoff("BACKOFF_INITIAL", "initial", "1", "first retry delay, seconds", metavar="S"),
@@ -284,9 +275,7 @@ OPTIONS: tuple[Option, ...] = (
         "PROTOCOL",
         text,
         "sglang",
-        "sglang (PUT /route and watch the rank) or http (PUT only)",
-        HttpSettings,
-        "protocol",
+        "sglang (PUT /route and watch the rank) or http (PUT only) (default: sglang)",
         plugin="the plugin speaks SGLang's bootstrap protocol",
     ),
     Option(
@@ -367,6 +356,7 @@ OPTIONS: tuple[Option, ...] = (
         text,
         "http://10.0.0.5:30001",
         "with GATEWAY: the worker, as the gateway reaches it",
+        show_default=False,
     ),
     _smg(
         "WORKER_TYPE",
@@ -450,8 +440,3 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 """Every option, in the order `--help` and the docs list them."""
-
-
-def by_name(table: tuple[Option, ...] = OPTIONS) -> Mapping[str, Option]:
-    """The table's options by name (`TIMEOUT`)."""
-    return {option.name: option for option in table}

@@ -8,21 +8,6 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = [
-    "int_or_off",
-    "integer",
-    "number",
-    "parse_flag",
-    "parse_port",
-    "parse_seconds_or_zero",
-    "seconds",
-    "seconds_or_off",
-    "text",
-    "timeout",
-    "urls",
-    "word",
-]
-
 _T = TypeVar("_T")
 _OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
 _TRUE = frozenset({"1", "true", "yes", "on"})

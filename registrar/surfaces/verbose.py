@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from ..core.registrar import Registrar, RequestEvent
-
-__all__ = ["log_request", "make_verbose"]
+from ..core.board import RequestEvent
+from ..core.registrar import Registrar
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from support import process_port
 
 from registrar import __version__
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.integrations.sglang import ACTIVE
+from registrar.integrations.sglang.plugin import ACTIVE
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -47,7 +47,7 @@ WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "null": "regular", Non
 """SGLang's `--disaggregation-mode` to the gateway's worker type."""
 _SIGNAL_POLL = 0.25
 """Seconds between looks at `gracefully_exit` while waiting for SIGTERM (a flag read)."""
-_PASSED = ("timeout", "verify", "ca_bundle", "backoff", "max_retry_after", "watch_interval")
+_PASSED = ("timeout", "verify", "backoff", "max_retry_after", "watch_interval")
 """The shared `Registrar` options that also shape the gateway registrations (the bootstrap
 token and the failure policy are a prefill rank's, not the gateway's)."""
 

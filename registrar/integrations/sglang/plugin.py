@@ -42,10 +42,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ... import __version__
+from ..._version import __version__
 from ...core.errors import ConfigError
 from ...core.machine import State
-from ...core.registrar import EXIT_CODE, Registrar
+from ...core.registrar import Registrar
+from ...core.settings import EXIT_CODE
 from ...protocols.sglang import rank_of
 from ...surfaces.verbose import make_verbose
 from .gateway import around_sigterm_watchdog, before_http_server, gateway_summary

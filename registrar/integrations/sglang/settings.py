@@ -20,18 +20,13 @@ from typing import Any
 from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import file_token
-from ...protocols.http import validate_token
+from ...protocols.httpvalues import validate_token
 from ...protocols.smg.settings import SmgSettings
-from ...surfaces.env import (
-    ENV_PREFIX,
-    ENV_VARS,
-    EnvVar,
-    command_options_from_env,
-    describe_env,
-    options_from_env,
-    parse_flag,
-    parse_seconds_or_zero,
-)
+from ...surfaces.env import command_options_from_env, describe_env, options_from_env
+from ...surfaces.options import ENV_PREFIX
+from ...surfaces.options import OPTIONS as ENV_VARS
+from ...surfaces.options import Option as EnvVar
+from ...surfaces.parsers import parse_flag, parse_seconds_or_zero
 from .gateway import GatewayConfig
 
 __all__ = [

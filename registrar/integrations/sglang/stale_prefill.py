@@ -35,7 +35,8 @@ from typing import Any
 
 from ...core.redact import clean
 from ...core.untrusted import load_json
-from ...protocols.http import HttpTransport, with_query
+from ...protocols.http import HttpTransport
+from ...protocols.httpvalues import with_query
 
 __all__ = [
     "CachedRow",

@@ -13,33 +13,5 @@ a streaming POST whose chunked body carries one JSON message per line; it is rea
 socket, so that `select()` sees exactly the bytes not yet read (a buffered HTTP client hides
 some from it), and so that each piece is bounded as it arrives.
 
-The parts, each in its module: `settings` (`EtcdSettings`: every option and its rule),
-`transport` (`EtcdTransport`: the lease and the key),
-`verdicts` (what etcd's answers mean for the registration), `client` (the members: failover,
-auth, TLS), `answer` (one gateway answer parsed), `watch` (the watch on the key) and `stream`
-(its socket and chunked framing). Import them from here. See docs/etcd.md for the model, the
-settings and the figures.
+See docs/etcd.md for the model, the settings and the figures.
 """
-
-from __future__ import annotations
-
-from .answer import EtcdAnswer
-from .answer import parse_answer as parse_answer
-from .settings import DEFAULT_KEEPALIVE_FRACTION, DEFAULT_TIMEOUT, DEFAULT_TTL, EtcdSettings
-from .stream import MAX_WATCH_MESSAGE as MAX_WATCH_MESSAGE
-from .stream import ChunkedLines, StreamError
-from .transport import EtcdTransport, watch_interval_for
-from .watch import watch_change
-
-__all__ = [
-    "DEFAULT_KEEPALIVE_FRACTION",
-    "DEFAULT_TIMEOUT",
-    "DEFAULT_TTL",
-    "ChunkedLines",
-    "EtcdAnswer",
-    "EtcdSettings",
-    "EtcdTransport",
-    "StreamError",
-    "watch_change",
-    "watch_interval_for",
-]

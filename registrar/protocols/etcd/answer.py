@@ -15,9 +15,8 @@ from typing import Any
 
 from ...core.redact import clean
 from ...core.untrusted import load_json
-from ..http import HttpResult, TlsError
-
-__all__ = ["EtcdAnswer", "Grpc", "b64", "header_revision", "int64", "parse_answer", "unb64"]
+from ..httpconn import TlsError
+from ..httpvalues import HttpResult
 
 
 class Grpc(IntEnum):

@@ -13,15 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...core.redact import Secrets, clean, redact_url
-from ...core.settings import HttpSettings
 from ...core.transport import connect_seconds
-from ..http import HttpTransport, TlsFiles
-from ..httpvalues import HttpTarget
+from ..http import HttpTransport
+from ..httpconn import TlsFiles
 from .answer import EtcdAnswer, Grpc, parse_answer
 from .settings import EtcdSettings
 from .stream import Dial
-
-__all__ = ["EtcdClient"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +31,9 @@ class EtcdClient:
         self._urls = list(settings.endpoints)
         self.shown = [redact_url(url) for url in self._urls]
         """The endpoints, credentials redacted, in failover order."""
-        target = HttpTarget(path="/", cert=settings.cert)
         self._http = [
-            HttpTransport.from_settings(
-                HttpSettings(
-                    url,
-                    timeout=settings.timeout,
-                    verify=settings.verify,
-                    ca_bundle=settings.ca_bundle,
-                ),
-                target,
+            HttpTransport(
+                url, path="/", timeout=settings.timeout, verify=settings.verify, cert=settings.cert
             )
             for url in self._urls
         ]
@@ -52,7 +42,7 @@ class EtcdClient:
         """The member that answered last: the first one asked."""
         self.all_refused = False
         """Every member refused the connection in the last call (nothing listens anywhere)."""
-        self._tls = TlsFiles(settings.tls, settings.cert)
+        self._tls = TlsFiles(settings.verify, settings.cert)
         self.cert = settings.cert
         self._username = settings.username
         self._password = settings.password

@@ -13,8 +13,6 @@ from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import Timeout, deadline_seconds
 
-__all__ = ["DEFAULT_KEEPALIVE_FRACTION", "DEFAULT_TIMEOUT", "DEFAULT_TTL", "EtcdSettings"]
-
 DEFAULT_TTL = 10.0
 """Seconds a crashed process's key outlives it. etcd rounds a TTL up to whole seconds and to
 its own minimum (about 2 s on a default single member)."""
@@ -56,7 +54,7 @@ def _cert(value: object) -> tuple[str, str] | None:
 class EtcdSettings:
     """The key under a lease: where (endpoints, key), how long a crashed process's key
     outlives it (ttl) and when the lease is renewed, and how to reach etcd (credentials,
-    deadline, TLS: a CA file or directory, a client certificate)."""
+    deadline, TLS: `verify` True, False or a CA file or directory, a client certificate)."""
 
     endpoints: str | Sequence[str]
     key: str
@@ -65,8 +63,7 @@ class EtcdSettings:
     username: str | None = None
     password: str | None = None
     timeout: Timeout = DEFAULT_TIMEOUT
-    verify: bool = True
-    ca_bundle: str | None = None
+    verify: bool | str = True
     cert: tuple[str, str] | None = None
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
@@ -77,8 +74,7 @@ class EtcdSettings:
         "username": rules.single_line,
         "password": rules.single_line,
         "timeout": rules.timeout,
-        "verify": bool,
-        "ca_bundle": rules.existing_path,
+        "verify": rules.tls,
         "cert": _cert,
     }
 
@@ -106,8 +102,3 @@ class EtcdSettings:
     def deadline(self) -> float:
         """Seconds one request to one member may take in all."""
         return deadline_seconds(self.timeout)
-
-    @property
-    def tls(self) -> bool | str:
-        """What the transport's `verify=` takes: the CA path, else whether to verify."""
-        return self.ca_bundle if self.ca_bundle is not None else self.verify

@@ -21,15 +21,6 @@ from ...core.redact import clean
 from ...core.untrusted import load_json
 from ...core.waker import Waker
 
-__all__ = [
-    "MAX_WATCH_MESSAGE",
-    "ChunkedLines",
-    "Dial",
-    "StreamError",
-    "WatchStream",
-    "message_limit",
-]
-
 MAX_WATCH_MESSAGE = 1024 * 1024
 """Bytes one watch message may take (an event carries our value and maybe a previous one)."""
 _MAX_HEAD = 16 * 1024

@@ -1,9 +1,6 @@
-"""`EtcdTransport`: the payload under a key, held by a lease this process keeps alive.
-
-`register` grants a lease (or reuses ours while etcd still has it) and puts the key with it;
-`check` renews the lease and reads the key back; `wait_idle` follows the watch (`.watch`) and
-the renewal schedule; `close` revokes the lease. The requests go through `.client` (failover,
-auth, TLS); what etcd's answers mean for the registration is decided here."""
+"""`EtcdTransport`: the payload under a key, held by a lease this process keeps alive (the
+model: the package's docstring). The requests go through `.client` (failover, auth, TLS); what
+etcd's answers mean for the registration is decided here."""
 
 from __future__ import annotations
 
@@ -11,27 +8,19 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...core.errors import ConfigError
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
-from ...core.settings import verify_fields
-from ...core.transport import Timeout, Waker
+from ...core.waker import Waker
 from .answer import EtcdAnswer, Grpc, b64, header_revision, int64, unb64
 from .client import EtcdClient
-from .settings import DEFAULT_KEEPALIVE_FRACTION, DEFAULT_TIMEOUT, DEFAULT_TTL, EtcdSettings
+from .settings import DEFAULT_KEEPALIVE_FRACTION, EtcdSettings
 from .stream import MAX_WATCH_MESSAGE, message_limit
 from .verdicts import key_check, not_renewed, not_written, unread
 from .watch import KeyWatch
-
-__all__ = [
-    "DEFAULT_KEEPALIVE_FRACTION",
-    "DEFAULT_TIMEOUT",
-    "DEFAULT_TTL",
-    "EtcdTransport",
-    "watch_interval_for",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -49,63 +38,20 @@ def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE
 
 
 class EtcdTransport:
-    """Keeps `payload` (as compact JSON) under `key` in etcd, held by a lease renewed every
-    `keepalive_fraction * ttl` seconds.
-
-    `endpoints` are the cluster's client URLs (one string, comma-separated, or a sequence):
-    requests go to the last one that answered and fail over to the next when a member does
-    not answer or says it cannot (no leader, timed out, unavailable). `username`/`password`
-    enable etcd's auth: the token is fetched with `/v3/auth/authenticate` and fetched again when
-    etcd says it is invalid (expired, or the member restarted). `verify` is True (system CAs),
-    False, or the path of a CA bundle for `https://` endpoints; `cert` a (certificate, key)
-    pair of files for clusters that require client certificates (`--client-cert-auth`).
-    `timeout` is one request's deadline on one endpoint.
+    """Keeps `payload` (as compact JSON) under the settings' `key` in etcd, held by a lease
+    renewed every `keepalive_fraction * ttl` seconds (`EtcdSettings` says what each option
+    means). Requests go to the member that answered last and fail over to the next when one
+    does not answer or says it cannot (no leader, timed out, unavailable); etcd's auth token is
+    fetched again when etcd says it is invalid. `max_message_bytes` caps one watch message,
+    `rng` is for tests.
     """
 
-    def __init__(  # noqa: PLR0913 - the documented keyword front door; EtcdSettings checks
+    def __init__(
         self,
-        endpoints: str | Sequence[str],
-        key: str,
-        *,
-        ttl: float = DEFAULT_TTL,
-        keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION,
-        username: str | None = None,
-        password: str | None = None,
-        timeout: Timeout = DEFAULT_TIMEOUT,
-        verify: bool | str = True,
-        cert: tuple[str, str] | None = None,
-        max_message_bytes: int = MAX_WATCH_MESSAGE,
-        rng: Callable[[], float] | None = None,
-    ) -> None:
-        settings = EtcdSettings(
-            endpoints,
-            key,
-            ttl=ttl,
-            keepalive_fraction=keepalive_fraction,
-            username=username,
-            password=password,
-            timeout=timeout,
-            cert=cert,
-            **verify_fields(verify),
-        )
-        self._setup(settings, max_message_bytes, rng)
-
-    @classmethod
-    def from_settings(
-        cls,
         settings: EtcdSettings,
         *,
         max_message_bytes: int = MAX_WATCH_MESSAGE,
         rng: Callable[[], float] | None = None,
-    ) -> EtcdTransport:
-        """The transport for `settings` (checked when they were made); `max_message_bytes`
-        caps one watch message, `rng` is for tests."""
-        transport = cls.__new__(cls)
-        transport._setup(settings, max_message_bytes, rng)
-        return transport
-
-    def _setup(
-        self, settings: EtcdSettings, max_message_bytes: int, rng: Callable[[], float] | None
     ) -> None:
         self._key = settings.key.encode()
         self._key_text = settings.key
@@ -141,6 +87,25 @@ class EtcdTransport:
     def watch_interval(self) -> float:
         """The registrar watch interval that keeps the lease renewed in time."""
         return watch_interval_for(self._ttl, self._fraction)
+
+    def fit_watch_interval(self, given: float | None) -> float:
+        """`given`, or the longest interval that renews the lease in time (None); a longer one
+        is a `ConfigError` (each check renews the lease)."""
+        longest = self.watch_interval
+        if given is None:
+            return longest
+        if (
+            isinstance(given, bool)
+            or not isinstance(given, int | float)
+            or not 0 < given <= longest
+        ):
+            self.close()
+            raise ConfigError(
+                f"watch_interval must be within (0, {longest:g}] s for ttl={self._ttl} and "
+                f"keepalive_fraction={self._fraction:g}: each check renews the lease, "
+                f"got {given!r}"
+            )
+        return given
 
     @property
     def lease(self) -> int:

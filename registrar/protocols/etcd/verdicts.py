@@ -12,11 +12,9 @@ from typing import Any
 
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
-from ..http import TlsError
+from ..httpconn import TlsError
 from .answer import EtcdAnswer, Grpc, header_revision, int64, unb64
 from .client import EtcdClient
-
-__all__ = ["key_check", "not_renewed", "not_written", "unread"]
 
 
 def not_written(

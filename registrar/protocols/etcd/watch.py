@@ -23,8 +23,6 @@ from .answer import b64, int64, unb64
 from .client import EtcdClient
 from .stream import StreamError, WatchStream
 
-__all__ = ["KeyWatch", "watch_change"]
-
 logger = logging.getLogger(__name__)
 
 _WATCH_RETRY = 1.0

@@ -28,18 +28,5 @@ The control-plane key (`--control-plane-api-keys`) is sent as a bearer token, ta
 file read before each request or from `$REGISTRAR_GATEWAY_KEY`; it never appears in a log or a
 status.
 
-The parts, each in its module: `settings` (`SmgSettings`: every option and its rule),
-`transport` (`SmgTransport`), `answers` (what the gateway's
-answers say), `spec` (the worker spec) and `gate` (the served process's readiness). Import them
-from here: every public name of `settings`, `transport`, `spec` and `gate`. See docs/gateway.md.
+See docs/gateway.md.
 """
-
-from __future__ import annotations
-
-from . import gate, settings, spec, transport
-from .gate import *  # noqa: F403
-from .settings import *  # noqa: F403
-from .spec import *  # noqa: F403
-from .transport import *  # noqa: F403
-
-__all__ = gate.__all__ + settings.__all__ + spec.__all__ + transport.__all__

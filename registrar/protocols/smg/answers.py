@@ -11,9 +11,8 @@ from typing import Any
 from ...core.outcome import Route, RouteCheck
 from ...core.redact import clean
 from ...core.untrusted import load_json
-from ..http import HttpResult, HttpTransport
-
-__all__ = ["json_object", "listed_check", "worker_check", "worker_id_in", "workers_at"]
+from ..http import HttpTransport
+from ..httpvalues import HttpResult
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 

@@ -7,12 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...core.clock import Clock
-from ...core.settings import HttpSettings
 from ...core.transport import validate_url
 from ...core.waker import Waker
 from ..http import HttpTransport
-
-__all__ = ["Readiness", "ReadinessGate", "UrlReadiness", "readiness"]
 
 Readiness = Callable[[], str | None]
 """None when the served process is ready, else why not (one line)."""
@@ -43,7 +40,7 @@ class UrlReadiness:
         self._url = validate_url(url, "ready url")
         parts = self._url.split("/", 3)
         self._path = "/" + parts[3] if len(parts) > 3 else "/"
-        self._http = HttpTransport.from_settings(HttpSettings("/".join(parts[:3]), timeout=timeout))
+        self._http = HttpTransport("/".join(parts[:3]), timeout=timeout)
 
     def __call__(self) -> str | None:
         result = self._http.send("GET", self._path)

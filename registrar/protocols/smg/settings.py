@@ -14,15 +14,6 @@ from ...core.errors import ConfigError
 from ...core.transport import Timeout, Token, deadline_seconds, file_token
 from . import spec
 
-__all__ = [
-    "DEFAULT_CONFIRM_TIMEOUT",
-    "DEFAULT_DRAIN_TIMEOUT",
-    "DEFAULT_GRACE",
-    "DEFAULT_READY_INTERVAL",
-    "KEY_ENV",
-    "SmgSettings",
-]
-
 KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 """The variable holding the gateway's control-plane key when no key file is given."""
 DEFAULT_CONFIRM_TIMEOUT = 30.0
@@ -43,6 +34,10 @@ def _ready(value: object) -> str | Callable[[], bool] | None:
     return rules.url(value)
 
 
+def _worker_url(value: object) -> str | None:
+    return None if value is None else rules.url(value)
+
+
 def _seconds(value: object) -> float:
     kept = rules.seconds(value)
     if kept >= 1e9:
@@ -58,7 +53,8 @@ class SmgSettings:
     `$REGISTRAR_GATEWAY_KEY`), and how to reach the gateways (deadline, TLS)."""
 
     gateways: str | Sequence[str]
-    worker_url: str
+    worker_url: str | None = None
+    """None: the payload is the worker's spec (`protocol="smg"`)."""
     worker_type: str = "regular"
     bootstrap_port: int | None = None
     ready: str | Callable[[], bool] | None = None
@@ -69,12 +65,11 @@ class SmgSettings:
     key: Token | None = None
     key_file: str | None = None
     timeout: Timeout = 5.0
-    verify: bool = True
-    ca_bundle: str | None = None
+    verify: bool | str = True
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
-        "worker_url": rules.url,
+        "worker_url": _worker_url,
         "worker_type": spec.worker_type,
         "bootstrap_port": rules.port_or_none,
         "ready": _ready,
@@ -83,8 +78,7 @@ class SmgSettings:
         "confirm_timeout": _seconds,
         "drain_timeout": _seconds,
         "timeout": rules.timeout,
-        "verify": bool,
-        "ca_bundle": rules.existing_path,
+        "verify": rules.tls,
     }
 
     def __post_init__(self) -> None:
@@ -92,11 +86,6 @@ class SmgSettings:
         if self.key is not None and self.key_file is not None:
             raise ConfigError("give the gateway key or the gateway key file, not both")
         self.token()  # a key file that cannot be read now is an error now
-
-    @property
-    def tls(self) -> bool | str:
-        """What the transport's `verify=` takes: the CA path, else whether to verify."""
-        return self.ca_bundle if self.ca_bundle is not None else self.verify
 
     @property
     def stop_timeout(self) -> float:

@@ -11,8 +11,6 @@ from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import validate_url
 
-__all__ = ["WORKER_TYPES", "validate_spec", "worker_spec", "worker_type"]
-
 WORKER_TYPES = ("prefill", "decode", "regular")
 
 

@@ -13,21 +13,12 @@ from typing import Any
 from ...core.clock import Clock, SystemClock
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
-from ...core.settings import HttpSettings
 from ...core.waker import Waker
-from ..http import HttpResult, HttpTarget, HttpTransport
+from ..http import HttpTransport
+from ..httpvalues import HttpResult
 from .answers import json_object, listed_check, worker_check, worker_id_in, workers_at
 from .gate import Readiness, ReadinessGate, readiness
-from .settings import (
-    KEY_ENV,
-    SmgSettings,
-)
-
-__all__ = [
-    "DEFAULT_WATCH_INTERVAL",
-    "MAX_LIST_BYTES",
-    "SmgTransport",
-]
+from .settings import KEY_ENV, SmgSettings
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +50,15 @@ class SmgTransport:
     ) -> None:
         gateway = gateway if gateway is not None else settings.gateways[0]
         token, source = settings.token()
-        http = HttpSettings(
+        self._http = HttpTransport(
             gateway,
-            timeout=settings.timeout,
+            path="/workers",
+            method="POST",
             token=token,
+            token_source=source,
+            timeout=settings.timeout,
             verify=settings.verify,
-            ca_bundle=settings.ca_bundle,
         )
-        self._http = HttpTransport.from_settings(http, HttpTarget("/workers", "POST", source))
         self._http.token_hint = self.token_hint
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
         self._confirm_timeout = settings.confirm_timeout

@@ -5,8 +5,7 @@ Every option of `registrar register` can also come from a `REGISTRAR_*` variable
 table, `registrar/surfaces/options.py`; the flag wins). Bad input gets one line on stderr, never
 a usage block, and a distinct exit status (see `EXIT_STATUSES`).
 
-The parser is in `parser`, each command in its own module (`register`, `status`, `dev`); this
-module dispatches, and keeps the names users import (`registrar.surfaces.cli:main`)."""
+This module dispatches (`registrar.surfaces.cli:main`)."""
 
 from __future__ import annotations
 
@@ -16,30 +15,13 @@ from collections.abc import Callable, Sequence
 
 from ...core.errors import ConfigError
 from .common import (
-    DEMO_DURATION,
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
-    EXIT_NOT_REGISTERED,
-    EXIT_OK,
-    EXIT_STATUSES,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
     UsageError,
     stdout_to_devnull,
 )
 from .parser import build_parser as _parser
-
-__all__ = [
-    "DEMO_DURATION",
-    "EXIT_BROKEN_PIPE",
-    "EXIT_INTERRUPTED",
-    "EXIT_NOT_REGISTERED",
-    "EXIT_OK",
-    "EXIT_STATUSES",
-    "EXIT_UNREACHABLE",
-    "EXIT_USAGE",
-    "main",
-]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

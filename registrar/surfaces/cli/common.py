@@ -13,25 +13,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import NoReturn
 
-from ...core.failure import EXIT_CODE
-
-__all__ = [
-    "DEMO_DURATION",
-    "EXIT_BROKEN_PIPE",
-    "EXIT_INTERRUPTED",
-    "EXIT_NOT_REGISTERED",
-    "EXIT_OK",
-    "EXIT_STATUSES",
-    "EXIT_UNREACHABLE",
-    "EXIT_USAGE",
-    "Parser",
-    "Signals",
-    "UsageError",
-    "answer",
-    "exit_text",
-    "log_setup",
-    "stdout_to_devnull",
-]
+from ...core.settings import EXIT_CODE
 
 EXIT_OK = 0
 EXIT_NOT_REGISTERED = 1

@@ -12,8 +12,6 @@ from ...core.errors import describe_exception
 from ...core.machine import mermaid_diagram
 from .common import EXIT_OK, Signals, UsageError, log_setup
 
-__all__ = ["cmd_bootstrap", "cmd_demo", "cmd_diagram"]
-
 logger = logging.getLogger(__name__)
 
 

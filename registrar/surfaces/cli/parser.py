@@ -10,8 +10,9 @@ from typing import Any
 
 from ..._version import __version__
 from ...core import rules
-from ...core.failure import EXIT_CODE
-from ..options import OPTIONS, Option, parse_flag, parse_port
+from ...core.settings import EXIT_CODE
+from ..options import OPTIONS, Option
+from ..parsers import parse_flag, parse_port
 from .common import (
     DEMO_DURATION,
     EXIT_INTERRUPTED,
@@ -23,8 +24,6 @@ from .common import (
     Parser,
     exit_text,
 )
-
-__all__ = ["EXAMPLES_MAIN", "EXAMPLES_REGISTER", "build_parser", "flag_type"]
 
 _REGISTER_EXITS = exit_text(
     {

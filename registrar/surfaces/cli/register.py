@@ -29,9 +29,7 @@ from ..options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
 from ..verbose import log_request
 from .common import EXIT_OK, Signals, UsageError, log_setup
 
-__all__ = ["cmd_register", "resolve"]
-
-_SHARED = ("timeout", "verify", "ca_bundle")
+_SHARED = ("timeout", "verify")
 """The HTTP settings every protocol takes (a deadline, TLS)."""
 
 
@@ -132,7 +130,7 @@ def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "rank_ip": value}
 
 
-def _etcd_settings(chosen: dict[str, Any], token: Any) -> EtcdSettings:
+def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
     """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
     if chosen.get("url") or chosen.get("protocol") or token is not None:
         raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
@@ -148,10 +146,10 @@ def _etcd_settings(chosen: dict[str, Any], token: Any) -> EtcdSettings:
         raise UsageError("--etcd-cert and --etcd-cert-key go together")
     if cert is not None:
         fields["cert"] = (cert, cert_key)
-    return EtcdSettings(**fields, **_fields(chosen, HttpSettings, _SHARED))
+    return {**fields, **_fields(chosen, HttpSettings, _SHARED)}
 
 
-def _smg_settings(chosen: dict[str, Any]) -> SmgSettings:
+def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
     """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
     clash = [
         f"--{name.replace('_', '-')}"
@@ -165,7 +163,7 @@ def _smg_settings(chosen: dict[str, Any]) -> SmgSettings:
         )
     if not chosen.get("worker_url"):
         raise UsageError(f"--gateway needs --worker-url (or set {ENV_PREFIX}WORKER_URL)")
-    return SmgSettings(**_fields(chosen, SmgSettings), **_fields(chosen, HttpSettings, _SHARED))
+    return {**_fields(chosen, SmgSettings), **_fields(chosen, HttpSettings, _SHARED)}
 
 
 def _check_combination(chosen: dict[str, Any]) -> None:
@@ -193,18 +191,17 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
     from ... import assembly  # noqa: PLC0415 - only --etcd and --gateway need it
 
     if chosen.get("gateway"):
-        return assembly.smg_registrars_from(_smg_settings(chosen), **_loop_options(chosen))
+        return assembly.smg_registrars(**_smg_options(chosen), **_loop_options(chosen))
     source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
     payload = _rank_ip(_payload(chosen["payload"], source), chosen)
     token = _token(chosen, flags)
+    loop = _loop_options(chosen)
     if chosen.get("etcd") is not None:
-        settings = _etcd_settings(chosen, token)
-        return RegistrarGroup(
-            [assembly.etcd_registrar_from(settings, payload, **_loop_options(chosen))]
-        )
-    http = HttpSettings(**{**_fields(chosen, HttpSettings), "token": token})
-    loop = LoopSettings(**_loop_options(chosen))
-    return RegistrarGroup([Registrar.from_settings(payload, http, loop)])
+        etcd = _etcd_options(chosen, token)
+        return RegistrarGroup([assembly.etcd_registrar(**etcd, payload=payload, **loop)])
+    http = {**_fields(chosen, HttpSettings), "token": token}
+    protocol = chosen.get("protocol", "sglang")
+    return RegistrarGroup([Registrar(payload=payload, protocol=protocol, **http, **loop)])
 
 
 def cmd_register(args: argparse.Namespace) -> int:

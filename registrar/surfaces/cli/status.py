@@ -18,8 +18,6 @@ from ...core.redact import clean, redact_url
 from ...core.untrusted import load_json
 from .common import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
 
-__all__ = ["MAX_HEALTH_BYTES", "cmd_status"]
-
 MAX_HEALTH_BYTES = 1024 * 1024
 """A health document is read up to this; a larger answer is not a registrar's."""
 

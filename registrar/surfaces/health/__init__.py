@@ -9,11 +9,6 @@ The documents follow the draft "Health Check Response Format for HTTP APIs": `pa
 answer 200, `fail` answers 503, and the top-level status is the worst of the checks shown, so
 the levels always agree. The paths follow Kubernetes' conventions: `/readyz` and `/livez`, one
 path per check (`/readyz/registration`), `?exclude=NAME` and `?verbose` (plain text).
-
-The parts, each in its module: `checks` (a status read as named checks, and a group's verdict),
-`document` (the health+json documents and the `?verbose` text), `options` (the values the parts
-pass each other), `answer` (one request answered, whatever the server) and `apps` (the WSGI and
-ASGI apps). The small server is here. Import them from here.
 """
 
 from __future__ import annotations
@@ -23,10 +18,6 @@ from dataclasses import dataclass
 
 from ..httpserver import ProbeServer
 from ..metrics import RegistrarMetrics, metrics_available
-from .answer import TEXT_CONTENT_TYPE as TEXT_CONTENT_TYPE
-from .answer import Answer, answer_health
-from .apps import ASGIApp as ASGIApp
-from .apps import WSGIApp as WSGIApp
 from .apps import health_app, health_asgi_app
 from .checks import (
     LIVENESS_CHECKS,
@@ -37,18 +28,17 @@ from .checks import (
     health_checks,
     is_live,
 )
-from .checks import HealthStatus as HealthStatus
-from .checks import worst as worst
 from .document import (
     HEALTH_CONTENT_TYPE,
+    Answer,
     HealthGroup,
+    HealthOptions,
     HealthSource,
+    ProbeQuery,
+    answer_health,
     render_group_health,
     render_health,
 )
-from .document import default_service_id as default_service_id
-from .document import verbose_text as verbose_text
-from .options import HealthOptions, ProbeQuery
 
 __all__ = [
     "HEALTH_CONTENT_TYPE",

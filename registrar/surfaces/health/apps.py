@@ -8,11 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from ..metrics import RegistrarMetrics
-from .answer import Answer, answer_health, no_metrics
-from .document import HealthGroup, HealthSource
-from .options import HealthOptions
-
-__all__ = ["ASGIApp", "WSGIApp", "health_app", "health_asgi_app"]
+from .document import Answer, HealthGroup, HealthOptions, HealthSource, answer_health, no_metrics
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

@@ -1,9 +1,6 @@
 """The checks: one status snapshot read as named health checks (their Kubernetes names, their
-health+json entries), and the verdict of several registrars of one service.
-
-Readiness depends on registration; liveness does not depend on the bootstrap server being
-reachable, or a registry outage would restart the whole fleet. Liveness fails only when the
-registrar has given up for good or its thread died."""
+health+json entries), and the verdict of several registrars of one service (why readiness and
+liveness differ: the package's docstring)."""
 
 from __future__ import annotations
 
@@ -14,18 +11,6 @@ from typing import Any, Literal
 
 from ...core.machine import State
 from ...core.status import Status, iso_utc
-
-__all__ = [
-    "LIVENESS_CHECKS",
-    "READINESS_CHECKS",
-    "Check",
-    "HealthStatus",
-    "camel_case",
-    "group_checks",
-    "health_checks",
-    "is_live",
-    "worst",
-]
 
 HealthStatus = Literal["pass", "warn", "fail"]
 _SEVERITY: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}

@@ -2,7 +2,7 @@
 the flags the command's parser really has, the settings classes' defaults and the SGLang
 plugin's own table, so the reference cannot drift from what the code reads:
 
-    python -m registrar.devtools.envdoc > docs/configuration.md
+    python docs/hooks/envdoc.py > docs/configuration.md
 
 tests/test_configuration_doc.py checks the committed page equals this output.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..integrations.sglang.settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
-from ..protocols.sglang import TOKEN_ENV
-from ..surfaces.cli.parser import build_parser
-from ..surfaces.options import ENV_PREFIX, OPTIONS, Option
+from registrar.integrations.sglang.settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
+from registrar.protocols.sglang import TOKEN_ENV
+from registrar.surfaces.cli.parser import build_parser
+from registrar.surfaces.options import ENV_PREFIX, OPTIONS, Option
 
 __all__ = ["configuration_page", "main"]
 
@@ -23,7 +23,7 @@ _HEAD = f"""\
 # Configuration reference
 
 Every `{ENV_PREFIX}*` variable, and which surface reads it. This page is generated from the
-tables in the code (`python -m registrar.devtools.envdoc > docs/configuration.md`); a test fails
+tables in the code (`python docs/hooks/envdoc.py > docs/configuration.md`); a test fails
 when the two differ.
 
 - **`registrar register`** (the sidecar, [cli.md](cli.md)): every variable it reads has a flag of

@@ -45,7 +45,7 @@ def ephemeral_port() -> int:
 class Gateway:
     """One smg gateway process on 127.0.0.1; `restart()` starts it again on the same port."""
 
-    def __init__(  # noqa: PLR0913 (a test tool's documented keyword options)
+    def __init__(
         self,
         binary: str,
         log_dir: Path,
