@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from _pytest.terminal import TerminalReporter
@@ -72,6 +74,17 @@ def server() -> Iterator[BootstrapServer]:
         yield srv
     finally:
         srv.close()
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[BootstrapServer]:
+    """A reference bootstrap server speaking TLS (a self-signed certificate for 127.0.0.1)."""
+    from test_security import _self_signed  # noqa: PLC0415 - the project's one certificate maker
+
+    assert shutil.which("openssl"), "the TLS tests need the openssl command"
+    cert, key = _self_signed(tmp_path)
+    with BootstrapServer(certfile=cert, keyfile=key) as srv:
+        yield srv
 
 
 @pytest.fixture

@@ -218,6 +218,7 @@ def test_env_table_reads_every_variable(tmp_path: Path) -> None:
         "REGISTRAR_WATCH_INTERVAL": "off",
         "REGISTRAR_TIMEOUT": "1,4",
         "REGISTRAR_MAX_RETRY_AFTER": "0",
+        "REGISTRAR_DIAGNOSE_AFTER": "off",
         "REGISTRAR_VERIFY": "false",
         "REGISTRAR_CA_BUNDLE": str(tmp_path),  # a CA directory: checked when read
         "REGISTRAR_BACKOFF_INITIAL": "0.5",
@@ -236,6 +237,7 @@ def test_env_table_reads_every_variable(tmp_path: Path) -> None:
         "watch_interval": None,
         "timeout": (1.0, 4.0),
         "max_retry_after": 0.0,
+        "diagnose_after": None,
         "verify": str(tmp_path),  # a CA bundle verifies, whatever REGISTRAR_VERIFY says
         "backoff": DEFAULT_BACKOFF.__class__(initial=0.5, maximum=10, multiplier=3, jitter=0),
     }

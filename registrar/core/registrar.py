@@ -24,6 +24,9 @@ from typing import Any
 from .aio import wait_for_state
 from .board import Listener, RequestListener, StatusBoard
 from .clock import Clock
+from .diagnosis import Diagnosable, Diagnosis
+from .diagnostician import Diagnostician
+from .diagnostician import Hooks as DiagnosisHooks
 from .errors import ConfigError, StateError
 from .machine import State, Trigger
 from .registry import protocol_factory
@@ -121,6 +124,23 @@ class Registrar:
         self._forked_from: int | None = None
         self._running_at_fork = False
         _REGISTRARS.add(self)
+        self._attach_diagnostician(transport, sent, loop.diagnose_after)
+
+    def _attach_diagnostician(
+        self, transport: Transport, payload: dict[str, Any], after: float | None
+    ) -> None:
+        """Diagnose a URL that keeps failing, when the transport can probe it (diagnosis.py)."""
+        if after is None or not isinstance(transport, Diagnosable):
+            return
+        hooks = DiagnosisHooks(
+            self.status, self._publish_diagnosis, lambda: transport.evidence(payload)
+        )
+        watcher = Diagnostician(hooks, self._clock, after)
+        self.add_request_listener(watcher.on_request)
+        self.add_listener(watcher.on_transition)
+
+    def _publish_diagnosis(self, diagnosis: Diagnosis | None) -> None:
+        self._board.apply(None, {"diagnosis": diagnosis})
 
     @property
     def settings(self) -> LoopSettings:

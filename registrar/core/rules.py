@@ -17,6 +17,7 @@ from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from .diagnosis import port_problem
 from .errors import ConfigError
 from .redact import clean, redact_url
 
@@ -213,17 +214,18 @@ def url(value: object) -> str:
             "(a trailing newline from a file or variable?); remove it",
             shown,
         )
+    unfilled = port_problem(value)
+    if unfilled is not None:
+        raise Invalid(f"{unfilled.sentence} [diagnosis {unfilled.code}]", shown)
     try:
         parts = urlsplit(value)
-        port = parts.port
+        parts.port  # noqa: B018 - read for its ValueError (out of range)
     except ValueError as exc:
         raise Invalid(f"is not a valid URL: {exc}", shown) from None
     if parts.scheme not in ("http", "https"):
         raise Invalid("must start with http:// or https://, e.g. http://127.0.0.1:8998", shown)
     if not parts.hostname:
         raise Invalid("has no host, e.g. http://127.0.0.1:8998", shown)
-    if port == 0:
-        raise Invalid("has port 0; give the server's real port", shown)
     if parts.query or parts.fragment:
         raise Invalid("must not carry a query or fragment", shown)
     return value.rstrip("/")

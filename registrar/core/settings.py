@@ -24,6 +24,7 @@ from .transport import Timeout, Token
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "DEFAULT_DIAGNOSE_AFTER",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_WATCH_INTERVAL",
     "EXIT_CODE",
@@ -47,6 +48,10 @@ timer, which remains for what sends no close (a partition, a host that vanished)
 about 0.01 % of a core and 4 requests a minute per registrar and recovers from a partition
 within 1.2 intervals + 1 s (docs/benchmarks.md)."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+DEFAULT_DIAGNOSE_AFTER = 30.0
+"""Seconds of requests reaching no bootstrap server before a diagnosis is stated: longer than
+SGLang takes to start its bootstrap server after the ranks (seconds), short enough to name a
+wrong port before an operator goes looking (docs/operations.md, troubleshooting)."""
 
 OnFailureName = Literal["retry", "stop", "exit"]
 OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
@@ -126,6 +131,7 @@ class LoopSettings:
     watch_interval: float | None = DEFAULT_WATCH_INTERVAL
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    diagnose_after: float | None = DEFAULT_DIAGNOSE_AFTER
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "backoff": _backoff,
@@ -135,6 +141,7 @@ class LoopSettings:
         "watch_interval": rules.seconds_or_none,
         "max_retry_after": _retry_after_cap,
         "max_payload_bytes": rules.count,
+        "diagnose_after": rules.seconds_or_none,
     }
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from .diagnosis import Diagnosis
 from .machine import State
 
 __all__ = ["Status", "iso_utc"]
@@ -61,6 +62,10 @@ class Status:
     """No registrar thread will ever update this snapshot again: it ended on an unexpected
     error, or this process is a fork of the one that runs it. `last_error` says which. Part of
     the snapshot (not a separate flag) so a reader never sees "dead" without the reason."""
+    diagnosis: Diagnosis | None = None
+    """What a probe saw after requests kept failing (a wrong port, a name that does not
+    resolve, ...): a code and a sentence; None while the server answers, or before the
+    threshold (`diagnose_after`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping of every field, named as in Python (snake_case). The HTTP

@@ -34,6 +34,7 @@ from urllib3.exceptions import HTTPError
 
 from .._version import __version__
 from ..core import rules
+from ..core.diagnosis import Evidence
 from ..core.errors import describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core.redact import Secrets, clean, redact_url
@@ -61,6 +62,7 @@ from .httpvalues import (
     phrase,
 )
 from .idle import KEEPALIVE_WINDOW, IdleCloses, Prober, wait_readable
+from .probe import Answer, evidence_for
 
 logger = logging.getLogger(__name__)
 
@@ -350,6 +352,18 @@ class HttpTransport:
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         result = self.send(self._method, self._path, json=dict(payload))
         return self.classify_registration(result)
+
+    def evidence(self, payload: Mapping[str, Any]) -> Evidence:
+        """What a fresh probe of the URL sees, for a diagnosis (protocols/probe.py)."""
+        return evidence_for(self._url, self.probe_path or self._path, payload, self.recognise)
+
+    probe_path: str | None = None
+    """What the probe GETs (None: the registration path)."""
+
+    def recognise(self, answer: Answer) -> bool:
+        """Whether the probe's answer is this server's own: any but an HTML page (a generic
+        registration endpoint has no signature to look for)."""
+        return answer.content_type != "text/html"
 
     def describe_error(self, exc: BaseException) -> str:
         """Root cause of a failed exchange: one line, escaped, capped, secret-free."""

@@ -31,13 +31,17 @@ from ..core.transport import Token
 from ..core.untrusted import load_json
 from .http import HttpTransport
 from .httpvalues import HttpResult, validate_token, with_query
+from .probe import Answer
 
 __all__ = [
     "OPTIONAL_FIELDS",
+    "PROBE_PATH",
     "REQUIRED_FIELDS",
     "TOKEN_ENV",
     "Rank",
     "SGLangTransport",
+    "count_in",
+    "is_bootstrap_answer",
     "make_payload",
     "rank_of",
     "validate_payload",
@@ -86,6 +90,26 @@ _SIZE_RANK = (
 _COUNT = re.compile(r"\(([0-9]{1,9}) workers? registered\)")
 
 
+def count_in(text: str) -> int | None:
+    """The registered count a 503 "(N workers registered)" states, or None."""
+    match = _COUNT.search(text)
+    return int(match.group(1)) if match else None
+
+
+def is_bootstrap_answer(answer: Answer) -> bool:
+    """Whether a GET of the all-`-1` route query was answered by an SGLang bootstrap server:
+    its server info (200, with the topology's sizes), or 503 "(N workers registered)"."""
+    if answer.status == 503:
+        return count_in(answer.text) is not None
+    if answer.status != 200:
+        return False
+    try:
+        info = load_json(answer.text)
+    except ValueError:
+        return False
+    return isinstance(info, dict) and "attn_tp_size" in info
+
+
 @dataclass(frozen=True)
 class Rank:
     """The slot a payload occupies in the server's table."""
@@ -103,6 +127,10 @@ class Rank:
             "target_tp_rank": self.tp,
             "target_pp_rank": self.pp,
         }
+
+
+PROBE_PATH = with_query("/route", Rank(-1, -1, -1, -1).query())
+"""The all-`-1` route query: the server's info once every rank is in, 503 with the count before."""
 
 
 def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as documented
@@ -269,6 +297,13 @@ class SGLangTransport(HttpTransport):
         self.settle_idle_signal(check.route in (Route.PRESENT, Route.CONFLICT))
         return check
 
+    probe_path = PROBE_PATH
+
+    def recognise(self, answer: Answer) -> bool:
+        """SGLang's answer to the all-`-1` query: its server info (200), or 503 "(N workers
+        registered)" before every rank is in."""
+        return is_bootstrap_answer(answer)
+
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """The ranks of the topology, which all register with this one server."""
         dp = payload["system_dp_size"] if payload["system_dp_size"] > 1 else payload["attn_dp_size"]
@@ -317,10 +352,9 @@ class SGLangTransport(HttpTransport):
         return RouteCheck(Route.CONFLICT, 200, f"our rank is registered as {theirs}, not {ours}")
 
     def _classify_not_ready(self, body: str) -> RouteCheck:
-        match = _COUNT.search(body)
-        if match is None:
+        count = count_in(body)
+        if count is None:
             return RouteCheck(Route.UNDETERMINED, 503, f"503 without a worker count: {body}")
-        count = int(match.group(1))
         reasons = self._evidence.reasons_forgotten(count)
         self._evidence.highest_count = max(self._evidence.highest_count, count)
         if reasons:

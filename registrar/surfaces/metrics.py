@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
+from ..core.diagnosis import Code
 from ..core.errors import ConfigError
 from ..core.machine import State
 from ..core.status import Status
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["RegistrarMetrics", "metrics_available"]
 
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-_RESERVED = frozenset({"result", "kind", "version"})
+_RESERVED = frozenset({"result", "kind", "version", "code"})
 
 
 def metrics_available() -> bool:
@@ -89,6 +90,12 @@ class _Families:
             names,
             **kw,
         )
+        self.diagnosis = prom.Gauge(
+            "diagnosis",
+            "1 for the diagnosis stated now (a wrong port, host, scheme), by code; 0 otherwise",
+            [*names, "code"],
+            **kw,
+        )
         self.duration = prom.Histogram(
             "request_duration_seconds",
             "Request latency by kind (register, check)",
@@ -108,6 +115,10 @@ def _last_success(status: Status) -> float:
 
 def _next_attempt(status: Status) -> float:
     return status.next_attempt_at or 0.0
+
+
+def _diagnosed(code: str) -> Callable[[Status], float]:
+    return lambda status: 1.0 if status.diagnosis and status.diagnosis.code == code else 0.0
 
 
 def _reader(
@@ -138,7 +149,8 @@ class RegistrarMetrics:
     - `registrar_reregistrations_total`: routes found missing and registered again;
     - `registrar_server_reachable`: 1 when the server answered the last request;
     - `registrar_last_success_timestamp_seconds`, `registrar_next_attempt_timestamp_seconds`;
-    - `registrar_request_duration_seconds{kind}`: request latency (register, check).
+    - `registrar_request_duration_seconds{kind}`: request latency (register, check);
+    - `registrar_diagnosis{code}`: 1 for the diagnosis stated now, 0 for every other code.
     """
 
     def __init__(
@@ -194,6 +206,9 @@ class RegistrarMetrics:
         self._own(families.server_reachable).set_function(_reader(me, _reachable))
         self._own(families.last_success).set_function(_reader(me, _last_success))
         self._own(families.next_attempt).set_function(_reader(me, _next_attempt))
+        for code in Code:
+            child = families.diagnosis.labels(*self._values, code.value)
+            child.set_function(_reader(me, _diagnosed(code.value)))
 
     def in_use(self) -> bool:
         """Whether these labels still belong to a live registrar (or one not attached yet)."""

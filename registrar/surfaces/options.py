@@ -220,6 +220,14 @@ OPTIONS: tuple[Option, ...] = (
         "longest wait a server's Retry-After may impose, seconds (0: ignore it)",
         metavar="S",
     ),
+    _loop(
+        "DIAGNOSE_AFTER",
+        seconds_or_off,
+        "30",
+        "seconds of requests reaching no bootstrap server before a diagnosis (a wrong port, "
+        "host, scheme) is stated in the log, status, health and metrics; 'off' for none",
+        metavar="S",
+    ),
     Option(
         "VERIFY",
         parse_flag,

@@ -49,6 +49,10 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         from .status import cmd_status  # noqa: PLC0415
 
         return cmd_status
+    if name == "doctor":
+        from .doctor import cmd_doctor  # noqa: PLC0415
+
+        return cmd_doctor
     from . import dev  # noqa: PLC0415
 
     commands: dict[str, Callable[[argparse.Namespace], int]] = {

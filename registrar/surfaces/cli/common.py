@@ -17,7 +17,8 @@ from ...core.settings import EXIT_CODE
 
 EXIT_OK = 0
 EXIT_NOT_REGISTERED = 1
-"""`registrar status`: the agent answered, and is not registered."""
+"""`registrar status`: the agent answered, and is not registered; `registrar doctor`: a check
+failed."""
 EXIT_USAGE = 2
 """Bad input: a flag, a variable, the payload, a port in use."""
 EXIT_UNREACHABLE = 4
@@ -29,7 +30,7 @@ EXIT_BROKEN_PIPE = 141
 as a shell reports a writer ended by SIGPIPE. `status` answers what it found instead."""
 EXIT_STATUSES = {
     EXIT_OK: "success (register: stopped cleanly on SIGTERM/SIGINT; status: registered)",
-    EXIT_NOT_REGISTERED: "status: the agent is not registered",
+    EXIT_NOT_REGISTERED: "status: the agent is not registered; doctor: a check failed",
     EXIT_USAGE: "usage error: a bad flag, variable or payload, or a port in use",
     EXIT_CODE: "register --on-failure exit: the startup budget was spent",
     EXIT_UNREACHABLE: "status: the agent cannot be reached, or is not a registrar",

@@ -61,6 +61,7 @@ examples:
   registrar bootstrap --port 8998                 # a reference bootstrap server (dev/test)
   registrar register --url http://127.0.0.1:8998 --payload @rank0.json --health-port 8081
   registrar status --health-url http://127.0.0.1:8081
+  registrar doctor --url http://127.0.0.1:8998 --expect 2   # is the deployment right?
   registrar diagram > state.mmd
 """
 
@@ -148,6 +149,41 @@ def _status(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
     )
 
 
+def _doctor(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
+    doc = sub.add_parser(
+        "doctor",
+        help="check a deployment: bootstrap server, gateways, etcd",
+        description="Check that each URL resolves, listens and speaks the protocol expected, "
+        "how many rows the bootstrap server holds against the topology and which ranks are "
+        "missing, and whether a gateway lists a worker twice or as unhealthy. Exit 0 only "
+        f"when every check passed, {EXIT_NOT_REGISTERED} otherwise, {EXIT_USAGE} on bad input.",
+        epilog="examples:\n  registrar doctor --url http://10.0.0.5:8998 --expect 8\n"
+        "  registrar doctor --url http://10.0.0.5:8998 --http-port 30000 "
+        "--gateway http://10.0.0.9:30000\n"
+        "  registrar doctor --etcd http://10.0.0.7:2379 --json | jq .healthy\n",
+        formatter_class=raw,
+    )
+    doc.add_argument("--url", help="the bootstrap server's URL (SGLang's protocol)")
+    doc.add_argument("--expect", type=_count, metavar="N", help="rows the topology should have")
+    doc.add_argument(
+        "--http-port", type=_port, metavar="PORT", help="the prefill's HTTP port (compared)"
+    )
+    doc.add_argument("--gateway", action="append", metavar="URL", help="an smg gateway (repeat)")
+    doc.add_argument("--etcd", action="append", metavar="URL", help="an etcd endpoint (repeat)")
+    doc.add_argument(
+        "--gateway-key-file", metavar="FILE", help="the gateways' control-plane key, in a file"
+    )
+    doc.add_argument("--timeout", type=_seconds, default=2.0, metavar="S", help="(default: 2)")
+    doc.add_argument("--json", action="store_true", help="the report as JSON (docs/cli.md)")
+
+
+def _count(text: str) -> int:
+    try:
+        return rules.count(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+
+
 def _seconds(text: str) -> float:
     try:
         return rules.seconds(float(text))
@@ -209,5 +245,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _register(sub, raw)
     _status(sub, raw)
+    _doctor(sub, raw)
     _dev(sub, raw)
     return parser

@@ -135,6 +135,9 @@ def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list
     ]
     if check.get("nextAttemptAt"):
         lines.append(f"next attempt: {_field(check, 'nextAttemptAt')}")
+    seen = check.get("diagnosis")
+    if isinstance(seen, dict):
+        lines.append(f"diagnosis:    {_field(seen, 'code')}: {clean(seen.get('sentence'), 400)}")
     return lines
 
 

@@ -99,6 +99,8 @@ def health_checks(
         reason = "not started"
     else:
         reason = status.last_error or "registering"
+    if status.diagnosis is not None and not registered:
+        reason = f"{reason}; diagnosis {status.diagnosis.code}: {status.diagnosis.sentence}"
     registration = _check(
         "registration",
         "registration:state",

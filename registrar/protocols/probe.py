@@ -1,0 +1,282 @@
+"""The cheap probe behind a diagnosis: resolve the name, connect to the port, see what speaks
+there (a bootstrap server, TLS, plain HTTP, an HTML page, a gateway), and knock on other ports
+of the same host the caller knows of. Each step has a short timeout and never raises: what
+failed is part of the evidence (`core.diagnosis.Evidence`).
+
+Its own fresh connections, never the transport's kept-alive one: a probe must not disturb the
+evidence of a server restart that the transport keeps. No credential is ever sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from urllib3.connection import HTTPConnection, HTTPSConnection
+
+from .._version import __version__
+from ..core.diagnosis import Evidence, Knock, Seen, port_text
+from ..core.errors import describe_exception
+from ..core.redact import clean, redact_url
+from ..core.untrusted import load_json
+
+__all__ = ["Answer", "ProbeOptions", "Recognise", "evidence_for", "fetch", "gather", "resolve"]
+
+PROBE_TIMEOUT = 2.0
+"""Seconds for each step of a probe (resolve, connect, one answer)."""
+_HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP answer a probe read: status, content type and the start of the body."""
+
+    status: int
+    content_type: str
+    text: str
+
+    def describe(self, request: str) -> str:
+        shown = clean(" ".join(self.text.split()), 80)
+        kind = self.content_type or "no content type"
+        return f"{request} answered {self.status} {kind}" + (f": {shown}" if shown else "")
+
+
+Recognise = Callable[[Answer], bool]
+"""Whether an answer to the probe's GET is the bootstrap server's own."""
+
+
+def resolve(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], str]:
+    """The addresses `host` resolves to, and why none (the resolver's words, or a timeout).
+    The lookup runs in a thread that is abandoned at `timeout`: the system resolver cannot be
+    interrupted."""
+    found: list[str] = []
+    why: list[str] = []
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            found.extend(str(info[4][0]) for info in infos)
+        except OSError as exc:
+            why.append(describe_exception(exc))
+
+    worker = threading.Thread(target=lookup, name="registrar-probe-resolve", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return [], f"no answer from the resolver within {timeout:g} s"
+    return found, (why[0] if why else "")
+
+
+def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]:
+    """None when something accepts the connection; else NOTHING or SILENCE and why."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return None, ""
+    except ConnectionRefusedError:
+        return Seen.NOTHING, "connection refused"
+    except TimeoutError:
+        return Seen.SILENCE, f"no answer within {timeout:g} s"
+    except OSError as exc:
+        return Seen.SILENCE, describe_exception(exc)
+
+
+def _tls_context() -> ssl.SSLContext:
+    # Only to see whether TLS answers: nothing secret is sent, so nothing is verified.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def speaks_tls(address: str, port: int, host: str, timeout: float) -> tuple[bool, str]:
+    """Whether a TLS handshake completes on the port, and why not."""
+    try:
+        with (
+            socket.create_connection((address, port), timeout=timeout) as raw,
+            _tls_context().wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            return True, f"TLS handshake completed ({tls.version()})"
+    except (OSError, ValueError) as exc:
+        return False, describe_exception(exc)
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """How a probe asks: each step's timeout, and headers for every GET (a gateway's key)."""
+
+    timeout: float = PROBE_TIMEOUT
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
+    address: str,
+    port: int,
+    path: str,
+    *,
+    host: str,
+    tls: bool,
+    options: ProbeOptions = ProbeOptions(),
+) -> Answer | str:
+    """One GET on a fresh connection: the answer, or why there was none."""
+    timeout = options.timeout
+    conn: HTTPConnection
+    if tls:
+        conn = HTTPSConnection(
+            address,
+            port,
+            timeout=timeout,
+            ssl_context=_tls_context(),
+            server_hostname=host,
+            assert_hostname=False,
+        )
+    else:
+        conn = HTTPConnection(address, port, timeout=timeout)
+    with contextlib.ExitStack() as opened:
+        opened.callback(conn.close)
+        try:
+            headers = {**_HEADERS, **options.headers, "Host": host}
+            conn.request("GET", path, headers=headers, preload_content=False)
+            response = conn.getresponse()
+            opened.callback(response.close)  # its file holds the socket open until closed
+            body = response.read(4096, decode_content=False)
+            kind = response.headers.get("Content-Type", "").split(";")[0].strip()
+            return Answer(response.status, kind, body.decode("utf-8", "replace"))
+        except Exception as exc:  # whatever broke is the evidence
+            return describe_exception(exc)
+
+
+def _gateway(answer: Answer | str) -> bool:
+    """smg's `GET /workers`: a JSON object with a `workers` list."""
+    if isinstance(answer, str) or answer.status != 200:
+        return False
+    try:
+        body = load_json(answer.text)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("workers"), list)
+
+
+@dataclass(frozen=True)
+class _Target:
+    address: str
+    port: int
+    host: str
+    prefix: str
+    tls: bool
+    options: ProbeOptions
+
+    @property
+    def timeout(self) -> float:
+        return self.options.timeout
+
+    def get(self, path: str, tls: bool | None = None) -> Answer | str:
+        use = self.tls if tls is None else tls
+        return fetch(
+            self.address,
+            self.port,
+            self.prefix + path,
+            host=self.host,
+            tls=use,
+            options=self.options,
+        )
+
+
+def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[Seen, str]:
+    """What speaks on a port that accepts connections."""
+    answer = target.get(path)
+    if isinstance(answer, str):
+        return _not_http(target, answer)
+    described = answer.describe(f"GET {path.partition('?')[0]}")
+    if recognise(answer):
+        return Seen.BOOTSTRAP, described
+    if answer.status in (401, 403):
+        return Seen.DENIED, described
+    if answer.content_type == "text/html" or answer.text.lstrip().startswith("<"):
+        return Seen.HTML, described
+    if _gateway(target.get("/workers")):
+        return Seen.GATEWAY, f"{described}; GET /workers lists workers"
+    return Seen.OTHER, described
+
+
+def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
+    """No HTTP answer on the scheme the URL names: try the other one (unless the server went
+    away meanwhile: then that is what was seen)."""
+    gone, how = _connect(target.address, target.port, target.timeout)
+    if gone is not None:
+        return gone, how
+    if target.tls:
+        plain = target.get("/", tls=False)
+        if isinstance(plain, Answer):
+            return Seen.PLAIN, f"TLS: {why}; plain GET / answered {plain.status}"
+        return Seen.TLS_FAILED, why
+    shaken, how = speaks_tls(target.address, target.port, target.host, target.timeout)
+    if shaken:
+        return Seen.TLS, f"plain HTTP: {why}; {how}"
+    return Seen.OTHER, f"not HTTP: {why}"
+
+
+def _knock(address: str, port: int, label: str, host: str, timeout: float) -> Knock:
+    refused, _ = _connect(address, port, timeout)
+    if refused is not None:
+        return Knock(port, label, listens=False, http=False)
+    answer = fetch(address, port, "/", host=host, tls=False, options=ProbeOptions(timeout))
+    return Knock(port, label, listens=True, http=isinstance(answer, Answer))
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def gather(
+    url: str,
+    path: str,
+    recognise: Recognise,
+    *,
+    http_port: int | None = None,
+    options: ProbeOptions = ProbeOptions(),
+) -> Evidence:
+    """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
+    listens, knock on `http_port` (the rank's own HTTP port) on the same host. Never raises."""
+    others = [(http_port, "the prefill's HTTP port")] if http_port else []
+    timeout = options.timeout
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    seen = Evidence(
+        redact_url(url), host, port_text(parts.netloc), parts.scheme, http_port=http_port
+    )
+    port = seen.port
+    if not port or not host:
+        return seen
+    if _is_literal(host):
+        address = host
+    else:
+        addresses, why = resolve(host, port, timeout)
+        if not addresses:
+            return replace(seen, resolved=False, detail=why)
+        seen, address = replace(seen, resolved=True), addresses[0]
+    failed, why = _connect(address, port, timeout)
+    if failed is not None:
+        knocks = tuple(_knock(address, p, label, host, timeout) for p, label in others if p != port)
+        return replace(seen, seen=failed, detail=why, others=knocks)
+    target = _Target(address, port, host, parts.path.rstrip("/"), parts.scheme == "https", options)
+    kind, detail = _what_answers(target, path, recognise)
+    return replace(seen, seen=kind, detail=detail)
+
+
+def evidence_for(url: str, path: str, payload: Mapping[str, Any], recognise: Recognise) -> Evidence:
+    """`gather` for a transport: the rank's own HTTP port (`prefill_http_port` in the payload),
+    when there is one, is knocked on too and compared with the URL's port."""
+    port = payload.get("prefill_http_port")
+    http_port = port if isinstance(port, int) and not isinstance(port, bool) else None
+    return gather(url, path, recognise, http_port=http_port)

@@ -1,0 +1,83 @@
+"""`registrar doctor`: check a deployment before (or while) it serves, and say what is wrong in
+words; `--json` for scripts (the schema is in docs/cli.md). Exit 0 only when every check made
+passed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ...core import rules
+from ...core.redact import clean
+from ..doctor import Finding, Report, Target, run_doctor
+from .common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
+
+__all__ = ["EXIT_UNHEALTHY", "cmd_doctor", "human"]
+
+EXIT_UNHEALTHY = EXIT_NOT_REGISTERED
+"""A check failed (1, as `registrar status` says "not registered")."""
+
+_MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
+
+
+def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
+    """Every URL of a repeated flag (each may list several, comma-separated), checked."""
+    found: list[str] = []
+    for text in given or ():
+        found += [part.strip() for part in text.split(",") if part.strip()]
+    for url in found:
+        try:
+            rules.url(url)
+        except rules.Invalid as exc:
+            raise UsageError(f"{flag} {clean(url, 200)!r} {exc.rule}") from None
+    return tuple(found)
+
+
+def _target(args: argparse.Namespace) -> Target:
+    gateways = _urls("--gateway", args.gateway)
+    etcd = _urls("--etcd", args.etcd)
+    if args.url is None and not gateways and not etcd:
+        raise UsageError("nothing to check: give --url, --gateway or --etcd")
+    # The bootstrap URL is not refused here for a port that was never filled in (":None"):
+    # saying so is the first check's job.
+    key = _key(args.gateway_key_file) if args.gateway_key_file else None
+    return Target(args.url, args.expect, args.http_port, gateways, etcd, args.timeout, key)
+
+
+def _key(path: str) -> str:
+    """The gateway's key, from a file (never a flag: it would show in `ps`)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            key = file.read().strip()
+    except OSError as exc:
+        raise UsageError(f"--gateway-key-file {clean(path, 200)!r}: {exc.strerror}") from None
+    if not key or "\n" in key:
+        raise UsageError(f"--gateway-key-file {clean(path, 200)!r} must hold one line, the key")
+    return key
+
+
+def human(report: Report) -> list[str]:
+    """The report for a person: one block per target, one line per check, then the verdict."""
+    lines: list[str] = []
+    where: tuple[str, str] | None = None
+    for finding in report.findings:
+        if (finding.target, finding.url) != where:
+            where = (finding.target, finding.url)
+            lines.append(f"{finding.target} {clean(finding.url, 200)}")
+        lines.append(_line(finding))
+    failed = sum(f.status == "fail" for f in report.findings)
+    lines.append("healthy" if report.healthy else f"not healthy: {failed} check(s) failed")
+    return lines
+
+
+def _line(finding: Finding) -> str:
+    code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
+    return f"  {_MARKS[finding.status]} {finding.check}: {clean(finding.detail, 600)}{code}"
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    report = run_doctor(_target(args))
+    outcome = EXIT_OK if report.healthy else EXIT_UNHEALTHY
+    if args.json:
+        return answer([json.dumps(report.to_dict())], outcome)
+    return answer(human(report), outcome)
