@@ -42,7 +42,7 @@ from .settings import (
     LoopSettings,
 )
 from .status import Status
-from .transport import Abortable, Token, Transport
+from .transport import Abortable, Resolving, Token, Transport
 from .validate import encode_payload, fleet_size
 
 __all__ = [
@@ -230,8 +230,14 @@ class Registrar:
         return self._board.status.thread_died
 
     def status(self) -> Status:
-        """The latest snapshot; never blocks on the loop or a request in flight."""
-        return self._board.status
+        """The latest snapshot; never blocks on the loop or a request in flight. What the
+        resolver does to the server's name is read live (a stalled lookup outlives attempts)."""
+        status = self._board.status
+        if isinstance(self._transport, Resolving):
+            resolution = self._transport.resolution()
+            if resolution != status.resolution:
+                status = replace(status, resolution=resolution)
+        return status
 
     def __repr__(self) -> str:
         status = self._board.status

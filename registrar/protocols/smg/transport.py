@@ -321,6 +321,10 @@ class SmgTransport:
             self._clock.wait(threading.Event(), min(delay, left))
             delay = min(delay * 2, _POLL_MAX)
 
+    def resolution(self) -> str | None:
+        """What the resolver does to the gateway's name (`Status.resolution`)."""
+        return self._http.resolution()
+
     def abort(self) -> None:
         """End an attempt's wait for the gateway now (from `stop()`); `close` still drains,
         and a request of the drain is never cut (`stop()` may be called again meanwhile)."""
