@@ -16,8 +16,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from support import wait_until
+from support import FakeClock as VirtualClock
+from support import ScriptedTransport, accepted, sglang_payload, wait_until
 
+from registrar import RegisterOutcome, Registrar, Route, RouteCheck, State, Verdict
 from registrar.protocols.deadline import Watchdog
 from registrar.protocols.resolve import FRESH, STALE_WAIT, Resolver, Unresolved, seconds
 
@@ -274,3 +276,42 @@ def test_a_stop_ends_the_wait(resolver: Resolver, lookup: FakeLookup) -> None:
 
 def test_seconds_as_messages_show_them() -> None:
     assert [seconds(s) for s in (1, 1.0, 0.25, 12)] == ["1.0", "1.0", "0.25", "12.0"]
+
+
+@pytest.mark.parametrize(("unsent", "looks"), [(True, 0), (False, 2)])
+def test_an_attempt_that_never_left_is_not_looked_for(
+    registrars: list[Registrar], unsent: bool, looks: int
+) -> None:
+    """An attempt whose name did not resolve cannot have reached the server: it is counted
+    and backed off like any other, with no look for it before the next (one whose answer was
+    lost is looked for: the contrast)."""
+    failed = RegisterOutcome(
+        Verdict.RETRY, error="could not resolve bootstrap.slow.test within 1.0 s", unsent=unsent
+    )
+    missing = RouteCheck(Route.MISSING, 404, "not there")
+    transport = Looks([failed, failed, accepted()], checks=[missing])
+    reg = Registrar(
+        "http://bootstrap.slow.test:8998",
+        sglang_payload(),
+        transport=transport,
+        clock=VirtualClock(),
+        rng=lambda: 0.0,
+        watch_interval=None,
+    )
+    registrars.append(reg)
+    reg.start()
+    assert reg.wait_for(State.REGISTERED, timeout=HANG)
+    assert reg.status().attempts_total == 3
+    assert transport.looked == 1  # the one look before the first attempt
+    assert transport.between == looks  # after a failed attempt, before the next
+
+
+class Looks(ScriptedTransport):
+    """Counts the checks made between the first attempt and the accepted one."""
+
+    between = 0
+
+    def check(self, payload: Any) -> RouteCheck | None:
+        if 0 < len(self.registered) < 3:
+            self.between += 1
+        return super().check(payload)

@@ -255,7 +255,12 @@ def _sent(config: LoopConfig, state: LoopState, seen: Sent, now: float, draw: Dr
     if outcome.verdict is Verdict.ACCEPTED:
         return _accepted(config, state, now)
     refused = outcome.refused and outcome.verdict is Verdict.RETRY
-    lost = outcome.verdict is Verdict.RETRY and not refused and outcome.status_code is None
+    lost = (
+        outcome.verdict is Verdict.RETRY
+        and not refused
+        and not outcome.unsent
+        and outcome.status_code is None
+    )
     state = replace(
         state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
     )

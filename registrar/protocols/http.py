@@ -459,6 +459,7 @@ class HttpTransport:
                 Verdict.FATAL if fatal else Verdict.RETRY,
                 error=self.describe_error(result.error),
                 refused=result.refused,
+                unsent=isinstance(result.error, Unresolved),
             )
         code = result.status_code
         assert code is not None
