@@ -31,7 +31,7 @@ from registrar import (
     etcd_registrar,
     smg_registrar,
 )
-from registrar.protocols.resolve import RESOLVER
+from registrar.protocols.resolver import RESOLVER
 
 
 def build(spec: dict[str, Any], kind: str, url: str, number: int) -> Registrar:

@@ -21,7 +21,7 @@ from registrar import HttpTransport, Registrar, State, smg_registrar
 from registrar.core.backoff import Backoff
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang.plugin import rank_summary
-from registrar.protocols.resolve import FRESH, RESOLVER
+from registrar.protocols.resolver import FRESH, RESOLVER
 from registrar.surfaces.health.document import render_health
 
 HANG = 30.0

@@ -5,7 +5,7 @@ endless chunked body or endless `100 Continue` answers would hold a request for 
 library bounds the whole exchange, so this module does: a `Watchdog` per transport is armed for
 each request, and one helper thread for the process shuts the request's sockets down when it is
 due, which wakes a blocked connect, TLS handshake or read at once (and a wait for a name lookup,
-`registrar.protocols.resolve`).
+`registrar.protocols.resolver`).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class Watchdog:
 
     def attach(self, wake: threading.Event) -> bool:
         """Set `wake` when the request in flight ends (its deadline, or a stop); False when it
-        already has (`registrar.protocols.resolve.Abandon`)."""
+        already has (`registrar.protocols.resolver.Abandon`)."""
         with DEADLINES.cond:
             if self._fired:
                 return False

@@ -70,7 +70,7 @@ from .httpvalues import (
     with_query,
 )
 from .idle import KEEPALIVE_WINDOW, MAX_HARMLESS_CLOSES, IdleCloses, Prober, wait_readable
-from .resolve import Unresolved
+from .resolver import Unresolved
 
 __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
@@ -459,7 +459,7 @@ class HttpTransport:
                 Verdict.FATAL if fatal else Verdict.RETRY,
                 error=self.describe_error(result.error),
                 refused=result.refused,
-                unsent=isinstance(result.error, Unresolved),
+                unsent=result.unsent,
             )
         code = result.status_code
         assert code is not None

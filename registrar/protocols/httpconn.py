@@ -8,7 +8,7 @@ Content-Length enforcement and its decoding, bounded as it inflates
 the transport classifies. What no library offers is kept: the connection's socket goes to the
 transport's `Watchdog` before anything is sent or shaken on it, a socket a bare connect
 probe already opened becomes the next connection's, and the host name is resolved inside the
-request's deadline (`registrar.protocols.resolve`, in place of the `getaddrinfo` that urllib3's
+request's deadline (`registrar.protocols.resolver`, in place of the `getaddrinfo` that urllib3's
 `create_connection` makes outside it), looked up again before each request: an address that
 moved closes the kept connection, as a restarted server would.
 """
@@ -37,7 +37,7 @@ from urllib3.util.ssl_ import create_urllib3_context
 from ..core.errors import describe_exception
 from ..core.redact import clean
 from .deadline import Watchdog
-from .resolve import RESOLVER, Resolved, Resolver, connect
+from .resolver import RESOLVER, Resolved, Resolver, connect
 
 __all__ = [
     "ConnectTimeout",

@@ -17,7 +17,7 @@ import time
 
 from ..core.waker import Waker
 from .deadline import ready
-from .resolve import RESOLVER, Resolver, Unresolved
+from .resolver import RESOLVER, Resolver, Unresolved
 
 __all__ = ["KEEPALIVE_WINDOW", "MAX_HARMLESS_CLOSES", "IdleCloses", "Prober", "wait_readable"]
 
@@ -92,7 +92,7 @@ class IdleCloses:
 class Prober:
     """A bare, non-blocking TCP connect to the server, bounded by the connect timeout (it
     wakes no deadline thread). The address comes from the process's resolver
-    (`registrar.protocols.resolve`: twice a second at most, the last good one while it
+    (`registrar.protocols.resolver`: twice a second at most, the last good one while it
     stalls), within the same timeout."""
 
     def __init__(self, host: str, port: int, resolver: Resolver = RESOLVER) -> None:

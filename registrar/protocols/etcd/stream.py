@@ -20,7 +20,7 @@ from ...core.errors import ConfigError
 from ...core.redact import clean
 from ...core.untrusted import load_json
 from ...core.waker import Waker
-from ..resolve import RESOLVER, connect
+from ..resolver import RESOLVER, connect
 
 __all__ = [
     "MAX_WATCH_MESSAGE",
