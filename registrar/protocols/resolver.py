@@ -17,6 +17,7 @@ literal is never looked up.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -131,6 +132,13 @@ def _literal(host: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1024)
+def _numeric(host: str, port: int) -> Resolved:
+    """An IP literal's address, without a lookup (kept: a request to one asks every time)."""
+    answer = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    return Resolved(tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer))
+
+
 def _with_port(addresses: tuple[Address, ...], port: int) -> tuple[Address, ...]:
     return tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in addresses)
 
@@ -167,7 +175,7 @@ class Resolver:
         stalls, else its error."""
         host = host.strip("[]")
         if _literal(host):
-            return Resolved(self._numeric(host, port))
+            return _numeric(host, port)
         key = host.rstrip(".").lower()
         now = self._monotonic()
         with self._lock:
@@ -278,11 +286,6 @@ class Resolver:
             logger.log(level, "%s resolves again: %s", shown, _shown(found))
         name.stale_said = 0
         name.good = found
-
-    def _numeric(self, host: str, port: int) -> tuple[Address, ...]:
-        """An IP literal's address, without a lookup."""
-        answer = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
-        return tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer)
 
     def describe(self, host: str) -> str | None:
         """For the status: a lookup in flight past its first second ("resolving NAME"), or the
