@@ -5,6 +5,7 @@ tests/test_resolver_netns.py."""
 
 from __future__ import annotations
 
+import argparse
 import socket
 import threading
 import time
@@ -22,6 +23,9 @@ from registrar.core.backoff import Backoff
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang.plugin import rank_summary
 from registrar.protocols.resolver import FRESH, RESOLVER
+from registrar.surfaces.cli.common import EXIT_NOT_REGISTERED
+from registrar.surfaces.cli.status import cmd_status
+from registrar.surfaces.health import start_health_server
 from registrar.surfaces.health.document import render_health
 
 HANG = 30.0
@@ -65,7 +69,9 @@ def names(monkeypatch: pytest.MonkeyPatch) -> Iterator[Names]:
         assert wait_until(lambda: RESOLVER.in_flight() == 0, timeout=HANG)
 
 
-def test_a_stalled_lookup_is_a_failed_attempt_and_stop_holds_its_bound(names: Names) -> None:
+def test_a_stalled_lookup_is_a_failed_attempt_and_stop_holds_its_bound(
+    names: Names, capsys: pytest.CaptureFixture[str]
+) -> None:
     names.stall()
     reg = Registrar("http://bootstrap.hang.test:8998", sglang_payload(), timeout=1.0)
     reg.start()
@@ -87,6 +93,15 @@ def test_a_stalled_lookup_is_a_failed_attempt_and_stop_holds_its_bound(names: Na
         manager = SimpleNamespace(_registrar_rows={("url", (0, 0, 0, 0)): reg})
         row = rank_summary(manager)["rows"][0]
         assert row["resolution"].startswith("resolving bootstrap.hang.test")
+        # `registrar status` shows it to a person too.
+        health = start_health_server(reg, port=0)
+        try:
+            args = argparse.Namespace(health_url=health.url, timeout=5.0, json=False)
+            assert cmd_status(args) == EXIT_NOT_REGISTERED
+        finally:
+            health.stop()
+        shown = capsys.readouterr().out
+        assert "resolver:     resolving bootstrap.hang.test (no answer for " in shown
     finally:
         started = time.monotonic()
         ended = reg.stop(timeout=5.0)
