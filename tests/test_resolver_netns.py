@@ -83,6 +83,7 @@ def status(driver: dns_support.Driver, index: int = 0) -> dict[str, Any]:
 
 def test_a_resolver_that_never_answers_fails_every_kind_within_its_deadline(
     space: Resolving,
+    record_property: pytest.RecordProperty,
 ) -> None:
     assert space.dns is not None
     space.dns.mode = "never"
@@ -122,10 +123,16 @@ def test_a_resolver_that_never_answers_fails_every_kind_within_its_deadline(
     assert all(ended for ended, _ in stopped)
     assert max(took for _, took in stopped) < 5.0
     durations = sorted(duration for *_, duration in registers)
-    print(f"failed attempts took {durations[0]}..{durations[-1]} s; stops took {stopped}")
+    record_property(
+        "figures",
+        f"resolver never answers: failed attempts took {durations[0]}..{durations[-1]} s; "
+        f"stop() took {[took for _, took in stopped]} s (sglang, http, smg, etcd)",
+    )
 
 
-def test_the_status_command_fails_within_its_deadline(space: Resolving) -> None:
+def test_the_status_command_fails_within_its_deadline(
+    space: Resolving, record_property: pytest.RecordProperty
+) -> None:
     assert space.dns is not None
     space.dns.mode = "never"
     started = time.monotonic()
@@ -143,7 +150,7 @@ def test_the_status_command_fails_within_its_deadline(space: Resolving) -> None:
     assert done.returncode == EXIT_UNREACHABLE, done
     assert "could not resolve health.slow.test within 1.0 s" in done.stderr
     assert took < HANG  # the interpreter's start included; the wait itself is the deadline
-    print(f"registrar status ended in {took:.2f} s")
+    record_property("figures", f"resolver never answers: registrar status ended in {took:.2f} s")
 
 
 def test_servfail_is_a_failed_attempt_and_the_last_good_address_survives_it(
@@ -187,7 +194,7 @@ def test_a_slow_answer_is_waited_for_across_attempts(
 
 
 def test_a_stall_after_a_good_answer_keeps_the_registration_through_a_restart(
-    space: Resolving, servers: dict[str, BootstrapServer]
+    space: Resolving, servers: dict[str, BootstrapServer], record_property: pytest.RecordProperty
 ) -> None:
     """The resolver stalls 30 s after a first good answer; the server restarts during it."""
     assert space.dns is not None
@@ -207,7 +214,11 @@ def test_a_stall_after_a_good_answer_keeps_the_registration_through_a_restart(
         server.restart(down_for=0.5)
     restarted = time.monotonic()
     assert wait_until(lambda: status(driver)["registrations"] == 2, timeout=HANG)
-    print(f"re-registered {time.monotonic() - restarted:.2f} s after the restart, in the stall")
+    record_property(
+        "figures",
+        f"resolver stalled 30 s: registered again {time.monotonic() - restarted:.2f} s after "
+        "the server's restart, on the last good address",
+    )
     assert wait_until(lambda: status(driver)["state"] == "registered", timeout=HANG)
     time.sleep(max(0.0, 30.0 - (time.monotonic() - stalled)))
     space.dns.mode = "answer"
@@ -221,7 +232,7 @@ def test_a_stall_after_a_good_answer_keeps_the_registration_through_a_restart(
 
 
 def test_a_moved_answer_is_followed_within_one_check_interval(
-    space: Resolving, servers: dict[str, BootstrapServer]
+    space: Resolving, servers: dict[str, BootstrapServer], record_property: pytest.RecordProperty
 ) -> None:
     assert space.dns is not None
     space.dns.answers["bootstrap.test"] = HOST_A
@@ -233,14 +244,16 @@ def test_a_moved_answer_is_followed_within_one_check_interval(
     followed = min(r.at for r in servers[HOST_B].records() if r.method == "PUT") - moved
     # One interval (spread by up to 20 %), the look's own lookup and the requests it makes.
     assert followed < 1.2 * INTERVAL + 2 * DEADLINE + SLACK, followed
-    print(f"the move was followed in {followed:.2f} s")
+    record_property("figures", f"resolver moved the name: followed in {followed:.2f} s")
     assert wait_until(lambda: status(driver)["registrations"] == 2, timeout=HANG)
     assert puts(servers[HOST_A]) == 1
     assert puts(servers[HOST_B]) == 1
 
 
 @pytest.mark.timeout(150)
-def test_threads_stay_flat_over_a_60_s_stall(space: Resolving) -> None:
+def test_threads_stay_flat_over_a_60_s_stall(
+    space: Resolving, record_property: pytest.RecordProperty
+) -> None:
     """Twenty registrars on two names that never resolve, attempting every 1.15 s: the
     threads are the registrars' own and one lookup per name, however long it lasts."""
     assert space.dns is not None
@@ -260,4 +273,8 @@ def test_threads_stay_flat_over_a_60_s_stall(space: Resolving) -> None:
     assert attempts >= 20 * 10  # every registrar kept trying, each attempt within its deadline
     stopped = driver.ask("stop 5")["stopped"]
     assert all(ended for ended, _ in stopped)
-    print(f"threads over the stall: {threads}; attempts: {attempts}; stops: {stopped}")
+    record_property(
+        "figures",
+        f"resolver stalled 60 s: threads every 5 s {threads}; {attempts} failed attempts; "
+        f"slowest stop() {max(took for _, took in stopped)} s",
+    )
