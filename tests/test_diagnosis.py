@@ -102,7 +102,12 @@ def test_a_port_never_filled_in_is_seen_in_the_url_alone() -> None:
     assert port_problem("http://10.0.0.5:8998") is None
     assert port_problem("http://10.0.0.5") is None  # the scheme's port
     assert port_problem("http://[::1") is None  # not a URL: its own error says so
-    for url in ("http://10.0.0.5:None", "http://10.0.0.5:0", "http://10.0.0.5:", "http://[::1]:None"):
+    for url in (
+        "http://10.0.0.5:None",
+        "http://10.0.0.5:0",
+        "http://10.0.0.5:",
+        "http://[::1]:None",
+    ):
         found = port_problem(url)
         assert found is not None
         assert found.code == "port-missing"

@@ -392,6 +392,8 @@ def test_unreachable_is_not_lost_until_the_ttl_has_passed(
         assert reg.wait_for(State.REGISTERING, 6 * ttl)
     finally:
         member.send(signal.SIGCONT)
+    # The listener hears the change on the registrar's thread after the state is set.
+    assert wait_until(lambda: any(w == "registering" and at >= stopped for at, w in events))
     after = [(at, what) for at, what in events if at >= stopped]
     lost_at = next(at for at, what in after if what == "registering")
     # Checks failed before that while the state stayed registered: the lease might have lived.

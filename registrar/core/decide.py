@@ -298,7 +298,12 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
         return _with(_accepted(given, state, seen.at), changes)
     changes["last_error"] = outcome.error
     refused = outcome.refused and outcome.verdict is Verdict.RETRY
-    lost = outcome.verdict is Verdict.RETRY and not refused and outcome.status_code is None
+    lost = (
+        outcome.verdict is Verdict.RETRY
+        and not refused
+        and not outcome.unsent
+        and outcome.status_code is None
+    )
     state = replace(
         state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
     )

@@ -30,6 +30,9 @@ class RegisterOutcome:
     refused: bool = False
     """The connection was refused: no process listens, so probing again soon costs the server
     nothing (the loop probes at a short cadence instead of backing off)."""
+    unsent: bool = False
+    """The request never left this side (its host name did not resolve): unanswered, yet
+    nothing of it can have reached the server, so no look for it is needed."""
 
     @property
     def reachable(self) -> bool:

@@ -33,7 +33,7 @@ from .registry import protocol_factory
 from .runner import Controls, Runner
 from .settings import Hooks, HttpSettings, LoopSettings, split_options
 from .status import Status
-from .transport import Abortable, Transport, WatchBounded
+from .transport import Abortable, Resolving, Transport, WatchBounded
 from .validate import encode_payload, fleet_size
 
 _REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
@@ -171,8 +171,14 @@ class Registrar:
         return self._board.status.thread_died
 
     def status(self) -> Status:
-        """The latest snapshot; never blocks on the loop or a request in flight."""
-        return self._board.status
+        """The latest snapshot; never blocks on the loop or a request in flight. What the
+        resolver does to the server's name is read live (a stalled lookup outlives attempts)."""
+        status = self._board.status
+        if isinstance(self._transport, Resolving):
+            resolution = self._transport.resolution()
+            if resolution != status.resolution:
+                status = replace(status, resolution=resolution)
+        return status
 
     def __repr__(self) -> str:
         status = self._board.status

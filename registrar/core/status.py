@@ -58,6 +58,11 @@ class Status:
     last_request_at: float | None = None
     """When the last request (registration or route check) ended: when `server_reachable` was
     read."""
+    resolution: str | None = None
+    """What the resolver does to the server's host name when it matters, read live: "resolving
+    NAME (no answer for 3 s)" while a lookup is in flight past its first second (a stalled
+    resolver, not a silent server), or the last good address in use while it fails; None
+    while names resolve normally."""
     thread_died: bool = False
     """No registrar thread will ever update this snapshot again: it ended on an unexpected
     error, or this process is a fork of the one that runs it. `last_error` says which. Part of

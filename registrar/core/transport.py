@@ -107,6 +107,17 @@ class Abortable(Protocol):
 
 
 @runtime_checkable
+class Resolving(Protocol):
+    """Optional: a transport that reaches its server by host name, and can say what the
+    resolver is doing to it (`Status.resolution`)."""
+
+    def resolution(self) -> str | None:
+        """ "resolving NAME ..." while its lookup stalls, the last good address in use while
+        it fails, else None (called from any thread; never blocks on a request)."""
+        ...
+
+
+@runtime_checkable
 class FleetSized(Protocol):
     """Optional: a transport that knows how many clients register with the same server at
     once (SGLang: the size of the prefill topology, from the payload). The loop spreads a

@@ -4,7 +4,8 @@ A socket timeout bounds each read, not their sum: a server sending one byte ever
 endless chunked body or endless `100 Continue` answers would hold a request for ever. No HTTP
 library bounds the whole exchange, so this module does: a `Watchdog` per transport is armed for
 each request, and one helper thread for the process shuts the request's sockets down when it is
-due, which wakes a blocked connect, TLS handshake or read at once.
+due, which wakes a blocked connect, TLS handshake or read at once (and a wait for a name lookup,
+`registrar.protocols.resolver`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class Watchdog:
         self.by_abort = False
         """The request's end came from `fire()` (a stop), not from its deadline."""
         self._sockets: set[socket.socket] = set()
+        self._wakes: set[threading.Event] = set()
+        """Waits of the request that are not on a socket (a name lookup), ended with it."""
 
     def begin(self, seconds: float) -> float:
         """Arm for a request of at most `seconds`; when it is due (monotonic)."""
@@ -127,6 +130,8 @@ class Watchdog:
         self.at = None
         for sock in self._sockets:
             shutdown(sock)
+        for wake in self._wakes:
+            wake.set()
 
     def track(self, sock: socket.socket) -> None:
         with DEADLINES.cond:
@@ -137,6 +142,19 @@ class Watchdog:
     def untrack(self, sock: socket.socket) -> None:
         with DEADLINES.cond:
             self._sockets.discard(sock)
+
+    def attach(self, wake: threading.Event) -> bool:
+        """Set `wake` when the request in flight ends (its deadline, or a stop); False when it
+        already has (`registrar.protocols.resolver.Abandon`)."""
+        with DEADLINES.cond:
+            if self._fired:
+                return False
+            self._wakes.add(wake)
+            return True
+
+    def detach(self, wake: threading.Event) -> None:
+        with DEADLINES.cond:
+            self._wakes.discard(wake)
 
     def close(self) -> None:
         """Nothing to end: the deadline thread is the process's, and holds no socket of a

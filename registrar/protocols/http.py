@@ -63,6 +63,7 @@ from .httpvalues import (
 )
 from .idle import KEEPALIVE_WINDOW, IdleCloses, Prober, wait_readable
 from .probe import Answer, evidence_for
+from .resolver import Unresolved
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,11 @@ class HttpTransport:
         """End the request in flight now, as if its deadline had passed (any thread)."""
         self._watchdog.fire()
 
+    def resolution(self) -> str | None:
+        """The server's host name while its lookup stalls or fails ("resolving NAME"), for
+        the status; None while it resolves normally (any thread)."""
+        return self._link.resolution()
+
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle kept-alive connection: a server process that exits (restart, crash)
         closes it at once, which is read as a sign that the route may be gone (True), unless
@@ -245,7 +251,7 @@ class HttpTransport:
         limit: int | None,
         headers: Mapping[str, str] | None,
     ) -> HttpResult:
-        opened_before = self._link.opened_count
+        opened_before, moves_before = self._link.opened_count, self._link.moves
         started = time.monotonic()
         was_alive = (
             self._kept_alive
@@ -274,10 +280,16 @@ class HttpTransport:
         self._last_end = time.monotonic()
         self._refused = False
         # Evidence whatever becomes of the request (one cut at its deadline must not lose it).
-        reconnected = was_alive and self._link.opened_count > opened_before
+        # An address that moved counts as the same evidence: a server replaced elsewhere.
+        reconnected = (
+            was_alive and self._link.opened_count > opened_before
+        ) or self._link.moves > moves_before
         # A socket timeout as long as the deadline can end the request a moment before the
-        # deadline thread does (a busy machine): it ran out of the same time.
-        if fired or (isinstance(error, TimeoutError) and self._last_end >= due):
+        # deadline thread does (a busy machine): it ran out of the same time. A lookup that
+        # ran out of it says so itself ("could not resolve NAME within 1.0 s").
+        unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
+        timed_out = isinstance(error, TimeoutError) and self._last_end >= due
+        if not unresolved and (fired or timed_out):
             return self._abandoned(reconnected)
         if error is not None or response is None:
             return self._failed(error, was_alive, reconnected)
@@ -334,7 +346,7 @@ class HttpTransport:
         self._link.close()
         # Our kept-alive connection broken under the request, or re-opened for it: server-closed.
         broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
-            error, TimeoutError | TlsError | LocalError
+            error, TimeoutError | TlsError | LocalError | Unresolved
         )
         # A refusal is evidence of its own; this is about the connection we had.
         refused = isinstance(error, ConnectionRefusedError)
@@ -422,6 +434,7 @@ class HttpTransport:
                 Verdict.FATAL if fatal else Verdict.RETRY,
                 error=self.describe_error(result.error),
                 refused=result.refused,
+                unsent=result.unsent,
             )
         code = result.status_code
         assert code is not None

@@ -6,12 +6,16 @@ must see every time it is opened again), its TLS context (`create_urllib3_contex
 Content-Length enforcement and its decoding, bounded as it inflates
 (`HTTPResponse.read(amt, decode_content=True)`). Its exceptions are mapped here to the ones
 the transport classifies. What no library offers is kept: the connection's socket goes to the
-transport's `Watchdog` before anything is sent or shaken on it, and a socket a bare connect
-probe already opened becomes the next connection's.
+transport's `Watchdog` before anything is sent or shaken on it, a socket a bare connect
+probe already opened becomes the next connection's, and the host name is resolved inside the
+request's deadline (`registrar.protocols.resolver`, in place of the `getaddrinfo` that urllib3's
+`create_connection` makes outside it), looked up again before each request: an address that
+moved closes the kept connection, as a restarted server would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -33,6 +37,7 @@ from urllib3.util.ssl_ import create_urllib3_context
 from ..core.errors import describe_exception
 from ..core.redact import clean
 from .deadline import Watchdog
+from .resolver import RESOLVER, Resolved, Resolver, connect
 
 __all__ = [
     "ConnectTimeout",
@@ -155,18 +160,31 @@ class _Http(HTTPConnection):
         self._link = link
 
     def _new_conn(self) -> socket.socket:
-        return self._link.opened(super()._new_conn, self.timeout)
+        return self._link.opened(lambda: _dial(self, self._link), self.timeout)
 
 
 class _Https(HTTPSConnection):
-    """urllib3's TLS connection, on the socket the link gives it."""
+    """urllib3's TLS connection, on the socket the link gives it (the certificate is checked
+    against the host name, whatever address it resolved to)."""
 
     def __init__(self, link: Link, context: ssl.SSLContext) -> None:
         super().__init__(link.host, link.port, ssl_context=context)
         self._link = link
 
     def _new_conn(self) -> socket.socket:
-        return self._link.opened(super()._new_conn, self.timeout)
+        return self._link.opened(lambda: _dial(self, self._link), self.timeout)
+
+
+def _dial(conn: HTTPConnection, link: Link) -> socket.socket:
+    """What urllib3's `_new_conn` does, on the addresses the link resolved within the deadline
+    (urllib3's own `create_connection` would call `getaddrinfo` outside it)."""
+    timeout = conn.timeout if isinstance(conn.timeout, int | float) else None
+    try:
+        return connect(link.answer(timeout), timeout, link.address, conn.socket_options or ())
+    except TimeoutError as exc:
+        raise ConnectTimeoutError(
+            conn, f"Connection to {conn.host} timed out. (connect timeout={timeout})"
+        ) from exc
 
 
 class Link:
@@ -177,15 +195,29 @@ class Link:
     restarted), and watched: its socket goes to the watchdog, whose shutdown then reaches it
     even inside a TLS handshake."""
 
-    def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: Watchdog) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tls: TlsFiles | None,
+        watchdog: Watchdog,
+        resolver: Resolver = RESOLVER,
+    ) -> None:
         self.host = host
         self.port = port
         self.tls = tls
         self.watchdog = watchdog
+        self.resolver = resolver
         self.conn: HTTPConnection | None = None
         self.watched: socket.socket | None = None
         self.opened_count = 0
         self.probe: socket.socket | None = None
+        self.address: str | None = None
+        """The address the last connection went to (kept while the name still has it)."""
+        self.moves = 0
+        """Times the name's answer no longer had that address: evidence, as a re-opened
+        connection is, that the server process was replaced."""
+        self._resolved: Resolved | None = None
 
     @property
     def sock(self) -> socket.socket | None:
@@ -194,7 +226,8 @@ class Link:
 
     def ensure(self, connect_timeout: float) -> HTTPConnection:
         """A usable connection: the kept one, unless the server closed it meanwhile (or wrote
-        on it unasked: it cannot be reused either way), else a new one."""
+        on it unasked: it cannot be reused either way) or its name moved, else a new one."""
+        self.look(connect_timeout)
         if self.conn is not None and self.sock is not None:
             try:
                 if self.conn.is_connected:
@@ -221,6 +254,25 @@ class Link:
             self.watch(conn.sock)
         return conn
 
+    def look(self, timeout: float) -> None:
+        """Resolve the host within the request's deadline (`Unresolved` when it has no address):
+        an answer without the address in use closes the kept connection (and a probe's) and
+        counts a move."""
+        resolved = self.resolver.resolve(self.host, self.port, timeout, self.watchdog)
+        if self.address is not None and self.address not in resolved.hosts:
+            self.moves += 1
+            self.address = None
+            self.discard_probe()
+            self.close()
+        self._resolved = resolved
+
+    def answer(self, timeout: float | None) -> Resolved:
+        """The addresses `look()` found for this request (resolved now without one)."""
+        if self._resolved is None:
+            self.look(timeout if timeout is not None else 5.0)
+        assert self._resolved is not None
+        return self._resolved
+
     def opened(self, connect: Callable[[], socket.socket], timeout: float | None) -> socket.socket:
         """The new connection's socket (the probe's, or `connect()`'s), watched from now on."""
         sock = self.take_probe()
@@ -228,8 +280,14 @@ class Link:
             sock = connect()
         else:
             sock.settimeout(timeout)
+        with contextlib.suppress(OSError):
+            self.address = str(sock.getpeername()[0])
         self.watch(sock)
         return sock
+
+    def resolution(self) -> str | None:
+        """What the resolver does to this host, when it matters (for the status)."""
+        return self.resolver.describe(self.host)
 
     def watch(self, sock: socket.socket) -> None:
         """Hand the connection's own socket to the watchdog (no duplicate: one descriptor

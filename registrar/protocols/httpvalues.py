@@ -16,6 +16,7 @@ from email.utils import mktime_tz, parsedate_tz
 from urllib.parse import urlencode
 
 from ..core import rules
+from .resolver import Unresolved
 
 RETRY_AFTER_CEILING = 365 * 24 * 3600.0
 """A year: no Retry-After is read as longer (the registrar's own cap is far smaller)."""
@@ -69,6 +70,11 @@ class HttpResult:
     """The connection was refused: nothing listens there."""
     complete: bool = True
     """The whole body was read and decoded; False when it was cut at the cap."""
+
+    @property
+    def unsent(self) -> bool:
+        """Nothing of the request left this side: its host name did not resolve."""
+        return isinstance(self.error, Unresolved)
 
 
 class TokenUnavailable(RuntimeError):

@@ -14,10 +14,10 @@ import errno
 import os
 import socket
 import time
-from typing import Any
 
 from ..core.waker import Waker
 from .deadline import ready
+from .resolver import RESOLVER, Resolver, Unresolved
 
 __all__ = ["KEEPALIVE_WINDOW", "MAX_HARMLESS_CLOSES", "IdleCloses", "Prober", "wait_readable"]
 
@@ -91,23 +91,22 @@ class IdleCloses:
 
 class Prober:
     """A bare, non-blocking TCP connect to the server, bounded by the connect timeout (it
-    wakes no deadline thread). The address is resolved once per second at most."""
+    wakes no deadline thread). The address comes from the process's resolver
+    (`registrar.protocols.resolver`: twice a second at most, the last good one while it
+    stalls), within the same timeout."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, resolver: Resolver = RESOLVER) -> None:
         self._address = (host, port)
-        self._resolved: tuple[float, Any] | None = None
+        self._resolver = resolver
 
     def connect(self, timeout: float) -> socket.socket | ConnectionRefusedError | None:
         """A connected socket, the refusal, or None when it cannot tell (the request itself
         will meet the error and name it)."""
-        now = time.monotonic()
-        if self._resolved is None or now - self._resolved[0] > 1.0:
-            try:
-                info = socket.getaddrinfo(*self._address, 0, socket.SOCK_STREAM)[0]
-            except OSError:
-                return None
-            self._resolved = (now, info)
-        family, kind, proto, _, address = self._resolved[1]
+        try:
+            resolved = self._resolver.resolve(*self._address, timeout)
+        except Unresolved:
+            return None
+        family, kind, proto, address = resolved.addresses[0]
         sock = socket.socket(family, kind, proto)
         try:
             sock.setblocking(False)

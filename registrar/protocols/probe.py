@@ -13,7 +13,6 @@ import contextlib
 import ipaddress
 import socket
 import ssl
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,6 +25,7 @@ from ..core.diagnosis import Evidence, Knock, Seen, port_text
 from ..core.errors import describe_exception
 from ..core.redact import clean, redact_url
 from ..core.untrusted import load_json
+from .resolver import RESOLVER, Unresolved
 
 __all__ = ["Answer", "ProbeOptions", "Recognise", "evidence_for", "fetch", "gather", "resolve"]
 
@@ -54,24 +54,13 @@ Recognise = Callable[[Answer], bool]
 
 def resolve(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], str]:
     """The addresses `host` resolves to, and why none (the resolver's words, or a timeout).
-    The lookup runs in a thread that is abandoned at `timeout`: the system resolver cannot be
-    interrupted."""
-    found: list[str] = []
-    why: list[str] = []
-
-    def lookup() -> None:
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            found.extend(str(info[4][0]) for info in infos)
-        except OSError as exc:
-            why.append(describe_exception(exc))
-
-    worker = threading.Thread(target=lookup, name="registrar-probe-resolve", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        return [], f"no answer from the resolver within {timeout:g} s"
-    return found, (why[0] if why else "")
+    The lookup is the transports' own (`RESOLVER`: one in flight per name, abandoned at
+    `timeout`), so a probe under a stalled resolver costs no thread of its own."""
+    try:
+        resolved = RESOLVER.resolve(host, port, timeout)
+    except Unresolved as exc:
+        return [], describe_exception(exc)
+    return list(dict.fromkeys(str(address[3][0]) for address in resolved.addresses)), ""
 
 
 def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]:

@@ -149,6 +149,11 @@ class EtcdClient:
     def clean(self, text: str) -> str:
         return clean(text, 400, self.secrets)
 
+    def resolution(self) -> str | None:
+        """The first member whose name stalls or fails in the resolver, said as it says it."""
+        found = (transport.resolution() for transport in self._http)
+        return next((text for text in found if text is not None), None)
+
     def abort(self) -> None:
         """End the request in flight; no failover after it. Nothing once `closing()` began."""
         with self._abort_lock:

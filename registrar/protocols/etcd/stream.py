@@ -20,6 +20,7 @@ from ...core.errors import ConfigError
 from ...core.redact import clean
 from ...core.untrusted import load_json
 from ...core.waker import Waker
+from ..resolver import RESOLVER, connect
 
 MAX_WATCH_MESSAGE = 1024 * 1024
 """Bytes one watch message may take (an event carries our value and maybe a previous one)."""
@@ -147,7 +148,9 @@ class WatchStream:
         parts = urlsplit(endpoint)
         host = parts.hostname or "127.0.0.1"
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        sock = socket.create_connection((host, port), timeout=dial.timeout)
+        # Resolved within the connect timeout (a stalled resolver must not hold the watch).
+        resolved = RESOLVER.resolve(host, port, dial.timeout)
+        sock = connect(resolved, dial.timeout)
         try:
             if dial.context is not None:
                 sock = dial.context.wrap_socket(sock, server_hostname=host)

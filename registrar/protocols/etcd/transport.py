@@ -241,6 +241,10 @@ class EtcdTransport:
 
     # ----------------------------------------------------------------- the end
 
+    def resolution(self) -> str | None:
+        """What the resolver does to the members' names (`Status.resolution`)."""
+        return self._client.resolution()
+
     def abort(self) -> None:
         """End the request in flight (from `stop()`); no failover after it. The revoke that
         `close()` sends is not cut: the registrar's thread may already be sending it."""

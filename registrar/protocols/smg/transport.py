@@ -118,8 +118,8 @@ class SmgTransport:
         for _ in range(2):  # again at once when the worker we adopted was being removed
             self._draining_seen = False
             result = self._send("POST", "/workers", json=dict(payload))
-            # Sent, unless refused: its worker may exist even if its answer is lost.
-            self._posted = self._posted or not result.refused
+            # Sent, unless refused (or unresolved): its worker may exist even if its answer is lost.
+            self._posted = self._posted or not (result.refused or result.unsent)
             code = result.status_code
             if result.error is not None or code not in (200, 201, 202, 409):
                 return self._http.classify_registration(result)
@@ -312,6 +312,10 @@ class SmgTransport:
                 return False
             self._clock.wait(threading.Event(), min(delay, left))
             delay = min(delay * 2, _POLL_MAX)
+
+    def resolution(self) -> str | None:
+        """What the resolver does to the gateway's name (`Status.resolution`)."""
+        return self._http.resolution()
 
     def abort(self) -> None:
         """End an attempt's wait for the gateway now (from `stop()`); `close` still drains,

@@ -1,21 +1,21 @@
 """`registrar status`: read a running agent's `/health` and say, for a person or as JSON,
-whether it is registered. A plain HTTP client fits here: `requests`."""
+whether it is registered. The registrar's own HTTP transport reads it: one deadline bounds the
+whole request, the name lookup included ("could not resolve NAME within 2.0 s"), and the
+answer is read up to a cap."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import threading
 from typing import Any
 from urllib.parse import urlsplit
-
-import requests
 
 from ...core.errors import describe_exception
 from ...core.machine import State
 from ...core.redact import clean, redact_url
 from ...core.untrusted import load_json
+from ...protocols.http import HttpTransport
 from .common import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
 
 MAX_HEALTH_BYTES = 1024 * 1024
@@ -49,51 +49,29 @@ def _where(url: str) -> tuple[str, str]:
     return target, clean(redact_url(target), 200)
 
 
-class DeadlineError(Exception):
-    """No complete answer within --timeout in all."""
-
-
-def _get(target: str, timeout: float) -> bytes:
-    with requests.get(target, timeout=timeout, stream=True) as response:
-        body: bytes = response.raw.read(MAX_HEALTH_BYTES + 1, decode_content=True)
-    return body
-
-
-def _fetch(target: str, timeout: float) -> bytes:
-    """The answer's body, read up to the cap (one more byte tells a larger one), within
-    `timeout` seconds in all (requests bounds each read, not the whole answer: a server that
-    trickles its headers would hold it for ever), or the exception that ended it."""
-    found: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            found["body"] = _get(target, timeout)
-        except Exception as exc:
-            found["error"] = exc
-
-    # A daemon thread: the command ends when the deadline passes, whatever the read does.
-    reader = threading.Thread(target=run, name="registrar-status", daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if reader.is_alive():
-        raise DeadlineError(f"no complete answer within the request deadline of {timeout:g} s")
-    if "error" in found:
-        raise found["error"]
-    body: bytes = found["body"]
-    return body
+def _fetch(target: str, timeout: float) -> str:
+    """The answer's text within `timeout` seconds in all, or `OSError` saying what ended it;
+    `ValueError` for an answer over the cap."""
+    parts = urlsplit(target)
+    http = HttpTransport(f"{parts.scheme}://{parts.netloc}", timeout=timeout)
+    try:
+        result = http.send("GET", parts.path, limit=MAX_HEALTH_BYTES)
+    finally:
+        http.close()
+    if result.error is not None:
+        raise OSError(http.describe_error(result.error))
+    if not result.complete:
+        raise ValueError("answer too large")
+    return result.text
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     target, shown = _where(args.health_url.rstrip("/"))
     try:
-        body = _fetch(target, args.timeout)
-    except (requests.RequestException, OSError, DeadlineError) as exc:
+        document, entries = _health_check(load_json(_fetch(target, args.timeout)))
+    except OSError as exc:
         print(f"registrar: cannot reach {shown}: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    try:
-        if len(body) > MAX_HEALTH_BYTES:
-            raise ValueError("answer too large")
-        document, entries = _health_check(load_json(body.decode("utf-8", "replace")))
     except ValueError:
         print(f"registrar: {shown} is not a registrar health endpoint", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -138,6 +116,8 @@ def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list
     seen = check.get("diagnosis")
     if isinstance(seen, dict):
         lines.append(f"diagnosis:    {_field(seen, 'code')}: {clean(seen.get('sentence'), 400)}")
+    if check.get("resolution"):
+        lines.append(f"resolver:     {_field(check, 'resolution')}")
     return lines
 
 
