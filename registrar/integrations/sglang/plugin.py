@@ -184,11 +184,12 @@ def verify(strict: bool | None = None) -> list[str]:
     current = _current_plan(version)
     failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
     lacking = [c for c in current.unavailable() if c.feature.required]
-    broken = failed + [
-        t.path for c in lacking for t in c.feature.candidates if t.covers(current.release)
-    ]
-    if broken:
-        causes = "; ".join(f"{path} ({_cause(path)})" for path in dict.fromkeys(broken))
+    absent = [t.path for c in lacking for t in c.feature.candidates if t.covers(current.release)]
+    if failed or absent:
+        causes = "; ".join(
+            [f"{path} ({_cause(path)})" for path in failed]
+            + [f"{path} ({_cause(path, registered=False)})" for path in absent]
+        )
         line = f"{DISTRIBUTION} {__version__} could not patch {causes} in sglang {version}"
         if strict:
             raise SystemExit(f"{line}; REGISTRAR_STRICT=1: stopping")
