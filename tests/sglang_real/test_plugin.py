@@ -67,7 +67,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # loading SGLang takes 15 s alone; far more on a loaded 2-core machine
         env=child_env(**env),
         cwd=HERE,
         check=False,
