@@ -45,8 +45,10 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.disaggregation.common import conn
 values = SimpleNamespace(load_balance_method="round_robin", enable_dsa_cache_layer_split=False,
-                         port=30000, enable_cp_tp_group_sharing=False)
-for name in ("get_parallel", "get_serving"):
+                         port=30000, enable_cp_tp_group_sharing=False,
+                         enable_kv_cache_sharding=False,
+                         disaggregation_decode_allocation_policy="early")
+for name in ("get_parallel", "get_serving", "get_disagg"):
     if name in vars(conn):
         setattr(conn, name, lambda: values)
 manager = conn.CommonKVManager.__new__(conn.CommonKVManager)
@@ -54,7 +56,8 @@ manager.__dict__.update(
     dist_init_addr=None, bootstrap_host="127.0.0.1", bootstrap_port={port},
     attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dp_size=1,
     attn_dp_rank=0, pp_size=1, pp_rank=0, system_dp_size=1, system_dp_rank=0,
-    local_ip="127.0.0.1", rank_port=17001, kv_cache_dtype_str="auto",
+    local_ip="127.0.0.1", rank_port=17001, kv_cache_dtype_str="auto", kv_layout=None,
+    dsv41_spec_layout=None,
     kv_args=SimpleNamespace(page_size=1, rust_http_port=None),
     server_args=SimpleNamespace(kv_cache_dtype="auto", load_balance_method="round_robin"),
 )
