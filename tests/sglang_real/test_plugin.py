@@ -22,10 +22,10 @@ from registrar import __version__
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang import ACTIVE
 from registrar.integrations.sglang.tables import readiness
-from registrar.integrations.sglang.targets import expected, parse_release
+from registrar.integrations.sglang.targets import NEWEST_KNOWN, expected, installed_release
 
-RELEASE = parse_release(version("sglang"))
-assert RELEASE is not None, "tests/sglang_real needs an installed SGLang"
+RELEASE = installed_release() or NEWEST_KNOWN
+"""This environment's SGLang (collected without one, every test here is skipped: conftest.py)."""
 TAKEN = sum(target is not None for target in expected(RELEASE))
 """How many targets the table says this release has (8 on 0.5.22+, 5 to 7 before)."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Literal, Protocol
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Release",
     "Target",
     "expected",
+    "installed_release",
     "parse_release",
     "plan",
     "release_text",
@@ -55,6 +57,14 @@ def parse_release(text: str | None) -> Release | None:
         return None
     major, minor, patch = found.groups()
     return int(major), int(minor), int(patch or 0)
+
+
+def installed_release() -> Release | None:
+    """The installed SGLang's release, from its package metadata (None: not installed)."""
+    try:
+        return parse_release(version("sglang"))
+    except PackageNotFoundError:
+        return None
 
 
 def release_text(release: Release) -> str:
