@@ -33,3 +33,16 @@ cached_venv() {
 install_pins() {
   "$1/bin/python" -m pip install -q --no-deps -r "$2" 2> >(grep -v '^WARNING: Location' >&2)
 }
+
+# A pin file with another's pins put in place: the lines of OVERRIDES (comments ignored) replace
+# the BASE pins of the same package (names compared as pip does: case, `_` and `.` alike); the
+# ones BASE lacks are added at the end. Prints the result.
+merge_pins() {
+  awk '
+    function key(line) { sub(/[=<>!~ ].*/, "", line); line = tolower(line); gsub(/[_.]/, "-", line); return line }
+    NR == FNR { if ($0 !~ /^[[:space:]]*(#|$)/) { over[key($0)] = $0; order[++n] = key($0) } next }
+    $0 !~ /^[[:space:]]*(#|$)/ && (key($0) in over) { print over[key($0)]; used[key($0)] = 1; next }
+    { print }
+    END { for (i = 1; i <= n; i++) if (!(order[i] in used)) print over[order[i]] }
+  ' "$2" "$1"
+}

@@ -21,7 +21,7 @@ from support import sglang_payload, wait_until
 from registrar import HttpTransport, Registrar, State, smg_registrar
 from registrar.core.backoff import Backoff
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.integrations.sglang.plugin import rank_summary
+from registrar.integrations.sglang.rows import rank_summary
 from registrar.protocols.resolver import FRESH, RESOLVER
 from registrar.surfaces.cli.common import EXIT_NOT_REGISTERED
 from registrar.surfaces.cli.status import cmd_status

@@ -126,6 +126,30 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the plugin's variables",
     ),
+    "registrar.integrations.sglang.guard": (
+        ("test_sglang_capture.py",),
+        "the guards around every hook kind, beside the capture they protect",
+    ),
+    "registrar.integrations.sglang.probe": (
+        ("test_sglang_targets.py",),
+        "the source reader, with the target table it answers for",
+    ),
+    "registrar.integrations.sglang.report": (
+        ("test_sglang_cli.py",),
+        "what `registrar sglang` prints",
+    ),
+    "registrar.integrations.sglang.rows": (
+        ("test_sglang_plugin.py", "test_sglang_registrar.py"),
+        "a rank's registrars inside SGLang",
+    ),
+    "registrar.integrations.sglang.status": (
+        ("test_sglang_plugin.py", "test_sglang_gateway_plugin.py"),
+        "the /server_info fields",
+    ),
+    "registrar.integrations.sglang.tables": (
+        ("test_sglang_plugin.py", "test_sglang_capture.py"),
+        "the bootstrap table, readiness and the /ready route",
+    ),
     "registrar.protocols": (
         (
             "test_layout.py",

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .bootstrap_http import Handler, Listener, bind, cut, send
-from .route_table import CRASH, RouteTable, parse_get, parse_put
+from .route_table import CRASH, LATEST_RELEASE, RouteTable, parse_get, parse_put, release_fields
 
 _CLOSE = {"Connection": "close"}
 """The header of an answer after which the server closes the connection."""
@@ -79,8 +79,9 @@ class _Gone(Exception):
 class BootstrapServer:
     """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across
     restarts), or on `sock`, a bound socket that does not listen yet (it holds the port, and
-    refuses connections, until `start()`). Use as a context manager, or `start()` and
-    `close()`."""
+    refuses connections, until `start()`). `release` is the SGLang release whose server it
+    copies (its optional fields and checks: `route_table.FIELDS_SINCE`). Use as a context
+    manager, or `start()` and `close()`."""
 
     def __init__(  # noqa: PLR0913 (the reference server's documented keyword options)
         self,
@@ -92,8 +93,11 @@ class BootstrapServer:
         certfile: str | None = None,
         keyfile: str | None = None,
         sock: socket.socket | None = None,
+        release: str = LATEST_RELEASE,
     ) -> None:
         self.host = host
+        self.release = release
+        self._fields = release_fields(release)
         self._tls: ssl.SSLContext | None = None
         if certfile is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -104,7 +108,7 @@ class BootstrapServer:
         self.token = token
         self.max_body_bytes = max_body_bytes
         self._lock = threading.Lock()
-        self._table = RouteTable()
+        self._table = RouteTable(fields=self._fields)
         self._faults: deque[Fault] = deque()
         self._connections: set[socket.socket] = set()
         self._records: deque[RequestRecord] = deque(maxlen=200_000)
@@ -183,7 +187,7 @@ class BootstrapServer:
     def forget(self) -> None:
         """Lose every route, as a new process would."""
         with self._lock:
-            self._table = RouteTable()
+            self._table = RouteTable(fields=self._fields)
 
     def restart(self, down_for: float = 0.0) -> None:
         """Restart with empty memory: drop every connection, forget, come back after
@@ -194,7 +198,7 @@ class BootstrapServer:
             self.restarts += 1
         if down_for <= 0 and self._server is not None:
             with self._lock:
-                self._table = RouteTable()
+                self._table = RouteTable(fields=self._fields)
                 self._lifetime += 1
                 self._release.set()
                 self._release = threading.Event()
@@ -202,7 +206,7 @@ class BootstrapServer:
             return
         self.stop()
         with self._lock:
-            self._table = RouteTable()
+            self._table = RouteTable(fields=self._fields)
             self._lifetime += 1
         time.sleep(down_for)
         self.start()

@@ -5,6 +5,11 @@ rank) and how its `/route` PUT and GET handlers change and read it, step for ste
 reads, checks and order, so the same payload fails the same way (an exception escapes as on
 the real server, which answers it with a bare 500). The HTTP side, the faults and the server's
 lifetimes are `bootstrap_server`'s.
+
+The core of the protocol (the 14 fields, the GET's four ranks, the 503 count, the 404) is the
+same in every SGLang release from 0.5.10; later releases added optional fields, each with its
+checks and its key in the server info. `RouteTable(release=...)` keeps the fields of one release
+(`FIELDS_SINCE`), so the reference server can stand in for the real server of each.
 """
 
 from __future__ import annotations
@@ -32,6 +37,39 @@ _REQUIRED = (
     "page_size",
     "kv_cache_dtype",
 )
+
+LATEST_RELEASE = "0.5.23"
+"""The newest SGLang release whose server this table copies; the default."""
+
+_OLDEST = (0, 5, 10)
+FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
+    "enable_dsa_cache_layer_split": (0, 5, 16),
+    "prefill_http_port": (0, 5, 16),
+    "dsv41_spec_layout": (0, 5, 21),  # with its 400 when the ranks differ
+    "decode_allocation_policy": (0, 5, 22),  # with its 400 when the ranks differ
+    "kv_layout": (0, 5, 23),
+    "enable_kv_cache_sharding": (0, 5, 23),
+}
+"""The optional payload fields the server stores, and the release that added each."""
+
+
+def release_fields(release: str) -> frozenset[str]:
+    """The optional fields SGLang `release` ("0.5.19", "0.5.13.post1") stores; a clear
+    ValueError for a release this table does not speak for."""
+    parts = release.split(".")
+    try:
+        version = tuple(int(part) for part in parts[:3])
+    except ValueError:
+        version = ()
+    if len(version) != 3 or not all(p.startswith("post") for p in parts[3:]):
+        raise ValueError(f"release={release!r}: give an SGLang version such as '0.5.19'")
+    if version < _OLDEST:
+        raise ValueError(
+            f"release={release!r}: the reference server speaks the protocol of SGLang 0.5.10 "
+            "and later (older releases have no worker count nor 503); give 0.5.10 or newer"
+        )
+    return frozenset(name for name, since in FIELDS_SINCE.items() if version >= since)
+
 
 CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
 """aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
@@ -72,7 +110,8 @@ class RouteTable:
     """The server's memory, kept field for field as SGLang's `CommonKVBootstrapServer` keeps it,
     lost on every restart. Values are stored as the payload gave them, so a wrongly typed one
     fails later exactly where it fails on the real server. Not thread-safe: the server holds
-    its lock around every call."""
+    its lock around every call. `fields` are the optional fields of the release it copies
+    (`release_fields`); a field outside them is ignored, as that release ignores it."""
 
     attn_tp_size: Any = None
     attn_cp_size: Any = None
@@ -89,6 +128,7 @@ class RouteTable:
     decode_allocation_policy: Any = "early"
     ranks: dict[tuple[Any, Any, Any, Any], dict[str, Any]] = field(default_factory=dict)
     count: int = 0
+    fields: frozenset[str] = frozenset(FIELDS_SINCE)
 
     def ready(self) -> bool:
         """The real `_is_ready`: raises TypeError, as it does, on wrongly typed sizes."""
@@ -103,14 +143,9 @@ class RouteTable:
     def put(self, request: PutRequest) -> tuple[int, str]:
         """SGLang's `_handle_route_put` after its reads: the status and text it answers."""
         data, fields = request.data, request.fields
-        dsv41_spec_layout = data.get("dsv41_spec_layout")
-        if self.count and self.dsv41_spec_layout != dsv41_spec_layout:
-            return 400, "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
-        policy = data.get("decode_allocation_policy", "early")
-        if self.count and self.decode_allocation_policy != policy:
-            return 400, "Inconsistent prefill allocation policies"
-        self.dsv41_spec_layout = dsv41_spec_layout
-        self.decode_allocation_policy = policy
+        refused = self._layout_checks(data)
+        if refused is not None:
+            return 400, refused
         single = fields["system_dp_size"] == 1
         self._first_writer_wins(data, fields, single)
         dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
@@ -119,6 +154,21 @@ class RouteTable:
         self.count += 1
         self.expected()  # computed for a log line after the count: a bad size fails here
         return 200, "OK"
+
+    def _layout_checks(self, data: dict[str, Any]) -> str | None:
+        """The checks a PUT passes before it is stored (each in the releases that have it):
+        the text of the 400 answer, or None; the last writer's values are kept."""
+        layout = data.get("dsv41_spec_layout")
+        if "dsv41_spec_layout" in self.fields and self.count and self.dsv41_spec_layout != layout:
+            return "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+        policy = data.get("decode_allocation_policy", "early")
+        if "decode_allocation_policy" in self.fields:
+            if self.count and self.decode_allocation_policy != policy:
+                return "Inconsistent prefill allocation policies"
+            self.decode_allocation_policy = policy
+        if "dsv41_spec_layout" in self.fields:
+            self.dsv41_spec_layout = layout
+        return None
 
     def get(self, dp: str, cp: str, tp: str, pp: str) -> tuple[int, str, str]:
         """SGLang's `_handle_route_get` after its reads (int() only where the real one calls
@@ -164,8 +214,11 @@ class RouteTable:
             "required_dst_info_num": None,
             "required_prefill_response_num": None,
         }
+        for optional in FIELDS_SINCE:
+            if optional not in self.fields:
+                del info[optional]
         for optional in ("dsv41_spec_layout", "kv_layout"):
-            if info[optional] is None:
+            if info.get(optional, "") is None:
                 del info[optional]
         return info
 
@@ -193,6 +246,8 @@ class RouteTable:
             ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
         )
         for name, value in firsts:
+            if name in FIELDS_SINCE and name not in self.fields:
+                continue
             if getattr(self, name) is None:
                 chosen = value()
                 if chosen is not None:

@@ -10,17 +10,8 @@ Importing this package imports no SGLang: only `load()` (called by SGLang) does.
 
 from __future__ import annotations
 
-from .plugin import (
-    ACTIVE,
-    DISTRIBUTION,
-    SUPPORTED_VERSIONS,
-    TARGETS,
-    bootstrap_summary,
-    load,
-    rank_summary,
-    table_complete,
-    verify,
-)
+from .plugin import ACTIVE, SUPPORTED_VERSIONS, TARGETS, load, verify
+from .rows import DISTRIBUTION, rank_summary
 from .settings import (
     HONOURED,
     PLUGIN_ENV_VARS,
@@ -30,6 +21,7 @@ from .settings import (
     plugin_env_table,
     read_config,
 )
+from .tables import bootstrap_summary, table_complete
 
 __all__ = [
     "ACTIVE",

@@ -53,6 +53,10 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         from .doctor import cmd_doctor  # noqa: PLC0415
 
         return cmd_doctor
+    if name == "sglang":
+        from .sglang import cmd_sglang  # noqa: PLC0415
+
+        return cmd_sglang
     from . import dev  # noqa: PLC0415
 
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
