@@ -32,7 +32,8 @@ def say(**fields: Any) -> None:
 
 
 def kv_args(rank: int) -> Any:
-    """The fields of SGLang's KVArgs that the common manager reads in prefill mode."""
+    """The fields of SGLang's KVArgs that the common manager reads in prefill mode (0.5.23's;
+    an older release ignores those it does not have)."""
     from sglang.srt.disaggregation.base.conn import KVArgs
 
     args = KVArgs()
@@ -68,8 +69,9 @@ def build_manager(bootstrap_port: int, tp_size: int, rank: int, model: str) -> A
     """The real CommonKVManager of one prefill rank, as a scheduler process builds it."""
     from sglang.srt.disaggregation.common.conn import CommonKVManager
     from sglang.srt.disaggregation.utils import DisaggregationMode
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish
     from sglang.srt.server_args import ServerArgs
+
+    from sglang_support.release import publish_rank
 
     server_args = ServerArgs(
         model_path=model,
@@ -80,9 +82,7 @@ def build_manager(bootstrap_port: int, tp_size: int, rank: int, model: str) -> A
         disaggregation_bootstrap_port=bootstrap_port,
         tp_size=tp_size,
     )
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
-    # No torch.distributed here: the pipeline group is never used with pp_size 1.
-    get_parallel().override_permanently(pp_group=None)
+    publish_rank(server_args, rank, tp_size)  # as each release's scheduler does (release.py)
     return CommonKVManager(kv_args(rank), DisaggregationMode.PREFILL, server_args, False)
 
 
