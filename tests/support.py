@@ -308,7 +308,6 @@ def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.01) ->
     return bool(predicate())
 
 
-
 def settled(count: Any, quiet: float, timeout: float) -> int:
     """`count()` once it has not changed for `quiet` seconds; fails if it never settles (a
     loop of requests shows as a count that keeps growing)."""
@@ -322,6 +321,7 @@ def settled(count: Any, quiet: float, timeout: float) -> int:
         elif time.monotonic() - since >= quiet:
             return int(now)
     raise AssertionError(f"still growing after {timeout:g} s: {count()}")
+
 
 SENTINEL = {
     "prefill_dp_rank": -1,

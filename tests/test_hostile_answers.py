@@ -230,7 +230,6 @@ def test_a_check_that_raises_is_undetermined(registrars: list) -> None:
     assert len(transport.registered) == 1
 
 
-
 class RaisingIdle(ScriptedTransport):
     """An idle watcher whose wait raises: the loop must wait on its clock instead."""
 

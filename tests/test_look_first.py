@@ -96,9 +96,7 @@ def test_it_looks_once_per_startup_not_before_every_attempt(
 def test_a_route_lost_later_is_registered_again_without_a_second_look(
     registrars: list[Registrar], clock: FakeClock
 ) -> None:
-    transport = ScriptedTransport(
-        [accepted()], checks=[route(Route.MISSING), route(Route.PRESENT)]
-    )
+    transport = ScriptedTransport([accepted()], checks=[route(Route.MISSING), route(Route.PRESENT)])
     reg = make(registrars, transport, clock, watch_interval=10.0)
     assert wait_until(lambda: reg.status().registrations == 2)
     assert transport.looked == 1  # the watch saw it missing: nothing to look at again

@@ -171,7 +171,6 @@ def test_tls_verification_on_by_default(registrars: list, tmp_path: Path) -> Non
         assert wait_until(lambda: trusted.status().registrations == 2)
 
 
-
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_a_rotated_ca_bundle_is_read_again_on_the_next_connection(
     registrars: list, tmp_path: Path, ports: Ports

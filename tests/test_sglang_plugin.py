@@ -24,6 +24,7 @@ from registrar.integrations.sglang import (
     plugin,
     plugin_env_table,
     read_config,
+    rows,
     table_complete,
 )
 from registrar.surfaces.env import ENV_VARS
@@ -127,7 +128,7 @@ def test_a_bad_variable_stops_the_load_with_one_line_printed_once(
 ) -> None:
     # The line is SystemExit's message, which the interpreter prints; logging it as well
     # printed it twice.
-    monkeypatch.setattr(plugin, "_config", None)
+    monkeypatch.setattr(rows, "_config", None)
     monkeypatch.setenv("REGISTRAR_MAX_ATTEMPTS", "many")
     with caplog.at_level("DEBUG"), pytest.raises(SystemExit) as caught:
         plugin.load()
@@ -139,17 +140,19 @@ def test_a_bad_variable_stops_the_load_with_one_line_printed_once(
 
 
 def test_a_patch_that_cannot_apply_names_its_cause(caplog: pytest.LogCaptureFixture) -> None:
-    # No SGLang in this environment: every target fails to resolve, with the ImportError named.
+    # No SGLang in this environment: no registration hook, with the ImportError named.
     with caplog.at_level("INFO", logger="registrar"):
         missing = plugin.verify(strict=False)
-    assert missing == list(TARGETS)
+    assert plugin.REGISTER_ROW in missing
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     line = record.getMessage()
     assert line.startswith(f"sglang-registrar {__version__} could not patch ")
-    assert "ModuleNotFoundError: No module named 'sglang'" in line
+    assert "_register_topology_row (ModuleNotFoundError: No module named 'sglang')" in line
     assert "REGISTRAR_STRICT=1 stops the server instead" in line
     assert "\n" not in line
     assert not [r for r in caplog.records if plugin.ACTIVE in r.getMessage()]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "sglang unknown (a release the plugin cannot read) lacks targets" in warning
     with pytest.raises(SystemExit) as caught:
         plugin.verify(strict=True)
     assert str(caught.value.code).endswith("REGISTRAR_STRICT=1: stopping")
@@ -200,7 +203,7 @@ def test_readiness_needs_every_row_not_a_count() -> None:
 
 
 def test_the_targets_and_versions_are_named() -> None:
-    assert SUPPORTED_VERSIONS == ("0.5.23",)
+    assert SUPPORTED_VERSIONS == ("0.5.13", "0.5.19", "0.5.20", "0.5.21", "0.5.23")
     assert any(t.endswith("CommonKVManager._register_topology_row") for t in TARGETS)
     assert any(t.endswith("TokenizerManager.is_ready") for t in TARGETS)
 

@@ -204,3 +204,22 @@ def test_the_heartbeat_hook_never_raises_into_sglang(caplog: pytest.LogCaptureFi
     broken = SimpleNamespace()  # no connection_lock: the check itself fails
     assert after_heartbeat_success("result", broken, "127.0.0.1:1") == "result"
     assert "checking the prefill at 127.0.0.1:1 for a restart failed" in caplog.text
+
+
+def test_entries_without_pp_rank_get_it_from_their_position() -> None:
+    # SGLang 0.5.13-0.5.17: entries are {"rank_ip", "rank_port"} only, listed tp outer and
+    # reversed pp inner; each gets the pp of its position, not pp 0.
+    info = SimpleNamespace(target_tp_ranks=[0, 1], target_pp_ranks=[0, 1])
+    pool = {
+        "127.0.0.1:8998_0_0_0": [
+            {"rank_ip": "h", "rank_port": 11},  # tp 0, pp 1
+            {"rank_ip": "h", "rank_port": 10},  # tp 0, pp 0
+            {"rank_ip": "h", "rank_port": 21},  # tp 1, pp 1
+            {"rank_ip": "h", "rank_port": 20},  # tp 1, pp 0
+        ]
+    }
+    rows = cached_rows("127.0.0.1:8998", pool, info)
+    assert {(r.tp, r.pp, r.port) for r in rows} == {(0, 1, 11), (0, 0, 10), (1, 1, 21), (1, 0, 20)}
+    # An order that does not match the sizes and no pp_rank: left unchecked, never misfiled.
+    odd = {"127.0.0.1:8998_0_0_0": [{"rank_ip": "h", "rank_port": 11}]}
+    assert cached_rows("127.0.0.1:8998", odd, info) == []

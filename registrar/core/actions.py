@@ -182,5 +182,3 @@ class Decision:
     trigger: Trigger | None = None
     """Fired (with the snapshot's changes) before the action is performed."""
     notes: tuple[Note, ...] = ()
-
-

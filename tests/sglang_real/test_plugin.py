@@ -1,6 +1,7 @@
-"""registrar's plugin inside SGLang 0.5.23's real code: found by SGLang's own plugin loader, the
-rank's init no longer blocks, a late and a restarted bootstrap server each count every rank
-exactly once, and /ready waits for the whole table."""
+"""registrar's plugin inside the real code of the SGLang release this environment has: found by
+SGLang's own plugin loader, with the targets that release has (the target table), the rank's
+init no longer blocks, a late and a restarted bootstrap server each count every rank exactly
+once, and /ready waits for the whole table."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import warnings
+from importlib.metadata import version
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +21,12 @@ from support import process_port
 from registrar import __version__
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang import ACTIVE
+from registrar.integrations.sglang.targets import expected, parse_release
+
+RELEASE = parse_release(version("sglang"))
+assert RELEASE is not None, "tests/sglang_real needs an installed SGLang"
+TAKEN = sum(target is not None for target in expected(RELEASE))
+"""How many targets the table says this release has (8 on 0.5.22+, 5 to 7 before)."""
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -80,16 +88,19 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["missing"] == []
-    assert len(result["targets"]) == 8
     assert "registrar -> registrar.integrations.sglang:load" in done.stderr
     assert "Loaded plugin registrar from group sglang.srt.plugins" in done.stderr
     assert "Applied 1 hook(s) to " + "sglang.srt.disaggregation.common.conn" in done.stderr
     # The one line an operator greps to know the plugin is active, once in this process.
     loading = done.stderr.split("--- loaded")[0]
     [active] = [line for line in loading.splitlines() if ACTIVE in line]
-    assert f"sglang-registrar {__version__} active in sglang 0.5.23 (pid " in active
-    assert "8 of 8 patches applied" in active
-    assert "(supports sglang 0.5.23)" in active
+    assert f"sglang-registrar {__version__} active in sglang {version('sglang')} (pid " in active
+    assert f"{TAKEN} of {TAKEN} targets this sglang has applied" in active
+    assert "(tested on sglang 0.5.13, 0.5.19, 0.5.20, 0.5.21, 0.5.23)" in active
+    if RELEASE < (0, 5, 22):  # what this release cannot do is named, with why
+        assert "not on this release: server status (" in active
+    assert "WARNING:registrar" not in loading
+    assert "ERROR:registrar" not in loading
 
 
 def test_importing_registrar_imports_no_sglang() -> None:
@@ -103,13 +114,16 @@ def test_importing_registrar_imports_no_sglang() -> None:
     assert done.stdout.strip() == "[]"
 
 
+# The registration target this release has, deleted as if SGLang had renamed it.
+REGISTRATION = "_register_topology_row" if RELEASE >= (0, 5, 20) else "register_to_bootstrap"
+CAUSE = "AttributeError: " if RELEASE >= (0, 5, 20) else "present, but not in the form the plugin"
 RENAMED_METHOD = (
     "import warnings\n"
     "warnings.simplefilter('ignore')\n"
     "import logging\n"
     "logging.basicConfig(level=logging.INFO)\n"
     "from sglang.srt.disaggregation.common import conn\n"
-    "del conn.CommonKVManager._register_topology_row\n"
+    f"del conn.CommonKVManager.{REGISTRATION}\n"
     "from sglang.srt.plugins import load_plugins\n"
     "load_plugins()\n"
 )
@@ -122,8 +136,8 @@ def test_a_patch_that_cannot_apply_is_reported_loudly() -> None:
     assert done.returncode == 0, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR:registrar")]
     assert len(errors) == 1, done.stderr
-    assert "CommonKVManager._register_topology_row (AttributeError: " in errors[0]
-    assert "supported: 0.5.23" in errors[0]
+    # Deleted, the method is missing (0.5.20+) or resolves to the base class's (no PUT in it).
+    assert f"CommonKVManager.{REGISTRATION} ({CAUSE}" in errors[0]
     assert "REGISTRAR_STRICT=1 stops the server instead" in errors[0]
     assert "TokenizerManager.is_ready" not in errors[0]  # the others took effect
     assert ACTIVE not in done.stderr
@@ -135,8 +149,37 @@ def test_strict_stops_the_process_when_a_patch_cannot_apply() -> None:
     assert "still running" not in done.stdout
     [line] = [line for line in done.stderr.splitlines() if "could not patch" in line]
     assert line.startswith(f"sglang-registrar {__version__} could not patch ")
-    assert "_register_topology_row (AttributeError: " in line
+    assert f"{REGISTRATION} ({CAUSE}" in line
     assert line.endswith("REGISTRAR_STRICT=1: stopping")
+
+
+def test_a_release_without_one_of_its_targets_gets_the_rest_and_one_warning() -> None:
+    # As a newer release that dropped a target would: the decode hook is deleted before the
+    # plugin looks. The plugin applies every other target, says so, and warns once naming it.
+    done = run_python(
+        "import warnings, logging\n"
+        "warnings.simplefilter('ignore')\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from sglang.srt.disaggregation.common import conn\n"
+        "del conn.CommonKVManager._on_heartbeat_success\n"
+        "from sglang.srt.plugins import load_plugins\n"
+        "load_plugins()\n",
+        REGISTRAR_STRICT="1",  # a target this SGLang lacks never stops it
+    )
+    assert done.returncode == 0, done.stderr
+    [warning] = [line for line in done.stderr.splitlines() if line.startswith("WARNING:registrar")]
+    assert "lacks targets the plugin looks for: decode check (" in warning
+    assert "CommonKVManager._on_heartbeat_success (AttributeError: " in warning
+    [active] = [line for line in done.stderr.splitlines() if ACTIVE in line]
+    assert f"{TAKEN - 1} of {TAKEN - 1} targets this sglang has applied" in active
+
+
+# The module of this release's rank-status target (the internal-state controller from 0.5.22).
+BROKEN = (
+    "sglang.srt.managers.scheduler_components.internal_state"
+    if RELEASE >= (0, 5, 22)
+    else "sglang.srt.managers.scheduler"
+)
 
 
 def test_a_patch_whose_module_cannot_import_names_the_import_error() -> None:
@@ -149,7 +192,7 @@ def test_a_patch_whose_module_cannot_import_names_the_import_error() -> None:
         "logging.basicConfig(level=logging.INFO)\n"
         "class Broken(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
         "    def find_spec(self, name, path, target=None):\n"
-        "        if name == 'sglang.srt.disaggregation.role_switch':\n"
+        f"        if name == {BROKEN!r}:\n"
         "            return importlib.util.spec_from_loader(name, self)\n"
         "    def create_module(self, spec):\n"
         "        return None\n"
@@ -160,12 +203,13 @@ def test_a_patch_whose_module_cannot_import_names_the_import_error() -> None:
         "load_plugins()\n"
     )
     assert done.returncode == 0, done.stderr
-    [line] = [line for line in done.stderr.splitlines() if "could not patch" in line]
+    [line] = [line for line in done.stderr.splitlines() if "lacks targets" in line]
     assert (
-        "role_switch.teardown_disaggregation (ModuleNotFoundError: No module named "
+        "get_internal_state (ModuleNotFoundError: No module named "
         "'a_dependency_that_is_not_installed')" in line
     )
     assert "CommonKVManager" not in line
+    assert ACTIVE in done.stderr  # the rest is applied
 
 
 def test_a_bad_variable_stops_the_rank_with_one_line_naming_it(spawn_rank) -> None:

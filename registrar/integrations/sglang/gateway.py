@@ -5,7 +5,8 @@ Node 0's HTTP process (the one that holds the `TokenizerManager` and runs uvicor
 with what the server itself says: the worker type from `--disaggregation-mode`, its URL from
 `--host`/`--port` (or `REGISTRAR_WORKER_URL`), a prefill's `--disaggregation-bootstrap-port`, and
 its own readiness (`TokenizerManager.is_ready`, the `/ready` the plugin already gates on every
-bootstrap row): the worker is offered only once that holds.
+bootstrap row; before 0.5.20, which has no `is_ready`, the same readiness computed by the plugin,
+tables.readiness): the worker is offered only once that holds.
 
 Drain: SGLang's SIGTERM handler only sets `gracefully_exit`; `TokenizerManager.sigterm_watchdog`
 then waits for the requests in flight, stops the schedulers and last stops uvicorn. The AROUND
@@ -30,6 +31,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ...core.group import RegistrarGroup
 from ...core.transport import validate_url
+from .tables import readiness
 
 __all__ = [
     "GatewayConfig",
@@ -200,7 +202,7 @@ def before_http_server(
     if config is None or tokenizer_manager is None:
         return
     try:
-        start(config, server_args, tokenizer_manager.is_ready)
+        start(config, server_args, readiness(tokenizer_manager))
     except ConfigError as exc:
         raise SystemExit(f"sglang-registrar: REGISTRAR_GATEWAY: {exc}") from None
 

@@ -1,322 +1,120 @@
 """The plugin SGLang loads from the `sglang.srt.plugins` entry-point group.
 
-What it patches, through SGLang's own `HookRegistry` (no change to SGLang's source):
+What it hooks, through SGLang's own `HookRegistry` (no change to SGLang's source), depends on
+the release: targets.py holds, per feature, the targets each release range has and what stands
+in for them elsewhere (docs/sglang.md "Supported releases" is generated from it):
 
-- REPLACE `CommonKVManager._register_topology_row(self, url, payload)`: SGLang keeps building the
-  URL and payload (multi-node host and port sync, every transfer backend); each row starts a
-  `Registrar` kept on the manager, and the rank's init returns at once instead of blocking in
-  the upstream retry loop (optionally after a bounded wait, `REGISTRAR_INIT_WAIT`).
-- BEFORE `role_switch.teardown_disaggregation(scheduler)`: a role switch stops the rank's
-  registrars before SGLang tears its manager down (and process exit stops them too).
-- AROUND `TokenizerManager.is_ready`: `/ready` is false until the node-0 bootstrap server holds
-  every row of its topology.
-- AFTER `SchedulerInternalStateController.get_internal_state`: `/server_info` carries each
-  answering scheduler's registration summary under `internal_states[i]["registrar"]`.
-- AFTER `build_server_info`: in the node-0 HTTP process, `/server_info` also carries the
-  bootstrap server's missing rows under `registrar_bootstrap`.
-- AFTER `CommonKVManager._on_heartbeat_success` (decode): drop a restarted prefill's stale
-  cached addresses through SGLang's own node-failure handling (stale_prefill.py).
-- BEFORE `http_server._setup_and_run_http_server` and AROUND
-  `TokenizerManager.sigterm_watchdog`: with `REGISTRAR_GATEWAY`, node 0's HTTP process keeps
-  the server listed by the smg gateway(s) once `/ready` holds, and drains from them at SIGTERM
-  before SGLang stops serving (gateway.py); `/server_info` shows it under `registrar_gateway`.
+- registration: REPLACE `CommonKVManager._register_topology_row(self, url, payload)` (0.5.20+),
+  or AROUND `register_to_bootstrap` capturing SGLang's own PUT (0.5.11-0.5.19, capture.py):
+  SGLang keeps building the URL and payload; each row starts a `Registrar` kept on the manager
+  (rows.py), and the rank's init returns at once instead of blocking in SGLang's retry loop;
+- `/ready` false until the node-0 bootstrap server holds every row: AROUND
+  `TokenizerManager.is_ready` (0.5.20+), or a `/ready` route the plugin adds (tables.py);
+- a role switch stops the rank's registrars (BEFORE `teardown_disaggregation`, 0.5.21+);
+- `/server_info` fields (status.py); the decode-side check of a restarted prefill (AFTER
+  `_on_heartbeat_success`, also on Mooncake's override where it has one, stale_prefill.py);
+- with `REGISTRAR_GATEWAY`, the smg gateway registration and its drain at SIGTERM (gateway.py).
 
-`HookRegistry` only logs a patch that failed, so after SGLang applies the hooks the plugin checks
-each target: all applied, it logs the one line that proves it is active (`ACTIVE`); otherwise
-one ERROR naming each missing target, its cause and the supported versions, or with
-`REGISTRAR_STRICT=1` it stops the process with that line.
+Each hook is guarded (guard.py): an unexpected exception is logged once and SGLang's own
+behaviour goes on. `HookRegistry` only logs a patch that failed, so after SGLang applies the
+hooks the plugin checks each one it registered: all applied, it logs the one line that proves it
+is active (`ACTIVE`), naming what this release cannot do and why; a target this SGLang has that
+did not take, or no registration hook at all, is one ERROR (with `REGISTRAR_STRICT=1`, the
+process stops with that line); a target a release should have and lacks (an unknown newer
+release, say) is one WARNING.
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import importlib.util
 import logging
 import os
 import pkgutil
-import signal
-import sys
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ... import __version__
 from ...core.errors import ConfigError
-from ...core.machine import State
-from ...core.registrar import EXIT_CODE, Registrar
-from ...protocols.sglang import rank_of
-from ...surfaces.verbose import make_verbose
-from .gateway import around_sigterm_watchdog, before_http_server, gateway_summary
-from .settings import PluginConfig, read_config
-from .stale_prefill import after_heartbeat_success, close_checks
+from .capture import around_register_to_bootstrap
+from .gateway import around_sigterm_watchdog, before_http_server
+from .guard import guarded
+from .probe import ImportProbe
+from .rows import (
+    DISTRIBUTION,
+    before_teardown,
+    configure,
+    current_config,
+    rank_summary,
+    register_row,
+    stop_rows,
+)
+from .settings import read_config
+from .stale_prefill import after_heartbeat_success
+from .status import after_internal_state, after_server_info
+from .tables import add_ready_route, around_is_ready, bootstrap_summary, table_complete
+from .targets import FEATURES, NEWEST_KNOWN, Plan, Target, parse_release, plan, release_text
 
 __all__ = [
     "ACTIVE",
     "DISTRIBUTION",
     "SUPPORTED_VERSIONS",
     "TARGETS",
+    "after_internal_state",
+    "after_server_info",
     "bootstrap_summary",
     "load",
     "rank_summary",
+    "register_row",
+    "stop_rows",
     "table_complete",
     "verify",
 ]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_VERSIONS = ("0.5.23",)
-"""SGLang versions the plugin is tested on (tests/sglang_real)."""
-
-DISTRIBUTION = "sglang-registrar"
-"""The name on the package index, which every line the plugin logs starts with."""
+SUPPORTED_VERSIONS = ("0.5.13", "0.5.19", "0.5.20", "0.5.21", "0.5.23")
+"""SGLang releases tests/sglang_real runs on in CI; every release 0.5.11-0.5.23 is in the target
+table (targets.py), read from its wheel."""
 
 ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"
 """The start of the one INFO line, per process, that proves the plugin is active (grep it)."""
 
-_CONN = "sglang.srt.disaggregation.common.conn"
-REGISTER_ROW = f"{_CONN}.CommonKVManager._register_topology_row"
-TEARDOWN = "sglang.srt.disaggregation.role_switch.teardown_disaggregation"
-IS_READY = "sglang.srt.managers.tokenizer_manager.TokenizerManager.is_ready"
-INTERNAL_STATE = (
-    "sglang.srt.managers.scheduler_components.internal_state."
-    "SchedulerInternalStateController.get_internal_state"
-)
-SERVER_INFO = "sglang.srt.utils.common.build_server_info"
-HEARTBEAT_OK = f"{_CONN}.CommonKVManager._on_heartbeat_success"
-_HTTP_SERVER = "sglang.srt.entrypoints.http_server"
-HTTP_SERVER_START = f"{_HTTP_SERVER}._setup_and_run_http_server"
+REGISTER_ROW = "sglang.srt.disaggregation.common.conn.CommonKVManager._register_topology_row"
+HTTP_SERVER_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 SIGTERM_WATCHDOG = "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog"
-_MAX_LISTED = 64
-"""At most this many missing rows are listed in /server_info (the count is always there)."""
-
-_ROWS = "_registrar_rows"
-"""The attribute on a KV manager that holds its registrars, one per topology row."""
+TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
+"""Every target of every release (which this SGLang has: `plan`)."""
 
 
-_config: PluginConfig | None = None
-_live: weakref.WeakSet[Any] = weakref.WeakSet()
-_live_lock = threading.Lock()
-
-
-# ------------------------------------------------------------------------ the hooks
-
-
-def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
-    """REPLACE for `_register_topology_row`: start (or restart) this row's registrar."""
-    config = _config if _config is not None else read_config()
-    root = url[: -len("/route")] if url.endswith("/route") else url
-    key = (root, tuple(rank_of(payload).query().values()))
-    rows: dict[tuple[Any, ...], Registrar] = manager.__dict__.setdefault(_ROWS, {})
-    previous = rows.pop(key, None)
-    if previous is not None:
-        previous.stop()
-    options = dict(config.registrar)
-    if options.get("on_failure") == "exit":
-        options["exit"] = _fail_rank
-    registrar = Registrar(root, payload, **options)
-    if config.verbose:
-        make_verbose(registrar)
-    rows[key] = registrar
-    with _live_lock:
-        _live.add(manager)
-    registrar.start()
-    logger.info(
-        "registering rank %s with %s in the background (registrar %s)",
-        dict(zip(("dp", "cp", "tp", "pp"), key[1], strict=True)),
-        registrar.status().url,
-        registrar.state.value,
-    )
-    if config.init_wait > 0 and not registrar.wait_for(State.REGISTERED, config.init_wait):
-        logger.warning(
-            "not registered within REGISTRAR_INIT_WAIT=%g s (%s); init goes on, registration "
-            "goes on in the background",
-            config.init_wait,
-            registrar.status().last_error,
-        )
-
-
-def _fail_rank(code: int) -> None:
-    """on_failure=exit inside SGLang: fail as a failing scheduler does (run_scheduler_process
-    sends SIGQUIT to its parent, whose handler takes the whole server down), then end."""
-    logger.error(
-        "%s: this prefill rank could not register with its bootstrap server "
-        "(REGISTRAR_ON_FAILURE=exit); failing the scheduler: SIGQUIT to the parent process %d",
-        DISTRIBUTION,
-        os.getppid(),
-    )
-    try:
-        os.kill(os.getppid(), signal.SIGQUIT)
-    except OSError as exc:
-        logger.error("could not signal the parent process: %s", exc)
-    logging.shutdown()
-    os._exit(code or EXIT_CODE)
-
-
-def stop_rows(manager: Any, reason: str) -> int:
-    """Stop every registrar kept on `manager`; how many were running."""
-    rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
-    stopped = 0
-    for registrar in list(rows.values()):
-        if registrar.running:
-            stopped += 1
-        registrar.stop(timeout=2.0)
-    if stopped:
-        logger.info("stopped %d registrar%s: %s", stopped, "" if stopped == 1 else "s", reason)
-    return stopped
-
-
-def before_teardown(scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE `teardown_disaggregation`: a role switch ends this rank's registrations (the
-    server has no DELETE; the new role registers anew if it is prefill)."""
-    for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue"):
-        queue = getattr(scheduler, name, None)
-        manager = getattr(queue, "kv_manager", None)
-        if manager is not None:
-            stop_rows(manager, "PD role switch")
-            close_checks(manager)
-
-
-@atexit.register
-def _stop_all() -> None:
-    with _live_lock:
-        managers = list(_live)
-    for manager in managers:
-        stop_rows(manager, "process exit")
-
-
-def table_complete(server: Any) -> bool:
-    """Whether a bootstrap server's table holds every (dp, cp, tp, pp) row of its topology (not
-    its count: the real server counts every PUT, so a doubled one would read as complete)."""
-    sizes = [getattr(server, name, None) for name in _SIZES]
-    if not all(isinstance(size, int) and size >= 1 for size in sizes):
-        return False
-    dp, cp, tp, pp = (int(size) for size in sizes)  # type: ignore[arg-type]
-    try:
-        table = server.prefill_port_table
-        for d in range(dp):
-            for c in range(cp):
-                for t in range(tp):
-                    held = table.get(d, {}).get(c, {}).get(t, {})
-                    if any(p not in held for p in range(pp)):
-                        return False
-    except (RuntimeError, AttributeError):  # changed under us by the server's thread
-        return False
-    return True
-
-
-_SIZES = ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")
-
-
-def around_is_ready(original: Callable[..., bool], manager: Any, *args: Any, **kwargs: Any) -> bool:
-    """AROUND `TokenizerManager.is_ready`: also false until the node-0 bootstrap server that
-    this process holds has every row of its topology registered."""
-    if not original(manager, *args, **kwargs):
-        return False
-    server = getattr(manager, "bootstrap_server", None)
-    if server is None or not hasattr(server, "prefill_port_table"):
-        return True  # not the node-0 prefill HTTP process: nothing to wait for here
-    return table_complete(server)
-
-
-def rank_summary(manager: Any) -> dict[str, Any]:
-    """This rank's registrations, one entry per topology row, for `/server_info`."""
-    rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
-    out = []
-    for (_url, rank), registrar in rows.items():
-        status = registrar.status().to_dict()
-        out.append(
-            {
-                "url": status["url"],
-                "rank": dict(zip(("dp", "cp", "tp", "pp"), rank, strict=True)),
-                "running": registrar.running,
-                **{k: v for k, v in status.items() if k != "url"},
-            }
-        )
-    return {"rows": out}
-
-
-def after_internal_state(result: Any, controller: Any, *args: Any, **kwargs: Any) -> Any:
-    """AFTER the scheduler's `get_internal_state`: add this rank's registration summary."""
-    state = getattr(result, "internal_state", None)
-    scheduler = getattr(controller, "scheduler", None)
-    queue = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
-    manager = getattr(queue, "kv_manager", None)
-    if isinstance(state, dict) and manager is not None:
-        state["registrar"] = rank_summary(manager)
-    return result
-
-
-# ------------------------------------------------------------------------ loading
-
-
-def bootstrap_summary(server: Any) -> dict[str, Any]:
-    """What a node-0 bootstrap server holds: its count, whether every row of its topology is
-    there, and which rows are missing (dp, cp, tp, pp)."""
-    sizes = [getattr(server, name, None) for name in _SIZES]
-    summary: dict[str, Any] = {
-        "registered_count": getattr(server, "_registered_count", None),
-        "complete": table_complete(server),
-    }
-    if not all(isinstance(size, int) and size >= 1 for size in sizes):
-        summary["missing_rows"] = None  # no rank has registered yet: the topology is unknown
-        return summary
-    dp, cp, tp, pp = (int(size) for size in sizes)  # type: ignore[arg-type]
-    try:
-        table = server.prefill_port_table
-        missing = [
-            {"dp": d, "cp": c, "tp": t, "pp": p}
-            for d in range(dp)
-            for c in range(cp)
-            for t in range(tp)
-            for p in range(pp)
-            if p not in table.get(d, {}).get(c, {}).get(t, {})
-        ]
-    except (RuntimeError, AttributeError):  # changed under us by the server's thread
-        missing = []
-    summary["expected_rows"] = dp * cp * tp * pp
-    summary["missing_count"] = len(missing)
-    summary["missing_rows"] = missing[:_MAX_LISTED]
-    return summary
-
-
-def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
-    """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server,
-    /server_info also says which rows the server is missing (`registrar_bootstrap`)."""
-    http_server = sys.modules.get(_HTTP_SERVER)
-    state = getattr(http_server, "_global_state", None)
-    manager = getattr(state, "tokenizer_manager", None)
-    server = getattr(manager, "bootstrap_server", None)
-    if isinstance(result, dict) and hasattr(server, "prefill_port_table"):
-        result["registrar_bootstrap"] = bootstrap_summary(server)
-    gateways = gateway_summary()
-    if isinstance(result, dict) and gateways is not None:
-        result["registrar_gateway"] = gateways
-    return result
+def capture_registration(original: Callable[..., Any], manager: Any, *a: Any, **k: Any) -> Any:
+    """AROUND `register_to_bootstrap` (0.5.11-0.5.19): SGLang's rows start registrars."""
+    return around_register_to_bootstrap(original, manager, *a, register=register_row, **k)
 
 
 def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE `_setup_and_run_http_server`: with `REGISTRAR_GATEWAY`, start keeping this server
     listed by the gateway(s) (gateway.py)."""
-    config = _config if _config is not None else read_config()
-    before_http_server(config.gateway, server_args, tokenizer_manager)
+    before_http_server(current_config().gateway, server_args, tokenizer_manager)
 
 
-def _hooks() -> list[tuple[str, Callable[..., Any], str]]:
-    return [
-        (REGISTER_ROW, register_row, "REPLACE"),
-        (TEARDOWN, before_teardown, "BEFORE"),
-        (IS_READY, around_is_ready, "AROUND"),
-        (INTERNAL_STATE, after_internal_state, "AFTER"),
-        (SERVER_INFO, after_server_info, "AFTER"),
-        (HEARTBEAT_OK, after_heartbeat_success, "AFTER"),
-        (HTTP_SERVER_START, start_gateway, "BEFORE"),
-        (SIGTERM_WATCHDOG, around_sigterm_watchdog, "AROUND"),
-    ]
+HOOKS: dict[str, Callable[..., Any]] = {
+    "register_row": register_row,
+    "capture_registration": capture_registration,
+    "around_is_ready": around_is_ready,
+    "add_ready_route": add_ready_route,
+    "before_teardown": before_teardown,
+    "after_internal_state": after_internal_state,
+    "after_server_info": after_server_info,
+    "after_heartbeat_success": after_heartbeat_success,
+    "start_gateway": start_gateway,
+    "around_sigterm_watchdog": around_sigterm_watchdog,
+}
+"""The hook functions the target table names."""
 
-
-TARGETS = tuple(target for target, _, _ in _hooks())
+_plan: Plan | None = None
+_registered: list[tuple[Target, Callable[..., Any]]] = []
+"""What this process registered with HookRegistry: each target and the guarded hook at it."""
 
 
 def _applied(target: str, hook: Callable[..., Any]) -> bool:
@@ -342,7 +140,7 @@ def _cell(cell: Any) -> Any:
         return None
 
 
-def _cause(target: str) -> str:
+def _cause(target: str, registered: bool = True) -> str:
     """Why `target` is not patched: the error importing its module (a module SGLang needs that
     is missing: `pkgutil.resolve_name` would turn it into an AttributeError), the attribute
     that is not there (a renamed method), or that the registry did not apply the hook."""
@@ -364,43 +162,101 @@ def _cause(target: str) -> str:
                 found = getattr(found, attribute)
         except AttributeError as exc:
             return f"AttributeError: {exc}"
+        if not registered:
+            return "present, but not in the form the plugin hooks"
         return "present, but SGLang's HookRegistry did not apply the hook (see its log above)"
     return f"ModuleNotFoundError: No module named {parts[0]!r}"
 
 
+def _current_plan(version: str) -> Plan:
+    return _plan if _plan is not None else plan(ImportProbe(), parse_release(version))
+
+
 def verify(strict: bool | None = None) -> list[str]:
-    """Check each patch took effect. All of them: log the `ACTIVE` line. Otherwise one ERROR
-    naming each missing target and its cause, or with `strict` (`REGISTRAR_STRICT=1`)
-    `SystemExit` with that line, which stops the server at load. The missing targets."""
+    """Check each hook this process registered took effect, and log what this SGLang gets: the
+    `ACTIVE` line (with what this release cannot do, and why), or one ERROR when a target this
+    SGLang has did not take or registration has no hook (with `strict`, `REGISTRAR_STRICT=1`:
+    `SystemExit` with that line); one WARNING naming targets a release should have and lacks.
+    The targets missing or not applied."""
     if strict is None:
-        strict = _config is not None and _config.strict
+        strict = current_config().strict if _plan is not None else False
     version = _sglang_version()
-    missing = [target for target, hook, _ in _hooks() if not _applied(target, hook)]
-    if not missing:
-        logger.info(
-            "%s %s (pid %d): %d of %d patches applied, prefill ranks register in the "
-            "background (supports sglang %s)",
-            ACTIVE,
-            version,
-            os.getpid(),
-            len(TARGETS),
-            len(TARGETS),
-            ", ".join(SUPPORTED_VERSIONS),
+    current = _current_plan(version)
+    failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
+    lacking = [c for c in current.unavailable() if c.feature.required]
+    absent = [t.path for c in lacking for t in c.feature.candidates if t.covers(current.release)]
+    if failed or absent:
+        causes = "; ".join(
+            [f"{path} ({_cause(path)})" for path in failed]
+            + [f"{path} ({_cause(path, registered=False)})" for path in absent]
         )
-        return missing
-    causes = "; ".join(f"{target} ({_cause(target)})" for target in missing)
-    line = (
-        f"{DISTRIBUTION} {__version__} could not patch {causes} in sglang {version} "
-        f"(supported: {', '.join(SUPPORTED_VERSIONS)})"
+        line = f"{DISTRIBUTION} {__version__} could not patch {causes} in sglang {version}"
+        if strict:
+            raise SystemExit(f"{line}; REGISTRAR_STRICT=1: stopping")
+        logger.error(
+            "%s; those parts are inactive and SGLang's own behaviour stands there "
+            "(REGISTRAR_STRICT=1 stops the server instead)",
+            line,
+        )
+    else:
+        _log_active(current, version)
+    _warn_unexpected(current, version)
+    unexpected = [
+        t.path
+        for c in current.unexpected()
+        for t in c.feature.candidates
+        if t.covers(current.release)
+    ]
+    return list(dict.fromkeys(failed + unexpected))
+
+
+def _log_active(current: Plan, version: str) -> None:
+    taken = len(_registered)
+    register = next(c.target for c in current.choices if c.feature.name == "registration")
+    how = "captured from register_to_bootstrap" if register and register.kind == "AROUND" else ""
+    cannot = [
+        f"{c.feature.name} ({c.reason})"
+        for c in current.unavailable()
+        if c.expected and c.feature.loss
+    ]
+    logger.info(
+        "%s %s (pid %d): %d of %d targets this sglang has applied, prefill ranks register in "
+        "the background%s%s (tested on sglang %s)",
+        ACTIVE,
+        version,
+        os.getpid(),
+        taken,
+        taken,
+        f" ({how})" if how else "",
+        f"; not on this release: {'; '.join(cannot)}" if cannot else "",
+        ", ".join(SUPPORTED_VERSIONS),
     )
-    if strict:
-        raise SystemExit(f"{line}; REGISTRAR_STRICT=1: stopping")
-    logger.error(
-        "%s; those parts are inactive and SGLang's own behaviour stands there "
-        "(REGISTRAR_STRICT=1 stops the server instead)",
-        line,
+
+
+def _warn_unexpected(current: Plan, version: str) -> None:
+    lacking = [c for c in current.unexpected() if not c.feature.required]
+    if not lacking:
+        return
+    if current.release is None:
+        which = " (a release the plugin cannot read)"
+    elif current.newer():
+        which = f" (newer than {release_text(NEWEST_KNOWN)}, the newest release the plugin knows)"
+    else:
+        which = ""
+    logger.warning(
+        "%s %s: sglang %s%s lacks targets the plugin looks for: %s; the rest is applied",
+        DISTRIBUTION,
+        __version__,
+        version,
+        which,
+        "; ".join(f"{c.feature.name} ({c.feature.without}: {_why(c, current)})" for c in lacking),
     )
-    return missing
+
+
+def _why(choice: Any, current: Plan) -> str:
+    """Each target a release should have for `choice`'s feature, and why it is not usable."""
+    covering = [t for t in choice.feature.candidates if t.covers(current.release)]
+    return ", ".join(f"{t.path} ({_cause(t.path, registered=False)})" for t in covering)
 
 
 def _sglang_version() -> str:
@@ -413,29 +269,24 @@ def _sglang_version() -> str:
 
 
 def load() -> None:
-    """The entry point: validate the configuration, register the hooks, and check them once
-    SGLang has applied them. A bad or refused variable ends the process with one line naming
-    it (SystemExit's message, printed once by the interpreter)."""
-    global _config
+    """The entry point: validate the configuration, register the hooks this SGLang has, and
+    check them once SGLang has applied them. A bad or refused variable ends the process with
+    one line naming it (SystemExit's message, printed once by the interpreter)."""
+    global _plan
     try:
-        _config = read_config()
+        config = read_config()
     except ConfigError as exc:
         raise SystemExit(f"{DISTRIBUTION}'s SGLang plugin: {exc}") from None
-    for warning in _config.warnings:
+    configure(config)
+    for warning in config.warnings:
         logger.warning("%s: %s", DISTRIBUTION, warning)
-    version = _sglang_version()
-    if version not in SUPPORTED_VERSIONS:
-        logger.warning(
-            "%s %s supports sglang %s; this is sglang %s: each patch is checked once SGLang "
-            "applies them",
-            DISTRIBUTION,
-            __version__,
-            ", ".join(SUPPORTED_VERSIONS),
-            version,
-        )
     hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
-    for target, hook, kind in _hooks():
-        hooks.HookRegistry.register(target, hook, hooks.HookType[kind])
+    _plan = plan(ImportProbe(), parse_release(_sglang_version()))
+    for target in _plan.taken():
+        original = pkgutil.resolve_name(target.path) if target.kind == "REPLACE" else None
+        hook = guarded(HOOKS[target.hook], target.kind, target.path, original)
+        hooks.HookRegistry.register(target.path, hook, hooks.HookType[target.kind])
+        _registered.append((target, hook))
     _verify_after_apply(hooks.HookRegistry)
 
 

@@ -131,7 +131,8 @@ def cached_rows(
 ) -> list[CachedRow]:
     """The rows cached for the prefill at `addr`. SGLang lists one entry per (target tp, pp)
     under each `{addr}_{dp}_{cp}_{tp}` key, tp outer and pp inner in reverse (the order of
-    `_setup_bootstrap_infos`); each entry carries its pp rank."""
+    `_setup_bootstrap_infos`, the same in every release from 0.5.10). An entry carries its pp
+    rank from 0.5.18; before, its pp is derived from its position in that order."""
     tps = list(getattr(info, "target_tp_ranks", None) or [])
     pps = list(reversed(getattr(info, "target_pp_ranks", None) or []))
     prefix = f"{addr}_"
@@ -142,13 +143,17 @@ def cached_rows(
             dp, cp, key_tp = (int(part) for part in parts)
         except ValueError:  # not a row of this prefill
             continue
-        order = [t for t in tps for _ in pps] if len(tps) * len(pps) == len(entries) else []
+        order = [(t, p) for t in tps for p in pps] if len(tps) * len(pps) == len(entries) else []
         for i, entry in enumerate(entries):
             ip, port = entry.get("rank_ip"), entry.get("rank_port")
             if not isinstance(ip, str) or port is None:
                 continue
-            tp = order[i] if order else key_tp
-            rows.append(CachedRow(dp, cp, tp, int(entry.get("pp_rank", 0)), ip, int(port)))
+            tp, pp = order[i] if order else (key_tp, None)
+            if "pp_rank" in entry:
+                pp = int(entry["pp_rank"])
+            if pp is None:  # no pp_rank and an unknown order: not checked rather than misfiled
+                continue
+            rows.append(CachedRow(dp, cp, tp, pp, ip, int(port)))
     return rows
 
 

@@ -67,6 +67,10 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
         from .status import cmd_status  # noqa: PLC0415
 
         return cmd_status
+    if name == "sglang":
+        from .sglang import cmd_sglang  # noqa: PLC0415
+
+        return cmd_sglang
     from . import dev  # noqa: PLC0415
 
     commands: dict[str, Callable[[argparse.Namespace], int]] = {

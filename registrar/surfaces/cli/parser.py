@@ -198,6 +198,19 @@ def _dev(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
     )
 
 
+def _sglang(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
+    check = sub.add_parser(
+        "sglang",
+        help="what the SGLang plugin will do in this environment's SGLang",
+        description="Read the installed SGLang without starting it (its version, whether it "
+        "has the plugin system, which hook targets its source has) and print what the plugin "
+        "does there, with the upgrade advice.",
+        epilog="examples:\n  registrar sglang\n  registrar sglang --json | jq .features",
+        formatter_class=raw,
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = Parser(
@@ -211,4 +224,5 @@ def build_parser() -> argparse.ArgumentParser:
     _register(sub, raw)
     _status(sub, raw)
     _dev(sub, raw)
+    _sglang(sub, raw)
     return parser

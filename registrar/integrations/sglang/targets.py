@@ -1,0 +1,375 @@
+"""Which SGLang releases have each target the plugin hooks, and what stands in elsewhere.
+
+SGLang's hook points moved release by release (read from the released wheels; the research is
+in docs/sglang.md "Supported releases"): `_register_topology_row` and `/ready` arrived in 0.5.20,
+the role switch in 0.5.21, `build_server_info` and the internal-state controller in 0.5.22. One
+fixed list of targets would make every release but the newest report "missing" and, with
+`REGISTRAR_STRICT=1`, refuse to start. So each *feature* lists its candidates, best first, with
+the releases that have each; at load the plugin takes, per feature, the first candidate this
+SGLang actually has (`plan`). What is taken is what "active" and `REGISTRAR_STRICT` count; a
+feature with no candidate is named in the log with the reason (expected below its release, a
+WARNING when a release that should have it does not).
+
+This module imports no SGLang: a `Probe` answers what the installed SGLang has (probe.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+__all__ = [
+    "FEATURES",
+    "NEWEST_KNOWN",
+    "OLDEST_WITH_PLUGINS",
+    "Choice",
+    "Feature",
+    "Plan",
+    "Probe",
+    "Release",
+    "Target",
+    "expected",
+    "parse_release",
+    "plan",
+    "release_text",
+    "support_table",
+]
+
+Release = tuple[int, int, int]
+"""A release as (major, minor, patch); `.postN`, `rcN` and local parts are ignored."""
+
+OLDEST_WITH_PLUGINS: Release = (0, 5, 11)
+"""The first SGLang with `sglang.srt.plugins` (below it the plugin is never loaded)."""
+NEWEST_KNOWN: Release = (0, 5, 23)
+"""The newest release whose targets were read from its wheel; a newer one gets what it has."""
+
+_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_release(text: str | None) -> Release | None:
+    """`0.5.13.post1` -> (0, 5, 13); `0.5.24rc1`, `0.5.23.dev4+gabc` -> their base; None for
+    anything that does not start with a version (an unknown or missing SGLang)."""
+    found = _RELEASE.match(text or "")
+    if found is None:
+        return None
+    major, minor, patch = found.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def release_text(release: Release) -> str:
+    return ".".join(str(part) for part in release)
+
+
+Condition = Literal["exists", "own", "puts"]
+"""How a target is found: `exists` (the attribute resolves); `own` (the class defines the method
+itself and does not call `super()`: an override that hides the common method); `puts` (the
+function sends SGLang's PUT itself with the module-level `requests`)."""
+
+
+class Probe(Protocol):
+    """What the installed SGLang has, by importing it (the plugin) or reading its source (the
+    `registrar sglang` command)."""
+
+    def has(self, path: str) -> bool: ...
+
+    def own(self, path: str) -> bool:
+        """The class named by `path`'s prefix defines the method itself."""
+        ...
+
+    def source(self, path: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place the plugin hooks: `path` (module.attr), the hook kind and function name, the
+    releases that have it (`since`..`until`, None: open), and how it is found."""
+
+    path: str
+    kind: Literal["REPLACE", "BEFORE", "AROUND", "AFTER"]
+    hook: str
+    since: Release
+    until: Release | None = None
+    condition: Condition = "exists"
+
+    def found(self, probe: Probe) -> bool:
+        if not probe.has(self.path):
+            return False
+        if self.condition == "own":
+            text = probe.source(self.path)
+            return probe.own(self.path) and text is not None and "super()" not in text
+        if self.condition == "puts":
+            module = self.path.rsplit(".", 2)[0]
+            text = probe.source(self.path)
+            return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
+        return True
+
+    def releases(self) -> str:
+        start = release_text(self.since)
+        if self.until is None:
+            return f"{start}+"
+        return start if self.until == self.since else f"{start}-{release_text(self.until)}"
+
+    def covers(self, release: Release | None) -> bool:
+        """Whether `release` (None: unknown, taken as newest) is one that has this target."""
+        at = release or (999, 0, 0)
+        return self.since <= at and (self.until is None or at <= self.until)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """What the plugin does, its candidate targets best first, and what a release without any of
+    them loses (`without`). `required`: without it the plugin has no reason to be there (an
+    ERROR, and `REGISTRAR_STRICT=1` stops the process)."""
+
+    name: str
+    does: str
+    candidates: tuple[Target, ...]
+    without: str
+    required: bool = False
+    loss: bool = True
+    """False where a release without the targets needs nothing done (no role switch there)."""
+
+
+_CONN = "sglang.srt.disaggregation.common.conn"
+_MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
+_TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+_HTTP = "sglang.srt.entrypoints.http_server"
+
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "registration",
+        "prefill ranks register in the background, looked-first and counted once",
+        (
+            Target(
+                f"{_CONN}.CommonKVManager._register_topology_row",
+                "REPLACE",
+                "register_row",
+                (0, 5, 20),
+            ),
+            Target(
+                f"{_CONN}.CommonKVManager.register_to_bootstrap",
+                "AROUND",
+                "capture_registration",
+                (0, 5, 11),
+                (0, 5, 19),
+                "puts",
+            ),
+        ),
+        "SGLang's own blocking registration stands (no hook point)",
+        required=True,
+    ),
+    Feature(
+        "ready",
+        "/ready is false until the node-0 bootstrap server holds every row",
+        (
+            Target(f"{_TM}.is_ready", "AROUND", "around_is_ready", (0, 5, 20)),
+            Target(
+                f"{_HTTP}._setup_and_run_http_server",
+                "BEFORE",
+                "add_ready_route",
+                (0, 5, 11),
+                (0, 5, 19),
+            ),
+        ),
+        "no /ready gated on the table",
+    ),
+    Feature(
+        "role switch",
+        "a PD role switch stops the rank's registrars first",
+        (
+            Target(
+                "sglang.srt.disaggregation.role_switch.teardown_disaggregation",
+                "BEFORE",
+                "before_teardown",
+                (0, 5, 21),
+            ),
+        ),
+        "nothing to do: this release has no PD role switch",
+        loss=False,
+    ),
+    Feature(
+        "rank status",
+        "/server_info's internal_states[i] carry each rank's registrations (`registrar`)",
+        (
+            Target(
+                "sglang.srt.managers.scheduler_components.internal_state."
+                "SchedulerInternalStateController.get_internal_state",
+                "AFTER",
+                "after_internal_state",
+                (0, 5, 22),
+            ),
+            Target(
+                "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
+                "AFTER",
+                "after_internal_state",
+                (0, 5, 11),
+                (0, 5, 21),
+            ),
+        ),
+        "no `registrar` field in /server_info's internal states",
+    ),
+    Feature(
+        "server status",
+        "/server_info carries `registrar_bootstrap` (missing rows) and `registrar_gateway`",
+        (
+            Target(
+                "sglang.srt.utils.common.build_server_info",
+                "AFTER",
+                "after_server_info",
+                (0, 5, 22),
+            ),
+        ),
+        "no `registrar_bootstrap`/`registrar_gateway` in /server_info: before 0.5.22 SGLang "
+        "builds it inside its route, which no hook reaches (/ready and the ranks' internal "
+        "states still tell)",
+    ),
+    Feature(
+        "decode check",
+        "a decode drops a restarted prefill's stale cached addresses",
+        (
+            Target(
+                f"{_CONN}.CommonKVManager._on_heartbeat_success",
+                "AFTER",
+                "after_heartbeat_success",
+                (0, 5, 13),
+            ),
+        ),
+        "no decode-side restart check: this release has no heartbeat hook",
+    ),
+    Feature(
+        "decode check (Mooncake)",
+        "the same check where Mooncake overrides the heartbeat hook without super()",
+        (
+            Target(
+                f"{_MOONCAKE}.MooncakeKVManager._on_heartbeat_success",
+                "AFTER",
+                "after_heartbeat_success",
+                (0, 5, 13),
+                (0, 5, 19),
+                "own",
+            ),
+        ),
+        "nothing to do: Mooncake uses the common heartbeat hook",
+        loss=False,
+    ),
+    Feature(
+        "gateway",
+        "with REGISTRAR_GATEWAY, node 0 keeps the server listed by smg once /ready holds",
+        (Target(f"{_HTTP}._setup_and_run_http_server", "BEFORE", "start_gateway", (0, 5, 10)),),
+        "REGISTRAR_GATEWAY has no effect",
+    ),
+    Feature(
+        "drain",
+        "with REGISTRAR_GATEWAY, SIGTERM drains from the gateway before SGLang stops serving",
+        (Target(f"{_TM}.sigterm_watchdog", "AROUND", "around_sigterm_watchdog", (0, 4, 0)),),
+        "no drain at SIGTERM (only at process exit)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A feature on this SGLang: the target taken (None: none), and if none, why (`reason`);
+    `expected`: the release is not one that has it (an INFO), else it should (a WARNING)."""
+
+    feature: Feature
+    target: Target | None
+    reason: str = ""
+    expected: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the plugin does on one SGLang: a choice per feature."""
+
+    release: Release | None
+    choices: tuple[Choice, ...]
+
+    def taken(self) -> list[Target]:
+        return [c.target for c in self.choices if c.target is not None]
+
+    def unavailable(self) -> list[Choice]:
+        return [c for c in self.choices if c.target is None]
+
+    def unexpected(self) -> list[Choice]:
+        return [c for c in self.unavailable() if not c.expected]
+
+    def newer(self) -> bool:
+        return self.release is not None and self.release > NEWEST_KNOWN
+
+
+def plan(probe: Probe, release: Release | None) -> Plan:
+    """Per feature, the first candidate `probe` finds. A feature with none is `expected` when no
+    candidate's releases cover `release` (below its range, or a stand-in whose range ended)."""
+    choices = []
+    for feature in FEATURES:
+        found = next((t for t in feature.candidates if t.found(probe)), None)
+        if found is not None:
+            choices.append(Choice(feature, found))
+            continue
+        covering = [t for t in feature.candidates if t.covers(release)]
+        if covering:
+            names = ", ".join(t.path for t in covering)
+            reason = f"{feature.without}: {names} not found"
+        else:
+            reason = feature.without
+        choices.append(Choice(feature, None, reason, expected=not covering))
+    return Plan(release, tuple(choices))
+
+
+def expected(release: Release) -> list[Target | None]:
+    """Per feature, the target the table says `release` has (None: none)."""
+    return [next((t for t in f.candidates if t.covers(release)), None) for f in FEATURES]
+
+
+def _by_release() -> list[str]:
+    """One row per run of releases the table treats alike, from the first with plugins."""
+    runs: list[tuple[Release, Release, list[Target | None]]] = []
+    for patch in range(OLDEST_WITH_PLUGINS[2], NEWEST_KNOWN[2] + 1):
+        at = (0, 5, patch)
+        row = expected(at)
+        if runs and runs[-1][2] == row:
+            runs[-1] = (runs[-1][0], at, row)
+        else:
+            runs.append((at, at, row))
+    lines = [
+        "| SGLang | Targets | " + " | ".join(f.name for f in FEATURES) + " |",
+        "|---|---|" + "---|" * len(FEATURES),
+        f"| < {release_text(OLDEST_WITH_PLUGINS)} | 0 | never loaded: no `sglang.srt.plugins` "
+        "(`registrar sglang` says so) |" + " |" * (len(FEATURES) - 1),
+    ]
+    for first, last, row in runs:
+        name = (
+            release_text(first) if first == last else f"{release_text(first)}-{release_text(last)}"
+        )
+        cells = [
+            "-" if t is None else ("stand-in" if t is not f.candidates[0] else "yes")
+            for f, t in zip(FEATURES, row, strict=True)
+        ]
+        count = sum(t is not None for t in row)
+        lines.append(f"| {name} | {count} | " + " | ".join(cells) + " |")
+    lines.append(
+        f"| > {release_text(NEWEST_KNOWN)} | what it has | the targets found, one WARNING "
+        "naming those missing |" + " |" * (len(FEATURES) - 1)
+    )
+    return lines
+
+
+def support_table() -> str:
+    """The support tables for docs/sglang.md: per release, then per feature (generated, checked
+    by tests/test_sglang_targets.py)."""
+    lines = [*_by_release(), ""]
+    lines += [
+        "| Feature | What it does | Target (hook) | Releases | Without it |",
+        "|---|---|---|---|---|",
+    ]
+    for feature in FEATURES:
+        targets = "<br>".join(
+            f"`{t.path.rsplit('.', 2)[-2]}.{t.path.rsplit('.', 1)[-1]}` ({t.kind})"
+            for t in feature.candidates
+        )
+        releases = "<br>".join(t.releases() for t in feature.candidates)
+        name = f"**{feature.name}**" if feature.required else feature.name
+        lines.append(f"| {name} | {feature.does} | {targets} | {releases} | {feature.without} |")
+    return "\n".join(lines) + "\n"
