@@ -11,7 +11,8 @@ socket binding and registration. What it measured goes to stdout as one JSON obj
 
 then it answers commands read from stdin, one a line: `status` (the registrars the plugin keeps
 on the manager, `{"event": "status", "rows": [...]}`), `teardown` (SGLang's role-switch
-teardown of this rank), `exit`. End of input ends the process.
+teardown of this rank; `"role_switch": false` in the answer where the release has none, before
+0.5.21), `exit`. End of input ends the process.
 """
 
 from __future__ import annotations
@@ -118,7 +119,11 @@ def main() -> None:
         if command == "status":
             say(event="status", rows=rows(manager))
         elif command == "teardown":
-            from sglang.srt.disaggregation.role_switch import teardown_disaggregation
+            try:
+                from sglang.srt.disaggregation.role_switch import teardown_disaggregation
+            except ImportError:  # no role switch before SGLang 0.5.21: nothing to tear down
+                say(event="teardown", rows=rows(manager), role_switch=False)
+                continue
 
             scheduler = argparse.Namespace(
                 disaggregation_mode=manager.disaggregation_mode,
