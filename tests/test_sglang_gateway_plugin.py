@@ -224,3 +224,21 @@ def test_server_info_shows_the_gateway_beside_the_bootstrap(calls: list[str]) ->
 def test_the_new_targets_are_hooked() -> None:
     assert plugin.HTTP_SERVER_START in plugin.TARGETS
     assert plugin.SIGTERM_WATCHDOG in plugin.TARGETS
+
+
+def test_before_0_5_20_the_gateway_reads_the_plugins_readiness(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SGLang 0.5.11-0.5.19's TokenizerManager has no is_ready: reading it killed node 0's HTTP
+    # process. The gateway now gets the readiness 0.5.20 computes, with the table check.
+    given: list[Any] = []
+    monkeypatch.setattr(gateway, "start", lambda config, args, ready: given.append(ready))
+    manager = SimpleNamespace(
+        is_pause=False, gracefully_exit=False, server_status=SimpleNamespace(name="Starting")
+    )
+    config = gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",))
+    gateway.before_http_server(config, _args("decode"), manager)
+    [ready] = given
+    assert ready() is False
+    manager.server_status = SimpleNamespace(name="Up")
+    assert ready() is True
