@@ -16,7 +16,7 @@ from importlib.metadata import version
 from typing import Any
 
 import pytest
-from sglang_support.harness import HERE, child_env, wait_for
+from sglang_support.harness import HERE, child_env, import_quietly, wait_for
 from support import process_port
 
 from registrar.integrations.sglang.targets import parse_release
@@ -65,7 +65,7 @@ started = time.monotonic()
 manager.register_to_bootstrap()
 print(json.dumps({{"event": "init", "seconds": time.monotonic() - started}}), flush=True)
 from registrar.integrations.sglang import rank_summary
-for _ in range(600):
+for _ in range(3000):  # a generous bound: the test starts the server once init returned
     rows = rank_summary(manager)["rows"]
     if rows and rows[0]["state"] == "registered":
         break
@@ -105,6 +105,7 @@ def end(proc: subprocess.Popen[str]) -> str:
 def test_sglangs_own_registration_returns_at_once_and_registers_in_the_background(
     bootstrap,
 ) -> None:
+    import_quietly("sglang.srt.disaggregation.common.conn")  # the server then starts at once
     port = process_port()
     proc = start_rank(port)
     try:
