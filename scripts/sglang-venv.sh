@@ -8,7 +8,7 @@
 # another release X is that file with the lines of scripts/sglang-pins-X.txt replacing the pins of
 # the same packages (SGLang itself, and the light packages its wheel pins otherwise), so each
 # release has an environment of its own, keyed by its merged pins. The first build takes a few
-# minutes (about 2.9 GB); later runs only re-point the editable install of this checkout (a
+# minutes (about 2.5 GB); later runs only re-point the editable install of this checkout (a
 # second or two). Safe to run concurrently: builds are serialised by a lock.
 #
 # Usage: scripts/sglang-venv.sh [--release X] [--rebuild]
@@ -32,7 +32,7 @@ done
 build() {
   local venv=$1 pins=$2
   # torch first and alone: its CPU build must come from a --find-links folder, never PyPI.
-  if ! "$venv/bin/python" -m pip install -q --no-deps "$(grep '^torch==' "$pins")" >&2; then
+  if ! "$venv/bin/python" -m pip install -q --no-deps --no-compile "$(grep '^torch==' "$pins")" >&2; then
     echo "sglang-venv: no $(grep '^torch==' "$pins") wheel found: put the CPU build in a folder" >&2
     echo "sglang-venv: named by PIP_FIND_LINKS (PyPI's torch is the CUDA build, not used here)" >&2
     exit 1

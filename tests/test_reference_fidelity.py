@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 
+import pytest
 import requests
 from support import sglang_payload, wait_until
 
@@ -55,6 +56,62 @@ def test_a_differing_dsv41_layout_is_a_400() -> None:
         answer = requests.put(f"{server.url}/route", json=second, timeout=5)
         assert answer.status_code == 400
         assert answer.text == "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+
+
+INFO = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+
+
+@pytest.mark.parametrize(
+    ("release", "added"),
+    [
+        ("0.5.13", ()),
+        ("0.5.19", ("enable_dsa_cache_layer_split", "prefill_http_port")),
+        ("0.5.21", ("enable_dsa_cache_layer_split", "prefill_http_port", "dsv41_spec_layout")),
+        (
+            "0.5.22.post1",
+            (
+                "enable_dsa_cache_layer_split",
+                "dsv41_spec_layout",
+                "decode_allocation_policy",
+                "prefill_http_port",
+            ),
+        ),
+    ],
+)
+def test_an_older_release_ignores_the_later_fields_and_their_checks(
+    release: str, added: tuple[str, ...]
+) -> None:
+    # Each rank differs in every later field: only the release's own checks refuse a PUT.
+    layouts = [{"k": 1}, {"k": 2}]
+    policies = ["early", "prefill_complete"]
+    with BootstrapServer(release=release) as server:
+        for tp in (0, 1):
+            payload = sglang_payload(
+                tp_rank=tp,
+                tp_size=2,
+                dsv41_spec_layout=layouts[tp],
+                decode_allocation_policy=policies[tp],
+                kv_layout="hnd",
+                enable_kv_cache_sharding=True,
+                prefill_http_port="30000",
+            )
+            answer = requests.put(f"{server.url}/route", json=payload, timeout=5)
+            assert answer.status_code == (400 if tp and "dsv41_spec_layout" in added else 200)
+        if "dsv41_spec_layout" in added:
+            return
+        info = requests.get(server.url + INFO, timeout=5).json()
+    base = ["attn_tp_size", "attn_cp_size", "dp_size", "pp_size", "page_size", "kv_cache_dtype"]
+    targets = [name for name in info if name.startswith("target_") or name.startswith("required")]
+    assert [name for name in info if name not in base + targets] == [
+        "follow_bootstrap_room",
+        *added,
+    ]
+
+
+@pytest.mark.parametrize("release", ["0.5.9", "0.4.10", "latest", "0.5", "0.5.19rc1"])
+def test_a_release_the_reference_server_cannot_copy_is_refused_by_name(release: str) -> None:
+    with pytest.raises(ValueError, match=f"release={release!r}"):
+        BootstrapServer(release=release)
 
 
 def test_404_and_405_bodies() -> None:

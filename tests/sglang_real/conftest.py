@@ -1,4 +1,5 @@
-"""The real-SGLang suite: SGLang 0.5.23's own classes on CPU, in the environment that
+"""The real-SGLang suite: SGLang's own classes on CPU (each release of the CI matrix, 0.5.13 to
+0.5.23: sglang_support/release.py holds where they differ), in the environment that
 scripts/sglang-venv.sh builds. Where SGLang is not installed (the core suite's environment) every
 test here is skipped with the reason; with REGISTRAR_SGLANG_REQUIRED=1 (as .ci/run sets it) a
 missing SGLang is an error instead, so CI cannot pass by skipping them.

@@ -7,7 +7,8 @@ SGLang is changed and nothing here ships in registrar's wheel.
   so an import-only stand-in serves; every attribute is a function that raises if called.
 - Mooncake's sender advertises `supports_host_tensor_indices = True`, which takes a path through
   `pin_memory` and `torch.cuda.Event`; on CPU it is set to False once the module is imported
-  (and the start-up fails loudly if the attribute is gone, so a new SGLang is noticed).
+  (and the start-up fails loudly if the attribute moved, so a new SGLang is noticed; releases
+  before 0.5.23 have neither the attribute nor the path).
 - The bootstrap server (in the prefill's HTTP process): with `E2E_CONTROL_DIR` set, a small
   control server on 127.0.0.1 lets the test hold its start (`E2E_BOOTSTRAP_HOLD=1`), start it,
   stop it and start a fresh one on the same port, and read each lifetime's PUT count.
@@ -127,10 +128,14 @@ class _PatchingLoader(importlib.abc.Loader):
 
 def _no_host_tensor_indices(module: ModuleType) -> None:
     sender = module.MooncakeKVSender
+    if not hasattr(sender, "supports_host_tensor_indices"):
+        # Not on the sender nor a base (SGLang before 0.5.23): no code can read it, so the
+        # host-tensor path is not there either.
+        return
     if "supports_host_tensor_indices" not in vars(sender):
         raise RuntimeError(
-            "e2e suite: MooncakeKVSender.supports_host_tensor_indices is gone in this SGLang; "
-            "check whether the CPU path still needs it set to False"
+            "e2e suite: MooncakeKVSender.supports_host_tensor_indices moved out of the sender "
+            "in this SGLang; check whether the CPU path still needs it set to False"
         )
     sender.supports_host_tensor_indices = False
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import json
@@ -125,9 +126,10 @@ class Server:
             if loop is not None and loop.is_running():
                 # SGLang's close() stops the loop with its cleanup task still pending, which
                 # asyncio reports at exit ("Task was destroyed but it is pending!"): cancel it
-                # first; the loop's own cleanup then lets it finish.
+                # first; the loop's own cleanup then lets it finish. Every task of the loop, as
+                # the releases before 0.5.19 keep no reference to it (`_background_tasks`).
                 loop.call_soon_threadsafe(
-                    lambda: [task.cancel() for task in list(server._background_tasks)]
+                    lambda: [task.cancel() for task in asyncio.all_tasks(loop)]
                 )
             server.close()
             self.instance = None

@@ -11,7 +11,8 @@ socket binding and registration. What it measured goes to stdout as one JSON obj
 
 then it answers commands read from stdin, one a line: `status` (the registrars the plugin keeps
 on the manager, `{"event": "status", "rows": [...]}`), `teardown` (SGLang's role-switch
-teardown of this rank), `exit`. End of input ends the process.
+teardown of this rank; `"role_switch": false` in the answer where the release has none, before
+0.5.21), `exit`. End of input ends the process.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def say(**fields: Any) -> None:
 
 
 def kv_args(rank: int) -> Any:
-    """The fields of SGLang's KVArgs that the common manager reads in prefill mode."""
+    """The fields of SGLang's KVArgs that the common manager reads in prefill mode (0.5.23's;
+    an older release ignores those it does not have)."""
     from sglang.srt.disaggregation.base.conn import KVArgs
 
     args = KVArgs()
@@ -68,8 +70,9 @@ def build_manager(bootstrap_port: int, tp_size: int, rank: int, model: str) -> A
     """The real CommonKVManager of one prefill rank, as a scheduler process builds it."""
     from sglang.srt.disaggregation.common.conn import CommonKVManager
     from sglang.srt.disaggregation.utils import DisaggregationMode
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish
     from sglang.srt.server_args import ServerArgs
+
+    from sglang_support.release import publish_rank
 
     server_args = ServerArgs(
         model_path=model,
@@ -80,9 +83,7 @@ def build_manager(bootstrap_port: int, tp_size: int, rank: int, model: str) -> A
         disaggregation_bootstrap_port=bootstrap_port,
         tp_size=tp_size,
     )
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
-    # No torch.distributed here: the pipeline group is never used with pp_size 1.
-    get_parallel().override_permanently(pp_group=None)
+    publish_rank(server_args, rank, tp_size)  # as each release's scheduler does (release.py)
     return CommonKVManager(kv_args(rank), DisaggregationMode.PREFILL, server_args, False)
 
 
@@ -118,7 +119,11 @@ def main() -> None:
         if command == "status":
             say(event="status", rows=rows(manager))
         elif command == "teardown":
-            from sglang.srt.disaggregation.role_switch import teardown_disaggregation
+            try:
+                from sglang.srt.disaggregation.role_switch import teardown_disaggregation
+            except ImportError:  # no role switch before SGLang 0.5.21: nothing to tear down
+                say(event="teardown", rows=rows(manager), role_switch=False)
+                continue
 
             scheduler = argparse.Namespace(
                 disaggregation_mode=manager.disaggregation_mode,
