@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from registrar import ConfigError
-from registrar.integrations.sglang import gateway, plugin
+from registrar.integrations.sglang import gateway, plugin, status
 from registrar.integrations.sglang.settings import read_config
 
 
@@ -217,9 +217,9 @@ def test_without_a_gateway_sglang_s_watchdog_runs_unchanged() -> None:
 
 
 def test_server_info_shows_the_gateway_beside_the_bootstrap(calls: list[str]) -> None:
-    assert plugin.after_server_info({}) == {}
+    assert status.after_server_info({}) == {}
     _start(calls, gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",)), _args())
-    assert plugin.after_server_info({}) == {"registrar_gateway": []}
+    assert status.after_server_info({}) == {"registrar_gateway": []}
 
 
 def test_the_new_targets_are_hooked() -> None:
