@@ -279,3 +279,21 @@ def test_the_hint_of_the_404_is_one_of_the_diagnoses(doctor: Doctor) -> None:
     assert code == 1
     failed = _check(report, "bootstrap", "protocol")
     assert "this server does not take registrations there" in failed["detail"]
+
+
+def test_sglang_absent_is_named_and_fails(doctor: Doctor) -> None:
+    # This suite's environment has no SGLang (tests/sglang_real checks the one that has it).
+    code, report = doctor("--sglang")
+    assert code == 1
+    assert report["healthy"] is False
+    release = _check(report, "sglang", "release")
+    assert release["status"] == "fail"
+    assert "not installed" in release["detail"]
+    assert _check(report, "sglang", "plugin")["status"] == "skip"
+
+
+def test_sglang_joins_the_other_checks(doctor: Doctor, server: BootstrapServer) -> None:
+    code, report = doctor("--url", server.url, "--sglang")
+    assert code == 1
+    assert [c["target"] for c in report["checks"]][-2:] == ["sglang", "sglang"]
+    assert _check(report, "bootstrap", "protocol")["status"] == "pass"

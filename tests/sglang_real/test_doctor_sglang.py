@@ -79,3 +79,15 @@ def test_a_real_rank_on_a_wrong_port_states_a_diagnosis_that_clears(
     bootstrap(port).start()
     assert wait_for(lambda: rank.status()[0]["state"] == "registered", timeout=60)
     assert wait_for(lambda: diagnosis() is None, timeout=30)
+
+
+def test_doctor_reads_this_sglang_release_and_what_the_plugin_does(capsys: Any) -> None:
+    from importlib.metadata import version
+
+    code, report = _doctor(capsys, "--sglang")
+    release, plugin = (c for c in report["checks"] if c["target"] == "sglang")
+    assert release["status"] == "pass", release
+    assert f"sglang {version('sglang')}" in release["detail"]
+    assert plugin["status"] == "pass", plugin
+    assert code == 0
+    assert report["healthy"] is True

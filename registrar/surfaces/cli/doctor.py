@@ -36,8 +36,8 @@ def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
 def _target(args: argparse.Namespace) -> Target:
     gateways = _urls("--gateway", args.gateway)
     etcd = _urls("--etcd", args.etcd)
-    if args.url is None and not gateways and not etcd:
-        raise UsageError("nothing to check: give --url, --gateway or --etcd")
+    if args.url is None and not gateways and not etcd and not args.sglang:
+        raise UsageError("nothing to check: give --url, --gateway, --etcd or --sglang")
     # The bootstrap URL is not refused here for a port that was never filled in (":None"):
     # saying so is the first check's job.
     key = _key(args.gateway_key_file) if args.gateway_key_file else None
@@ -75,8 +75,38 @@ def _line(finding: Finding) -> str:
     return f"  {_MARKS[finding.status]} {finding.check}: {clean(finding.detail, 600)}{code}"
 
 
+def sglang_findings() -> list[Finding]:
+    """The SGLang environment, read by the plugin's release table (`registrar sglang`): the
+    release and plugin system found, then whether the plugin can register there."""
+    from ...integrations.sglang.report import installed_report  # noqa: PLC0415
+
+    report = installed_report()
+    where = report["path"] or report["python"]
+    found = bool(report["installed"] and report["plugin_system"] and report["entry_point"])
+    release = (
+        f"sglang {report['sglang'] or '(version unknown)'}; plugin system: "
+        f"{'yes' if report['plugin_system'] else 'no'}; registrar's entry point: "
+        f"{'yes' if report['entry_point'] else 'no'}"
+        if report["installed"]
+        else "SGLang is not installed in this Python environment"
+    )
+    lost = [f["feature"] for f in report["features"] if not f["available"]]
+    registers = any(f["feature"] == "registration" and f["available"] for f in report["features"])
+    return [
+        Finding("sglang", where, "release", "pass" if found else "fail", release),
+        Finding(
+            "sglang",
+            where,
+            "plugin",
+            ("pass" if registers else "fail") if found else "skip",
+            report["advice"],
+            data={"unavailable": lost},
+        ),
+    ]
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
-    report = run_doctor(_target(args))
+    report = run_doctor(_target(args), [sglang_findings] if args.sglang else ())
     outcome = EXIT_OK if report.healthy else EXIT_UNHEALTHY
     if args.json:
         return answer([json.dumps(report.to_dict())], outcome)

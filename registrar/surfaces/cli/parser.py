@@ -173,6 +173,11 @@ def _doctor(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
     doc.add_argument(
         "--gateway-key-file", metavar="FILE", help="the gateways' control-plane key, in a file"
     )
+    doc.add_argument(
+        "--sglang",
+        action="store_true",
+        help="this environment's SGLang: its release and what the plugin does there",
+    )
     doc.add_argument("--timeout", type=_seconds, default=2.0, metavar="S", help="(default: 2)")
     doc.add_argument("--json", action="store_true", help="the report as JSON (docs/cli.md)")
 
