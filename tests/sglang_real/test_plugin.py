@@ -22,7 +22,7 @@ from registrar import __version__
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang.plugin import ACTIVE
 from registrar.integrations.sglang.tables import readiness
-from registrar.integrations.sglang.targets import NEWEST_KNOWN, expected, installed_release
+from registrar.integrations.sglang.targets import FEATURES, NEWEST_KNOWN, expected, installed_release
 
 RELEASE = installed_release() or NEWEST_KNOWN
 """This environment's SGLang (collected without one, every test here is skipped: conftest.py)."""
@@ -300,13 +300,22 @@ def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
 
 
 def test_a_role_switch_stops_the_ranks_registrars(spawn_rank, bootstrap) -> None:
+    """Where SGLang has a role switch (0.5.21+) its teardown stops the rank's registrars; where
+    it has none there is nothing to stop them for, and the table says the feature is absent."""
     port = process_port()
     server = bootstrap(port).start()
     rank = spawn_rank(port)
     rank.event("init")
     assert wait_for(lambda: server.count == 1)
-    [row] = rank.command("teardown", "teardown")["rows"]
-    assert (row["running"], row["state"]) == (False, "stopped")
+    answer = rank.command("teardown", "teardown")
+    [row] = answer["rows"]
+    (switch,) = [t for f, t in zip(FEATURES, expected(RELEASE)) if f.name == "role switch"]
+    if answer.get("role_switch", True):
+        assert switch is not None, f"the table says {RELEASE} has no role switch"
+        assert (row["running"], row["state"]) == (False, "stopped")
+    else:
+        assert switch is None, f"the table says {RELEASE} has a role switch"
+        assert (row["running"], row["state"]) == (True, "registered")
 
 
 def server_info(manager: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
