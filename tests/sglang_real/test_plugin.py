@@ -22,7 +22,12 @@ from registrar import __version__
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang.plugin import ACTIVE
 from registrar.integrations.sglang.tables import readiness
-from registrar.integrations.sglang.targets import FEATURES, NEWEST_KNOWN, expected, installed_release
+from registrar.integrations.sglang.targets import (
+    FEATURES,
+    NEWEST_KNOWN,
+    expected,
+    installed_release,
+)
 
 RELEASE = installed_release() or NEWEST_KNOWN
 """This environment's SGLang (collected without one, every test here is skipped: conftest.py)."""
@@ -309,7 +314,9 @@ def test_a_role_switch_stops_the_ranks_registrars(spawn_rank, bootstrap) -> None
     assert wait_for(lambda: server.count == 1)
     answer = rank.command("teardown", "teardown")
     [row] = answer["rows"]
-    (switch,) = [t for f, t in zip(FEATURES, expected(RELEASE)) if f.name == "role switch"]
+    (switch,) = [
+        t for f, t in zip(FEATURES, expected(RELEASE), strict=True) if f.name == "role switch"
+    ]
     if answer.get("role_switch", True):
         assert switch is not None, f"the table says {RELEASE} has no role switch"
         assert (row["running"], row["state"]) == (False, "stopped")
