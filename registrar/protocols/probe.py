@@ -10,7 +10,6 @@ evidence of a server restart that the transport keeps. No credential is ever sen
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import socket
 import ssl
 from collections.abc import Callable, Mapping
@@ -25,7 +24,7 @@ from ..core.diagnosis import Evidence, Knock, Seen, port_text
 from ..core.errors import describe_exception
 from ..core.redact import clean, redact_url
 from ..core.untrusted import load_json
-from .resolver import RESOLVER, Unresolved
+from .resolver import RESOLVER, Unresolved, is_ip_literal
 
 __all__ = ["Answer", "ProbeOptions", "Recognise", "evidence_for", "fetch", "gather", "resolve"]
 
@@ -219,14 +218,6 @@ def _knock(address: str, port: int, label: str, host: str, timeout: float) -> Kn
     return Knock(port, label, listens=True, http=isinstance(answer, Answer))
 
 
-def _is_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def gather(
     url: str,
     path: str,
@@ -247,7 +238,7 @@ def gather(
     port = seen.port
     if not port or not host:
         return seen
-    if _is_literal(host):
+    if is_ip_literal(host):
         address = host
     else:
         addresses, why = resolve(host, port, timeout)

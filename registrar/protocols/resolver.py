@@ -42,6 +42,7 @@ __all__ = [
     "Resolver",
     "Unresolved",
     "connect",
+    "is_ip_literal",
     "seconds",
 ]
 
@@ -124,7 +125,8 @@ def seconds(value: float) -> str:
     return text if "." in text or "e" in text else f"{text}.0"
 
 
-def _literal(host: str) -> bool:
+def is_ip_literal(host: str) -> bool:
+    """An address written as such: nothing to look up."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -174,7 +176,7 @@ class Resolver:
         (or before `abandon` ends the wait): the last good answer when the resolver fails or
         stalls, else its error."""
         host = host.strip("[]")
-        if _literal(host):
+        if is_ip_literal(host):
             return _numeric(host, port)
         key = host.rstrip(".").lower()
         now = self._monotonic()
