@@ -262,7 +262,7 @@ def test_the_human_report(capsys: pytest.CaptureFixture[str], ports: Ports) -> N
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        ((), "nothing to check: give --url, --gateway or --etcd"),
+        ((), "nothing to check: give --url, --gateway, --etcd or --sglang"),
         (("--gateway", "ftp://x"), "--gateway 'ftp://x' must start with http:// or https://"),
     ],
 )
