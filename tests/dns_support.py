@@ -21,7 +21,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -173,43 +172,10 @@ class Resolving:
             netns._ip("netns", "del", self.name, check=False)
 
 
-class Driver:
+class Driver(netns.PipedProcess):
     """Registrars in a subprocess inside the namespace (tests/dns_driver.py), asked over a
     pipe: `ask("status")` and so on."""
 
     def __init__(self, namespace: str, spec: dict[str, Any]) -> None:
-        self.process = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, sys.executable, str(DRIVER), json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=str(Path(__file__).parent.parent),
-        )
-        self._lock = threading.Lock()
-        first = self._readline()
-        if json.loads(first) != {"ready": True}:
-            self.kill()
-            raise RuntimeError(f"driver did not start: {first!r}")
-
-    def _readline(self) -> str:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError("driver process ended")
-        return line
-
-    def ask(self, command: str) -> Any:
-        with self._lock:
-            assert self.process.stdin is not None
-            self.process.stdin.write(command + "\n")
-            self.process.stdin.flush()
-            return json.loads(self._readline())
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        repo = str(Path(__file__).parent.parent)
+        super().__init__(namespace, [str(DRIVER), json.dumps(spec)], "driver", cwd=repo)

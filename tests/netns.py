@@ -159,37 +159,30 @@ server.close()
 """
 
 
-class ServerProcess:
-    """The reference bootstrap server in a subprocess inside a namespace, asked over a pipe."""
+class PipedProcess:
+    """A Python process inside a namespace, asked over a pipe: one command per line, one JSON
+    answer per line, `{"ready": true}` first."""
 
-    def __init__(self, namespace: str, host: str, port: int) -> None:
+    def __init__(self, namespace: str, argv: list[str], what: str, cwd: str | None = None) -> None:
+        self.what = what
         self.process = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                namespace,
-                sys.executable,
-                "-c",
-                _SERVER_SCRIPT,
-                host,
-                str(port),
-            ],
+            ["ip", "netns", "exec", namespace, sys.executable, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            cwd=cwd,
         )
         self._lock = threading.Lock()
         first = self._readline()
         if json.loads(first) != {"ready": True}:
             self.kill()
-            raise RuntimeError(f"bootstrap server did not start: {first!r}")
+            raise RuntimeError(f"{what} did not start: {first!r}")
 
     def _readline(self) -> str:
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError("bootstrap server process ended")
+            raise RuntimeError(f"{self.what} process ended")
         return line
 
     def ask(self, command: str) -> Any:
@@ -198,11 +191,6 @@ class ServerProcess:
             self.process.stdin.write(command + "\n")
             self.process.stdin.flush()
             return json.loads(self._readline())
-
-    def puts(self) -> list[int]:
-        """The rank_port of every PUT this process received, in order."""
-        answer: list[int] = self.ask("puts")
-        return answer
 
     def kill(self) -> None:
         """End the process at once (SIGKILL): no goodbye on any connection."""
@@ -213,6 +201,18 @@ class ServerProcess:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+
+class ServerProcess(PipedProcess):
+    """The reference bootstrap server in a subprocess inside a namespace, asked over a pipe."""
+
+    def __init__(self, namespace: str, host: str, port: int) -> None:
+        super().__init__(namespace, ["-c", _SERVER_SCRIPT, host, str(port)], "bootstrap server")
+
+    def puts(self) -> list[int]:
+        """The rank_port of every PUT this process received, in order."""
+        answer: list[int] = self.ask("puts")
+        return answer
 
 
 class Link:
