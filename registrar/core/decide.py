@@ -52,7 +52,6 @@ from .backoff import (
 from .loopstate import LoopState
 from .machine import State, Trigger
 from .notes import (
-    REPORT_LOG_INTERVAL,
     answered,
     attempt_label,
     failed_attempt,
@@ -70,7 +69,6 @@ __all__ = [
     "MAX_BROKEN_CHECKS",
     "MAX_ERROR_TEXT",
     "REPORT_CHECK_INTERVAL",
-    "REPORT_LOG_INTERVAL",
     "Draw",
     "decide",
 ]

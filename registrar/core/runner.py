@@ -48,7 +48,7 @@ from .settings import POLICIES, LoopSettings, OnFailureName
 from .transport import Gated, IdleWatcher, Transport
 from .waker import Waker
 
-__all__ = ["MAX_ERROR_TEXT", "UNEXPECTED", "Controls", "Runner"]
+__all__ = ["UNEXPECTED", "Controls", "Runner"]
 
 logger = logging.getLogger("registrar")
 
