@@ -11,11 +11,10 @@ import pytest
 
 from registrar import ConfigError
 from registrar.assembly import etcd_registrar
-from registrar.protocols.etcd.answer import parse_answer
+from registrar.protocols.etcd.client import parse_answer
 from registrar.protocols.etcd.settings import EtcdSettings
-from registrar.protocols.etcd.stream import ChunkedLines, StreamError
 from registrar.protocols.etcd.transport import EtcdTransport, watch_interval_for
-from registrar.protocols.etcd.watch import watch_change
+from registrar.protocols.etcd.watch import ChunkedLines, StreamError, watch_change
 from registrar.protocols.httpconn import TlsError
 from registrar.protocols.httpvalues import HttpResult
 

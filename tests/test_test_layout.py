@@ -202,24 +202,12 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_rules.py",),
         "the gateway settings value beside the loop's and HTTP's",
     ),
-    "registrar.protocols.etcd.answer": (
-        ("test_etcd_unit.py",),
-        "one part of the etcd protocol; its tests are the protocol's",
-    ),
     "registrar.protocols.etcd.client": (
-        ("test_etcd_unit.py", "test_etcd.py"),
-        "one part of the etcd protocol; its tests are the protocol's",
-    ),
-    "registrar.protocols.etcd.stream": (
         ("test_etcd_unit.py", "test_etcd.py"),
         "one part of the etcd protocol; its tests are the protocol's",
     ),
     "registrar.protocols.etcd.transport": (
         ("test_etcd_unit.py", "test_etcd.py"),
-        "one part of the etcd protocol; its tests are the protocol's",
-    ),
-    "registrar.protocols.etcd.verdicts": (
-        ("test_etcd_unit.py",),
         "one part of the etcd protocol; its tests are the protocol's",
     ),
     "registrar.protocols.etcd.watch": (

@@ -1,51 +1,162 @@
-"""The cluster as one client: every request goes to the member that answered last, and fails
-over to the next while a member does not answer or says it cannot (no leader, timed out,
-unavailable); etcd's auth token is fetched, and fetched again when etcd says it is invalid; the
-same TLS files serve the unary calls and the watch.
-
-One `HttpTransport` per member (`POST /v3/...` on etcd's JSON gateway): no gRPC stack."""
+"""The cluster as one client on etcd's JSON gateway (`POST /v3/...`, one `HttpTransport` per
+member, no gRPC stack): failover, the auth token, and the gateway's answers and encodings (keys
+and values base64, int64 as strings) read here alone, never trusting their types."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 from ...core.redact import Secrets, clean, redact_url
-from ...core.transport import connect_seconds
+from ...core.untrusted import load_json
 from ..http import HttpTransport
-from ..httpconn import TlsFiles
-from .answer import EtcdAnswer, Grpc, parse_answer
+from ..httpconn import TlsError, TlsFiles
+from ..httpvalues import HttpResult
 from .settings import EtcdSettings
-from .stream import Dial
 
 logger = logging.getLogger(__name__)
 
 
+class Grpc(IntEnum):
+    """The gRPC status codes the gateway passes on in its error bodies."""
+
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID = 3
+    DEADLINE = 4
+    NOT_FOUND = 5
+    PERMISSION = 7
+    EXHAUSTED = 8
+    PRECONDITION = 9
+    ABORTED = 10
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    UNAUTHENTICATED = 16
+
+
+# Answers that speak for one member only (it has no leader, is shutting down, timed out):
+# another member may do better.
+_MEMBER_TROUBLE = frozenset(
+    {Grpc.CANCELLED, Grpc.UNKNOWN, Grpc.DEADLINE, Grpc.ABORTED, Grpc.INTERNAL, Grpc.UNAVAILABLE}
+)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: object) -> bytes | None:
+    """Bytes the gateway sent, or None for anything that is not base64 text."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def int64(value: object) -> int:
+    """An int64 the gateway sent as a string (omitted or unreadable: 0)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 20:
+        return int(value)
+    return 0
+
+
+def header_revision(body: Mapping[str, Any]) -> int:
+    """The store's revision an answer was made at (0 when it names none)."""
+    header = body.get("header")
+    return int64(header.get("revision")) if isinstance(header, Mapping) else 0
+
+
+@dataclass(frozen=True)
+class EtcdAnswer:
+    """One gateway call, parsed: the message on success, the gRPC error otherwise."""
+
+    endpoint: str
+    status_code: int | None
+    body: Mapping[str, Any] | None = None
+    """The message (a streaming call's `result` unwrapped) on success."""
+    code: int | None = None
+    message: str = ""
+    """Error text: etcd's message or the root cause of a failed exchange, cleaned."""
+    error: BaseException | None = None
+    refused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.body is not None
+
+    @property
+    def member_trouble(self) -> bool:
+        """No answer, or one that speaks for this member only: try another."""
+        if self.ok:
+            return False
+        if self.status_code is None:
+            return not isinstance(self.error, TlsError)
+        if self.code is not None:
+            return self.code in _MEMBER_TROUBLE
+        return self.status_code >= 500
+
+
+def parse_answer(
+    endpoint: str, result: HttpResult, describe: Callable[[BaseException], str]
+) -> EtcdAnswer:
+    if result.error is not None:
+        text = describe(result.error)
+        return EtcdAnswer(endpoint, None, message=text, error=result.error, refused=result.refused)
+    status = result.status_code
+    try:
+        document = load_json(result.text) if result.complete else None
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("result"), dict):
+        document = document["result"]  # a streaming call's one message
+    elif isinstance(document, dict) and isinstance(document.get("error"), dict):
+        inner = document["error"]  # a streaming call's error: {"error": {"grpc_code": ...}}
+        document = {"code": inner.get("grpc_code"), "message": inner.get("message")}
+    if status == 200 and isinstance(document, dict) and "code" not in document:
+        return EtcdAnswer(endpoint, status, body=document)
+    code = document.get("code") if isinstance(document, dict) else None
+    message = document.get("message") if isinstance(document, dict) else None
+    if not isinstance(message, str) or not message:
+        message = f"HTTP {status}: {' '.join(result.text.split())}"
+    return EtcdAnswer(
+        endpoint,
+        status,
+        code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+        message=clean(message, 200),
+    )
+
+
 class EtcdClient:
-    """Sends to a cluster's members with failover, auth and TLS, as its settings say (checked
-    when they were made)."""
+    """Sends to the member that answered last, failing over to the next while one does not
+    answer or says it cannot; the same TLS files serve the unary calls and the watch."""
 
     def __init__(self, settings: EtcdSettings) -> None:
-        self._urls = list(settings.endpoints)
-        self.shown = [redact_url(url) for url in self._urls]
+        self.settings = settings
+        self.urls = list(settings.endpoints)
+        self.shown = [redact_url(url) for url in self.urls]
         """The endpoints, credentials redacted, in failover order."""
         self._http = [
             HttpTransport(
                 url, path="/", timeout=settings.timeout, verify=settings.verify, cert=settings.cert
             )
-            for url in self._urls
+            for url in self.urls
         ]
-        self._timeout = settings.timeout
         self.current = 0
         """The member that answered last: the first one asked."""
         self.all_refused = False
         """Every member refused the connection in the last call (nothing listens anywhere)."""
         self._tls = TlsFiles(settings.verify, settings.cert)
-        self.cert = settings.cert
-        self._username = settings.username
-        self._password = settings.password
         self.secrets = Secrets.of((settings.password,))
         self.token: str | None = None
         self._auth_off = False
@@ -53,25 +164,14 @@ class EtcdClient:
         self._closing = False
         self._abort_lock = threading.Lock()
 
-    @property
-    def username(self) -> str | None:
-        return self._username
-
-    def url(self, index: int) -> str:
-        return self._urls[index]
-
-    def dial(self, index: int) -> Dial:
-        """How a watch reaches member `index`: the same TLS context the unary calls' transport
-        uses (built from the same files) and the same connect timeout."""
-        https = self._urls[index].startswith("https://")
-        return Dial(self._tls.context() if https else None, connect_seconds(self._timeout))
-
-    def _headers(self) -> dict[str, str] | None:
-        return {"Authorization": self.token} if self.token else None
+    def tls_context(self, index: int) -> ssl.SSLContext | None:
+        """The context of the unary calls (built from the same files) for a watch on `index`."""
+        return self._tls.context() if self.urls[index].startswith("https://") else None
 
     def _send(self, index: int, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
         transport = self._http[index]
-        result = transport.send("POST", path, json=dict(body), headers=self._headers())
+        headers = {"Authorization": self.token} if self.token else None
+        result = transport.send("POST", path, json=dict(body), headers=headers)
         answer = parse_answer(self.shown[index], result, transport.describe_error)
         if answer.error is not None and self.token and answer.status_code is None:
             # A simple token names a raft index; a member that lost its data waits for that
@@ -82,13 +182,13 @@ class EtcdClient:
     def _authenticate(self, index: int) -> EtcdAnswer | None:
         """Fetch a token from member `index`; None when done (or auth is off), else the failed
         answer."""
-        if self._username is None or self.token or self._auth_off:
+        username = self.settings.username
+        if username is None or self.token or self._auth_off:
             return None
-        answer = self._send(
-            index, "/v3/auth/authenticate", {"name": self._username, "password": self._password}
-        )
-        if answer.ok:
-            token = answer.body.get("token") if answer.body else None
+        body = {"name": username, "password": self.settings.password}
+        answer = self._send(index, "/v3/auth/authenticate", body)
+        if answer.body is not None:
+            token = answer.body.get("token")
             if isinstance(token, str) and token and "\n" not in token and "\r" not in token:
                 self.token = token
                 return None
@@ -102,28 +202,31 @@ class EtcdClient:
             return None
         return answer
 
+    def _ask(self, index: int, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
+        """One member's answer, authenticating first, and again once on an invalid token (a
+        failed re-authentication leaves the refusal as it was)."""
+        failed = self._authenticate(index)
+        if failed is not None:
+            return failed
+        answer = self._send(index, path, body)
+        if answer.code == Grpc.UNAUTHENTICATED and self.settings.username is not None:
+            self.token = None  # expired, or forgotten by a restarted member
+            if self._authenticate(index) is None:
+                answer = self._send(index, path, body)
+        return answer
+
     def call(self, path: str, body: Mapping[str, Any]) -> tuple[EtcdAnswer, list[str]]:
-        """Send to the current endpoint, failing over to the others in turn while a member is
-        in trouble; the final answer and what each failed member said. `all_refused` tells
-        whether every member refused the connection (nothing listens anywhere)."""
+        """The final answer, failing over while a member is in trouble, and what each failed
+        member said (`all_refused`: every member refused the connection)."""
         failures: list[str] = []
         refusals = 0
-        count = len(self._urls)
-        answer: EtcdAnswer | None = None
+        count = len(self.urls)
+        answer = EtcdAnswer(self.shown[self.current], None, message="stopping")
         for step in range(count):
             index = (self.current + step) % count
             if self._aborted:
                 break
-            failed = self._authenticate(index)
-            if failed is None:
-                answer = self._send(index, path, body)
-                if answer.code == Grpc.UNAUTHENTICATED and self._username is not None:
-                    self.token = None  # expired, or forgotten by a restarted member
-                    failed = self._authenticate(index)
-                    if failed is None:
-                        answer = self._send(index, path, body)
-            else:
-                answer = failed
+            answer = self._ask(index, path, body)
             if answer.member_trouble:
                 failures.append(f"{answer.endpoint}: {answer.message}")
                 refusals += answer.refused
@@ -132,14 +235,11 @@ class EtcdClient:
                 logger.info("etcd: now using %s", answer.endpoint)
                 self.current = index
             return answer, failures
-        if answer is None:
-            answer = EtcdAnswer(self.shown[self.current], None, message="stopping")
         self.all_refused = refusals == count
         return answer, failures
 
     def failure_text(self, answer: EtcdAnswer, failures: list[str]) -> str:
-        """What went wrong, for a log line or a status: every member's answer when several
-        failed, secrets left out."""
+        """Every member's answer when several failed, secrets left out."""
         if len(failures) > 1:
             text = "no etcd endpoint answered: " + "; ".join(failures)
         else:

@@ -1,6 +1,5 @@
-"""The etcd registration's settings: one frozen value, validated once when it is made, from
-which the `EtcdTransport` is built (and a surface reads the defaults its help shows: a request's
-deadline is 2 s here, not HTTP's 5 s). Every rule of the etcd options is here, and only here."""
+"""The etcd registration's settings (docs/etcd.md, "Settings"): every rule of the etcd options
+is here, and only here."""
 
 from __future__ import annotations
 
@@ -13,15 +12,8 @@ from ...core import rules
 from ...core.errors import ConfigError
 from ...core.transport import Timeout, deadline_seconds
 
-DEFAULT_TTL = 10.0
-"""Seconds a crashed process's key outlives it. etcd rounds a TTL up to whole seconds and to
-its own minimum (about 2 s on a default single member)."""
 DEFAULT_KEEPALIVE_FRACTION = 1 / 3
-"""The lease is renewed every TTL/3 (as etcd's own Go client does): two renewals may be lost
-before the key expires."""
-DEFAULT_TIMEOUT = 2.0
-"""Deadline of one request to one endpoint: a stopped member costs this before failing over.
-A renewal through a member waiting for a new leader can take one election (about 1 s)."""
+"""As etcd's own Go client: two renewals may be lost before the key expires."""
 
 
 def _ttl(value: object) -> float:
@@ -52,17 +44,16 @@ def _cert(value: object) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class EtcdSettings:
-    """The key under a lease: where (endpoints, key), how long a crashed process's key
-    outlives it (ttl) and when the lease is renewed, and how to reach etcd (credentials,
-    deadline, TLS: `verify` True, False or a CA file or directory, a client certificate)."""
+    """The key under a lease, how long a crashed process's key outlives it, when the lease is
+    renewed, and how to reach etcd (credentials, deadline, TLS)."""
 
     endpoints: str | Sequence[str]
     key: str
-    ttl: float = DEFAULT_TTL
+    ttl: float = 10.0
     keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION
     username: str | None = None
     password: str | None = None
-    timeout: Timeout = DEFAULT_TIMEOUT
+    timeout: Timeout = 2.0  # a stopped member costs this before failing over
     verify: bool | str = True
     cert: tuple[str, str] | None = None
 
@@ -85,9 +76,10 @@ class EtcdSettings:
         if (self.username is None) != (self.password is None):
             raise ConfigError("username and password go together: give both or neither")
         left = self.lease_seconds * (1 - self.keepalive_fraction)
-        if self.deadline >= left:
+        deadline = deadline_seconds(self.timeout)
+        if deadline >= left:
             raise ConfigError(
-                f"timeout ({self.deadline:g} s per request) must be shorter than the part of the "
+                f"timeout ({deadline:g} s per request) must be shorter than the part of the "
                 f"TTL left after a renewal is due ({left:g} s of ttl={self.lease_seconds}): a "
                 "member that never answers would cost the lease before the next one is asked; "
                 "raise ttl or lower timeout"
@@ -97,8 +89,3 @@ class EtcdSettings:
     def lease_seconds(self) -> int:
         """The lease's TTL in whole seconds, rounded up as etcd takes it."""
         return int(-(-self.ttl // 1))
-
-    @property
-    def deadline(self) -> float:
-        """Seconds one request to one member may take in all."""
-        return deadline_seconds(self.timeout)
