@@ -1,70 +1,37 @@
 """Whether the served process is ready: the gate before a worker is offered to the gateway, and
-the reason it is withdrawn after `grace` seconds of not being ready. From a URL (ready while it
-answers 2xx, e.g. SGLang's `/ready`) or from a callable."""
+the reason it is withdrawn after `grace` seconds of not being ready (docs/gateway.md,
+"Registration only when ready")."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from ...core.clock import Clock
-from ...core.transport import validate_url
 from ...core.waker import Waker
 from ..http import HttpTransport
+from .settings import SmgSettings
 
 Readiness = Callable[[], str | None]
 """None when the served process is ready, else why not (one line)."""
 
 
-def readiness(ready: str | Callable[[], bool] | None, timeout: float = 2.0) -> Readiness | None:
-    """A readiness check from a URL (ready while it answers 2xx, e.g. SGLang's `/ready`) or a
-    callable answering True when ready; None for none."""
-    if ready is None:
-        return None
-    if callable(ready):
-        check = ready
-
-        def called() -> str | None:
-            try:
-                return None if check() else "the readiness callable answered False"
-            except Exception as exc:
-                return f"the readiness callable raised {type(exc).__name__}"
-
-        return called
-    return UrlReadiness(ready, timeout)
-
-
-class UrlReadiness:
-    """Ready while `GET url` answers 2xx, on one kept-alive connection (closed by `close`)."""
-
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
-        self._url = validate_url(url, "ready url")
-        parts = self._url.split("/", 3)
-        self._path = "/" + parts[3] if len(parts) > 3 else "/"
-        self._http = HttpTransport("/".join(parts[:3]), timeout=timeout)
-
-    def __call__(self) -> str | None:
-        result = self._http.send("GET", self._path)
-        if result.error is not None:
-            return f"GET {self._url}: {self._http.describe_error(result.error)}"
-        if result.status_code is not None and 200 <= result.status_code < 300:
-            return None
-        return f"GET {self._url} answered {result.status_code}"
-
-    def close(self) -> None:
-        self._http.close()
-
-
 class ReadinessGate:
-    """The served process's readiness over time: since when it has been not ready, so that a
-    worker is withdrawn only after `grace` seconds of it, not at the first failed look."""
+    """The served process's readiness over time, from the settings' `ready` (a URL ready while
+    it answers 2xx on one kept-alive connection, or a callable answering True) or a given
+    `ready` check: since when it has been not ready, so that a worker is withdrawn only after
+    `grace` seconds of it, not at the first failed look."""
 
-    def __init__(
-        self, ready: Readiness | None, clock: Clock, grace: float, interval: float
-    ) -> None:
+    def __init__(self, settings: SmgSettings, clock: Clock, ready: Readiness | None) -> None:
+        self._http: HttpTransport | None = None
+        if ready is None and isinstance(settings.ready, str):
+            self._http = HttpTransport("/".join(settings.ready.split("/", 3)[:3]), timeout=2.0)
+            ready = _url_check(settings.ready, self._http)
+        elif ready is None and callable(settings.ready):
+            ready = _called(settings.ready)
         self.ready = ready
         self._clock = clock
-        self.grace = grace
-        self.interval = interval
+        self.grace = settings.grace
+        self.interval = settings.ready_interval
         self._unready_since: float | None = None
 
     def not_ready(self) -> str | None:
@@ -101,7 +68,30 @@ class ReadinessGate:
                 return True
 
     def close(self) -> None:
-        """Close the check's connection, if it keeps one (`UrlReadiness`)."""
-        closing = getattr(self.ready, "close", None)
-        if callable(closing):
-            closing()
+        if self._http is not None:
+            self._http.close()
+
+
+def _called(check: Callable[[], bool]) -> Readiness:
+    def called() -> str | None:
+        try:
+            return None if check() else "the readiness callable answered False"
+        except Exception as exc:
+            return f"the readiness callable raised {type(exc).__name__}"
+
+    return called
+
+
+def _url_check(url: str, http: HttpTransport) -> Readiness:
+    parts = url.split("/", 3)
+    path = "/" + parts[3] if len(parts) > 3 else "/"
+
+    def get() -> str | None:
+        result = http.send("GET", path)
+        if result.error is not None:
+            return f"GET {url}: {http.describe_error(result.error)}"
+        if result.status_code is not None and 200 <= result.status_code < 300:
+            return None
+        return f"GET {url} answered {result.status_code}"
+
+    return get

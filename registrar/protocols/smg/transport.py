@@ -1,11 +1,12 @@
 """`SmgTransport`: one worker kept listed by the gateway, from the POST that offers it to the
-DELETE that drains it (the model is in the package's docstring, `registrar.protocols.smg`).
-The gateway's answers are read by `.answers`; the served process's readiness is followed by
-`.gate`."""
+DELETE that drains it (docs/gateway.md, "How the protocol keeps the worker listed"). The
+gateway's answers are read here, never trusting a type; the served process's readiness is
+followed by `.gate`."""
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -13,11 +14,11 @@ from typing import Any
 from ...core.clock import Clock, SystemClock
 from ...core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core.redact import clean
+from ...core.untrusted import load_json
 from ...core.waker import Waker
 from ..http import HttpTransport
 from ..httpvalues import HttpResult
-from .answers import json_object, listed_check, worker_check, worker_id_in, workers_at
-from .gate import Readiness, ReadinessGate, readiness
+from .gate import Readiness, ReadinessGate
 from .settings import KEY_ENV, SmgSettings
 
 logger = logging.getLogger(__name__)
@@ -28,16 +29,13 @@ MAX_LIST_BYTES = 16 * 1024 * 1024
 """`GET /workers` is read up to this (about 600 bytes per worker); every other answer up to the
 HTTP transport's usual cap (64 KiB)."""
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 class SmgTransport:
-    """Keeps the worker of `settings` listed by the smg gateway at `gateway` (by default the
-    first the settings name; see the module's docstring), as the settings say (checked when
-    they were made). `ready` gates the offer (by default the settings' readiness check, see
-    `readiness`). `clock` and `sender` are for tests (a fake clock; an object whose `send`
-    answers like `HttpTransport.send`)."""
-
-    token_hint = "check the gateway's control-plane key"
+    """Keeps the worker of `settings` listed by the gateway at `gateway` (by default the first
+    the settings name). `ready` replaces the settings' readiness check; `clock` and `sender`
+    are for tests (a fake clock; an object whose `send` answers like `HttpTransport.send`)."""
 
     def __init__(
         self,
@@ -48,10 +46,9 @@ class SmgTransport:
         clock: Clock | None = None,
         sender: Any = None,
     ) -> None:
-        gateway = gateway if gateway is not None else settings.gateways[0]
         token, source = settings.token()
         self._http = HttpTransport(
-            gateway,
+            gateway if gateway is not None else settings.gateways[0],
             path="/workers",
             method="POST",
             token=token,
@@ -59,21 +56,19 @@ class SmgTransport:
             timeout=settings.timeout,
             verify=settings.verify,
         )
-        self._http.token_hint = self.token_hint
+        self._http.token_hint = "check the gateway's control-plane key"
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
-        self._confirm_timeout = settings.confirm_timeout
-        self._drain_timeout = settings.drain_timeout
-        if ready is None:
-            ready = readiness(settings.ready)
+        self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._gate = ReadinessGate(ready, self._clock, settings.grace, settings.ready_interval)
+        self._gate = ReadinessGate(settings, self._clock, ready)
         self._sender = sender.send if sender is not None else self._http.send
         self.requests_sent = 0
         """Requests that reached the gateway so far (a refused connection is not counted)."""
         self._stopping = threading.Event()
         self._abort_lock = threading.Lock()
         self._closing = False
-        self._worker_id: str | None = None
+        self.worker_id: str | None = None
+        """The gateway's id of our worker, when known."""
         self._url: str | None = None
         self._posted = False
         """A POST was sent whose worker we may not know the id of (its answer was lost)."""
@@ -81,38 +76,23 @@ class SmgTransport:
         """The worker an attempt follows was being removed (a withdrawal or an operator's
         DELETE not finished yet): once it is gone, POST again at once."""
 
-    # ----------------------------------------------------------------- properties
-
     @property
     def display_url(self) -> str:
         return self._http.display_url
 
     @property
-    def worker_id(self) -> str | None:
-        """The gateway's id of our worker, when known."""
-        return self._worker_id
-
-    @property
-    def drain_timeout(self) -> float:
-        return self._drain_timeout
-
-    @property
     def ready_interval(self) -> float:
         return self._gate.interval
-
-    # ----------------------------------------------------------------- readiness
 
     def not_ready(self) -> str | None:
         """The `Gated` hook: why the worker must not be offered now (None: offer it)."""
         return self._gate.not_ready()
 
-    # ----------------------------------------------------------------- registering
-
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         self._url = str(payload["url"])
-        if self._worker_id is not None:
+        if self.worker_id is not None:
             # An earlier attempt's worker may still be in the gateway's queue: follow it.
-            outcome = self._confirm(self._worker_id)
+            outcome = self._confirm(self.worker_id)
             if outcome is not None:
                 return outcome
         for _ in range(2):  # again at once when the worker we adopted was being removed
@@ -123,7 +103,7 @@ class SmgTransport:
             code = result.status_code
             if result.error is not None or code not in (200, 201, 202, 409):
                 return self._http.classify_registration(result)
-            worker_id = worker_id_in(result)
+            worker_id = _worker_id_in(result)
             if worker_id is None:
                 return RegisterOutcome(
                     Verdict.RETRY,
@@ -138,7 +118,7 @@ class SmgTransport:
                     worker_id,
                     clean(self._url, 200),
                 )
-            self._worker_id = worker_id
+            self.worker_id = worker_id
             self._posted = False
             outcome = self._confirm(worker_id)
             if outcome is not None:
@@ -158,17 +138,17 @@ class SmgTransport:
         the gateway does not know the id (it was dropped: POST again); a RETRY outcome when the
         bound passed or the gateway could not be asked (the id is kept: the next attempt
         follows the same worker instead of adding another)."""
-        deadline = self._clock.monotonic() + self._confirm_timeout
+        deadline = self._clock.monotonic() + self._settings.confirm_timeout
         delay = _POLL_FIRST
         while True:
-            result = self._get_worker(worker_id)
+            result = self._send("GET", f"/workers/{worker_id}")
             if result.error is not None:
                 return self._http.classify_registration(result)
             code = result.status_code
             if code in (400, 404):
-                self._worker_id = None
+                self.worker_id = None
                 return None
-            info = json_object(result)
+            info = _json_object(result)
             if code != 200 or info is None:
                 return self._http.classify_registration(result)
             status = info.get("status")
@@ -177,13 +157,14 @@ class SmgTransport:
                 return RegisterOutcome(Verdict.ACCEPTED, status_code=code)
             left = deadline - self._clock.monotonic()
             if left <= 0 or self._stopping.is_set():
-                job = info.get("job_status") if isinstance(info.get("job_status"), dict) else {}
+                job = info.get("job_status")
+                job = job if isinstance(job, dict) else {}
                 return RegisterOutcome(
                     Verdict.RETRY,
                     code,
                     f"worker {clean(self._url, 200)} not listed ready within "
-                    f"{self._confirm_timeout:g} s (status {clean(status, 40)!s}, job "
-                    f"{clean((job or {}).get('status'), 40)!s})",
+                    f"{self._settings.confirm_timeout:g} s (status {clean(status, 40)!s}, job "
+                    f"{clean(job.get('status'), 40)!s})",
                 )
             if self._clock.wait(self._stopping, min(delay, left)):
                 continue  # stopping: one last look, then the answer above
@@ -195,35 +176,43 @@ class SmgTransport:
             self.requests_sent += 1
         return result
 
-    def _get_worker(self, worker_id: str) -> HttpResult:
-        return self._send("GET", f"/workers/{worker_id}")
-
-    # ----------------------------------------------------------------- the watch
-
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         self._url = str(payload["url"])
-        if self._gate.ready is not None and self._worker_id is not None:
+        if self._gate.ready is not None and self.worker_id is not None:
             unready = self._gate.unready_for()
             if unready >= self._gate.grace:
                 return self._withdraw_unready(unready)
-        if self._worker_id is None:
+        if self.worker_id is None:
             return self._find()
-        result = self._get_worker(self._worker_id)
+        result = self._send("GET", f"/workers/{self.worker_id}")
         check = self._classify(result)
         self._http.settle_idle_signal(check.route is Route.PRESENT)
         return check
 
     def _classify(self, result: HttpResult) -> RouteCheck:
-        check = worker_check(result, self._url, self._worker_id, self._http)
-        if check.route is Route.MISSING:
-            self._worker_id = None  # the gateway forgot it: the loop registers again
-        return check
+        """What `GET /workers/{id}` answered: MISSING (the loop registers again) only when the
+        gateway does not know the id."""
+        if result.error is not None:
+            return self._http.unreachable(result)
+        code = result.status_code
+        if code in (400, 404):
+            evidence = (
+                f"the gateway does not know worker {self.worker_id} (it restarted, "
+                "or the worker was removed)"
+            )
+            self.worker_id = None
+            return RouteCheck(Route.MISSING, code, evidence)
+        info = _json_object(result) if code == 200 else None
+        if info is None:
+            excerpt = self._http.excerpt(result)
+            return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {excerpt}")
+        return _listed_check(info, code, self._url, self.worker_id)
 
     def _find(self) -> RouteCheck:
         """Before we know an id: our URL in the gateway's list, adopted when found."""
         result = self._send("GET", "/workers", limit=MAX_LIST_BYTES)
         if result.error is not None:
-            return self._classify(result)
+            return self._http.unreachable(result)
         if result.status_code != 200:
             return RouteCheck(
                 Route.UNDETERMINED,
@@ -232,14 +221,21 @@ class SmgTransport:
                 f"{self._http.excerpt(result)}",
             )
         ours = (self._url or "").rstrip("/")
-        mine = workers_at(json_object(result), ours)
-        if mine is None:
+        listed = (_json_object(result) or {}).get("workers")
+        if not isinstance(listed, list):
             return RouteCheck(Route.UNDETERMINED, 200, "the worker list could not be read")
+        mine = [
+            w
+            for w in listed
+            if isinstance(w, dict)
+            and str(w.get("url", "")).rstrip("/") == ours
+            and isinstance(w.get("id"), str)
+        ]
         if not mine:
             return RouteCheck(Route.MISSING, 200, f"the gateway lists no worker at {ours}")
-        self._worker_id = str(mine[0]["id"])
+        self.worker_id = str(mine[0]["id"])
         self._posted = False
-        return listed_check(mine[0], 200, self._url, self._worker_id)
+        return _listed_check(mine[0], 200, self._url, self.worker_id)
 
     def _withdraw_unready(self, unready: float) -> RouteCheck:
         reason = self.not_ready() or "not ready"
@@ -265,15 +261,13 @@ class SmgTransport:
             return self._http.wait_idle(timeout, waker)
         return self._gate.wait(self._http.wait_idle, timeout, waker)
 
-    # ----------------------------------------------------------------- the end
-
     def _remove(self, wait: bool = True) -> bool:
         """DELETE our worker and (`wait`) wait, within `drain_timeout`, until the gateway no
         longer lists it. True when it is gone (without `wait`: when the DELETE was taken)."""
-        worker_id = self._worker_id
+        worker_id = self.worker_id
         if worker_id is None and self._posted:
             self._find()  # a POST whose answer was lost: its worker may be listed
-            worker_id = self._worker_id
+            worker_id = self.worker_id
         if worker_id is None:
             return True
         started = self._clock.monotonic()
@@ -287,13 +281,13 @@ class SmgTransport:
             logger.warning("%s: could not remove worker %s: %s", self.display_url, worker_id, what)
             return False
         if not wait:
-            self._worker_id = None
+            self.worker_id = None
             return True
         delay = _POLL_FIRST
         while True:
-            probe = self._get_worker(worker_id)
+            probe = self._send("GET", f"/workers/{worker_id}")
             if probe.error is None and probe.status_code in (400, 404):
-                self._worker_id = None
+                self.worker_id = None
                 logger.info(
                     "%s: worker %s removed after %.2f s",
                     self.display_url,
@@ -301,13 +295,13 @@ class SmgTransport:
                     self._clock.monotonic() - started,
                 )
                 return True
-            left = started + self._drain_timeout - self._clock.monotonic()
+            left = started + self._settings.drain_timeout - self._clock.monotonic()
             if left <= 0:
                 logger.warning(
                     "%s: worker %s still listed %g s after its DELETE",
                     self.display_url,
                     worker_id,
-                    self._drain_timeout,
+                    self._settings.drain_timeout,
                 )
                 return False
             self._clock.wait(threading.Event(), min(delay, left))
@@ -335,3 +329,45 @@ class SmgTransport:
         finally:
             self._http.close()
             self._gate.close()
+
+
+def _worker_id_in(result: HttpResult) -> str | None:
+    """The worker id a 202 (`worker_id`) or a 409 (in its error text) names."""
+    body = _json_object(result) or {}
+    if isinstance(body.get("worker_id"), str) and _UUID.fullmatch(body["worker_id"]):
+        return str(body["worker_id"])
+    found = _UUID.search(body["error"]) if isinstance(body.get("error"), str) else None
+    return found.group(0) if found else None
+
+
+def _json_object(result: HttpResult) -> dict[str, Any] | None:
+    """A complete answer's JSON object, or None."""
+    if not result.complete:
+        return None
+    try:
+        body = load_json(result.text)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _listed_check(
+    info: Mapping[str, Any], code: int | None, url: str | None, worker_id: str | None
+) -> RouteCheck:
+    """What the listing `info` of our worker `worker_id` (at `url`) means for the route."""
+    listed = str(info.get("url", "")).rstrip("/")
+    ours = (url or "").rstrip("/")
+    if listed != ours:
+        theirs = clean(listed, 200)
+        return RouteCheck(Route.CONFLICT, code, f"our worker id lists {theirs}, not {ours}")
+    if info.get("status") == "pending":
+        return RouteCheck(Route.UNDETERMINED, code, "the gateway is still adding the worker")
+    if info.get("status") == "draining":
+        return RouteCheck(
+            Route.UNDETERMINED,
+            code,
+            "the gateway is removing the worker (draining); it is added again once gone",
+        )
+    health = "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
+    status = clean(info.get("status"), 40)
+    return RouteCheck(Route.PRESENT, code, f"listed as {worker_id} ({status}, {health})")
