@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ...core.errors import ConfigError
@@ -37,24 +36,16 @@ def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE
 
 class EtcdTransport:
     """Keeps `payload` (as compact JSON) under the settings' `key`, held by a lease renewed
-    every `keepalive_fraction * ttl` seconds. `max_message_bytes` caps one watch message,
-    `rng` is for tests."""
+    every `keepalive_fraction * ttl` seconds. `max_message_bytes` caps one watch message."""
 
     def __init__(
-        self,
-        settings: EtcdSettings,
-        *,
-        max_message_bytes: int = MAX_WATCH_MESSAGE,
-        rng: Callable[[], float] | None = None,
+        self, settings: EtcdSettings, *, max_message_bytes: int = MAX_WATCH_MESSAGE
     ) -> None:
         self._key = settings.key.encode()
         self._key_text = settings.key
         self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
         self._client = EtcdClient(settings)
-        limit = message_limit(max_message_bytes)
-        self._watch = KeyWatch(
-            self._client, self._key, limit, rng if rng is not None else random.random
-        )
+        self._watch = KeyWatch(self._client, self._key, message_limit(max_message_bytes))
         self._value = b""
         self.lease = 0
         """The current lease ID (0 before the first grant)."""

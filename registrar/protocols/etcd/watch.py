@@ -1,21 +1,19 @@
 """The watch on our key: a `POST /v3/watch` stream that tells at once when the key is deleted or
-overwritten, rather than at the next check.
-
-Read from a plain (or TLS) socket, not a buffered HTTP client, so that `select()` sees exactly
-the bytes not yet read, and so that each piece is bounded as it arrives: a head over 16 KiB, a
-chunk-size line over 1 KiB or a message over its limit is a `StreamError`, never a growing
-buffer."""
+overwritten. Read from a plain (or TLS) socket, not a buffered HTTP client, so that `select()`
+sees exactly the bytes not yet read, and each piece is bounded as it arrives (a `StreamError`,
+never a growing buffer)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import random
 import selectors
 import socket
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -74,7 +72,7 @@ class ChunkedLines:
         return messages
 
     def _size(self, messages: list[Any]) -> bool:
-        """Read a chunk-size line; False when more bytes are needed (or the stream ended)."""
+        """False when more bytes are needed (or the stream ended)."""
         end = self._raw.find(b"\r\n")
         if end < 0:
             if len(self._raw) > _MAX_SIZE_LINE:
@@ -245,13 +243,10 @@ class KeyWatch:
     stream after a jittered second; `seen_revision` is the key's last revision the registration
     knows of (the watch reports only later changes)."""
 
-    def __init__(
-        self, client: EtcdClient, key: bytes, limit: int, rng: Callable[[], float]
-    ) -> None:
+    def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
         self._client = client
         self._key = key
         self._limit = limit
-        self._rng = rng
         self.seen_revision = 0
         self._stream: WatchStream | None = None
         self._broken = False
@@ -285,7 +280,7 @@ class KeyWatch:
         except (OSError, ValueError) as exc:
             logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
             self._broken = True
-            self._next_try = now + _WATCH_RETRY * (0.5 + self._rng())
+            self._next_try = now + _WATCH_RETRY * (0.5 + random.random())
         return self._stream
 
     def _wait_stream(
@@ -365,4 +360,4 @@ class KeyWatch:
             self._stream = None
         if broken:
             self._broken = True
-            self._next_try = time.monotonic() + _WATCH_RETRY * (0.5 + self._rng())
+            self._next_try = time.monotonic() + _WATCH_RETRY * (0.5 + random.random())

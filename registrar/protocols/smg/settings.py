@@ -1,6 +1,5 @@
-"""The smg gateway registration's settings: one frozen value, validated once when it is made,
-from which one `SmgTransport` per gateway is built. Every rule of the gateway options is here,
-and only here."""
+"""The smg gateway registration's settings (docs/gateway.md, "Settings"): every rule of the
+gateway options is here, and only here."""
 
 from __future__ import annotations
 
@@ -15,17 +14,8 @@ from ...core.transport import Timeout, Token, deadline_seconds, file_token
 from . import spec
 
 KEY_ENV = "REGISTRAR_GATEWAY_KEY"
-"""The variable holding the gateway's control-plane key when no key file is given."""
 DEFAULT_CONFIRM_TIMEOUT = 30.0
-"""Seconds one attempt waits for the gateway to list the worker ready after its POST (a stand-in
-worker is listed in about 0.1 s; a worker whose /health fails is dropped within about 2 s)."""
-DEFAULT_DRAIN_TIMEOUT = 15.0
-"""Seconds `close` waits for the gateway to stop listing the worker after its DELETE (the
-gateway's own settle time is 5 s by default)."""
-DEFAULT_GRACE = 10.0
-"""Seconds the served process may be not ready before the worker is withdrawn."""
-DEFAULT_READY_INTERVAL = 1.0
-"""Seconds between readiness checks of the served process."""
+"""A stand-in worker is listed in about 0.1 s; one whose /health fails is dropped in about 2 s."""
 
 
 def _ready(value: object) -> str | Callable[[], bool] | None:
@@ -47,10 +37,8 @@ def _seconds(value: object) -> float:
 
 @dataclass(frozen=True)
 class SmgSettings:
-    """The worker kept listed by one or more smg gateways: which worker, when it may be offered
-    (`ready`, `grace`), how long to wait for the gateway (`confirm_timeout`, `drain_timeout`),
-    the control-plane key (`key`, else `key_file` read before each request, else
-    `$REGISTRAR_GATEWAY_KEY`), and how to reach the gateways (deadline, TLS)."""
+    """The worker kept listed by one or more smg gateways, when it may be offered, the waits
+    for the gateway, the control-plane key, and how to reach the gateways."""
 
     gateways: str | Sequence[str]
     worker_url: str | None = None
@@ -58,10 +46,10 @@ class SmgSettings:
     worker_type: str = "regular"
     bootstrap_port: int | None = None
     ready: str | Callable[[], bool] | None = None
-    grace: float = DEFAULT_GRACE
-    ready_interval: float = DEFAULT_READY_INTERVAL
+    grace: float = 10.0
+    ready_interval: float = 1.0
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    drain_timeout: float = 15.0  # the gateway's own settle time is 5 s by default
     key: Token | None = None
     key_file: str | None = None
     timeout: Timeout = 5.0

@@ -1,6 +1,5 @@
-"""The worker the gateway is asked to add: the `POST /workers` body (the gateway's WorkerSpec),
-checked once where a registrar is configured, so that a bad field is one `ConfigError` naming it
-rather than a 400 from the gateway at every attempt."""
+"""The `POST /workers` body (the gateway's WorkerSpec), checked once where a registrar is
+configured: a bad field is one `ConfigError` naming it, not a 400 at every attempt."""
 
 from __future__ import annotations
 

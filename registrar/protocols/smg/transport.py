@@ -134,22 +134,19 @@ class SmgTransport:
         )
 
     def _confirm(self, worker_id: str) -> RegisterOutcome | None:
-        """Poll our worker until listed ready (ACCEPTED), within `confirm_timeout`. None when
-        the gateway does not know the id (it was dropped: POST again); a RETRY outcome when the
-        bound passed or the gateway could not be asked (the id is kept: the next attempt
-        follows the same worker instead of adding another)."""
+        """Poll our worker until listed ready, within `confirm_timeout`; None when the gateway
+        does not know the id (POST again). A RETRY keeps the id: the next attempt follows the
+        same worker instead of adding another."""
         deadline = self._clock.monotonic() + self._settings.confirm_timeout
         delay = _POLL_FIRST
         while True:
             result = self._send("GET", f"/workers/{worker_id}")
-            if result.error is not None:
-                return self._http.classify_registration(result)
             code = result.status_code
-            if code in (400, 404):
+            if result.error is None and code in (400, 404):
                 self.worker_id = None
                 return None
-            info = _json_object(result)
-            if code != 200 or info is None:
+            info = _json_object(result) if code == 200 else None
+            if info is None:
                 return self._http.classify_registration(result)
             status = info.get("status")
             self._draining_seen = self._draining_seen or status == "draining"
@@ -254,9 +251,8 @@ class SmgTransport:
         )
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait on the idle connection (a gateway that dies closes it: True at once); with a
-        readiness check, look at the served process every `ready_interval` seconds, and say
-        True once it has been not ready for `grace` (the check then withdraws the worker)."""
+        """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
+        True once the served process has been not ready for `grace` (the check withdraws it)."""
         if self._gate.ready is None:
             return self._http.wait_idle(timeout, waker)
         return self._gate.wait(self._http.wait_idle, timeout, waker)
@@ -308,7 +304,6 @@ class SmgTransport:
             delay = min(delay * 2, _POLL_MAX)
 
     def resolution(self) -> str | None:
-        """What the resolver does to the gateway's name (`Status.resolution`)."""
         return self._http.resolution()
 
     def abort(self) -> None:
