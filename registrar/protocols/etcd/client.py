@@ -10,7 +10,7 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Any
 
@@ -90,6 +90,8 @@ class EtcdAnswer:
     """Error text: etcd's message or the root cause of a failed exchange, cleaned."""
     error: BaseException | None = None
     refused: bool = False
+    failure: str = ""
+    """What went wrong across the members asked, for a log line or a status, secrets left out."""
 
     @property
     def ok(self) -> bool:
@@ -215,9 +217,9 @@ class EtcdClient:
                 answer = self._send(index, path, body)
         return answer
 
-    def call(self, path: str, body: Mapping[str, Any]) -> tuple[EtcdAnswer, list[str]]:
-        """The final answer, failing over while a member is in trouble, and what each failed
-        member said (`all_refused`: every member refused the connection)."""
+    def call(self, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
+        """The final answer, failing over while a member is in trouble; `all_refused` tells
+        whether every member refused the connection."""
         failures: list[str] = []
         refusals = 0
         count = len(self.urls)
@@ -234,17 +236,19 @@ class EtcdClient:
             if index != self.current:
                 logger.info("etcd: now using %s", answer.endpoint)
                 self.current = index
-            return answer, failures
+            return self._failed(answer, failures)
         self.all_refused = refusals == count
-        return answer, failures
+        return self._failed(answer, failures)
 
-    def failure_text(self, answer: EtcdAnswer, failures: list[str]) -> str:
-        """Every member's answer when several failed, secrets left out."""
+    def _failed(self, answer: EtcdAnswer, failures: list[str]) -> EtcdAnswer:
+        """`answer` with its `failure` said: every member's answer when several failed."""
+        if answer.ok:
+            return answer
         if len(failures) > 1:
             text = "no etcd endpoint answered: " + "; ".join(failures)
         else:
             text = f"{answer.endpoint}: {answer.message}"
-        return self.clean(text)
+        return replace(answer, failure=self.clean(text))
 
     def clean(self, text: str) -> str:
         return clean(text, 400, self.secrets)

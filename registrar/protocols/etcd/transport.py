@@ -78,16 +78,16 @@ class EtcdTransport:
         # Compact, keys sorted: the same payload is the same bytes in every life of the process.
         self._value = json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
         if self.lease:
-            answer, failures = self._put()
+            answer = self._put()
             if answer.body is not None:
                 return self._accepted(answer.body, answer.status_code)
             if answer.code != Grpc.NOT_FOUND:
-                return self._not_written(answer, failures, "put")
+                return self._not_written(answer, "put")
             logger.info("etcd: lease %x is gone; granting a new one", self.lease)
             self.lease = 0
-        answer, failures = self._client.call("/v3/lease/grant", {"TTL": str(self._ttl)})
+        answer = self._client.call("/v3/lease/grant", {"TTL": str(self._ttl)})
         if answer.body is None:
-            return self._not_written(answer, failures, "lease grant")
+            return self._not_written(answer, "lease grant")
         self.lease = int64(answer.body.get("ID"))
         self._granted_ttl = float(int64(answer.body.get("TTL")) or self._ttl)
         self._renewed_at = time.monotonic()
@@ -95,12 +95,12 @@ class EtcdTransport:
             return RegisterOutcome(
                 Verdict.RETRY, status_code=answer.status_code, error="lease grant without an ID"
             )
-        answer, failures = self._put()
+        answer = self._put()
         if answer.body is not None:
             return self._accepted(answer.body, answer.status_code)
-        return self._not_written(answer, failures, "put")
+        return self._not_written(answer, "put")
 
-    def _put(self) -> tuple[EtcdAnswer, list[str]]:
+    def _put(self) -> EtcdAnswer:
         body = {
             "key": b64(self._key),
             "value": b64(self._value),
@@ -127,9 +127,9 @@ class EtcdTransport:
             )
         return RegisterOutcome(Verdict.ACCEPTED, status_code=status)
 
-    def _not_written(self, answer: EtcdAnswer, failures: list[str], what: str) -> RegisterOutcome:
+    def _not_written(self, answer: EtcdAnswer, what: str) -> RegisterOutcome:
         """A failed grant or put: retried unless only a person can fix it."""
-        text = self._client.failure_text(answer, failures)
+        text = answer.failure
         if answer.status_code is None:
             fatal = isinstance(answer.error, TlsError)
             alert = answer.message.upper()
@@ -174,9 +174,9 @@ class EtcdTransport:
         """Renew the lease, then read the key back."""
         if not self.lease:
             return RouteCheck(Route.MISSING, evidence="no lease yet")
-        answer, failures = self._client.call("/v3/lease/keepalive", {"ID": str(self.lease)})
+        answer = self._client.call("/v3/lease/keepalive", {"ID": str(self.lease)})
         if answer.body is None:
-            return self._not_renewed(answer, self._client.failure_text(answer, failures))
+            return self._not_renewed(answer)
         ttl = int64(answer.body.get("TTL"))
         if ttl <= 0:
             return RouteCheck(
@@ -186,16 +186,16 @@ class EtcdTransport:
             )
         self._granted_ttl = float(ttl)
         self._renewed_at = time.monotonic()
-        answer, failures = self._client.call("/v3/kv/range", {"key": b64(self._key)})
+        answer = self._client.call("/v3/kv/range", {"key": b64(self._key)})
         if answer.body is None:
-            text = self._client.failure_text(answer, failures)
-            return RouteCheck(_unanswered(answer), status_code=answer.status_code, evidence=text)
+            route = _unanswered(answer)
+            return RouteCheck(route, status_code=answer.status_code, evidence=answer.failure)
         check, self._watch.seen_revision = key_check(
             answer.body, answer.status_code, self._value, self.lease
         )
         return check
 
-    def _not_renewed(self, answer: EtcdAnswer, text: str) -> RouteCheck:
+    def _not_renewed(self, answer: EtcdAnswer) -> RouteCheck:
         """Not lost until no renewal has been acknowledged for the lease's TTL."""
         since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
         if since is not None and since > self._granted_ttl:
@@ -204,12 +204,13 @@ class EtcdTransport:
                 status_code=answer.status_code,
                 evidence=(
                     f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
-                    f"{self._granted_ttl:g} s: the key has expired ({text})"
+                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})"
                 ),
             )
         route = _unanswered(answer)
         refused = route is Route.UNREACHABLE and self._client.all_refused
-        return RouteCheck(route, status_code=answer.status_code, evidence=text, refused=refused)
+        evidence = answer.failure
+        return RouteCheck(route, status_code=answer.status_code, evidence=evidence, refused=refused)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the watch stream, the waker and the renewal schedule; True when the key
@@ -249,14 +250,14 @@ class EtcdTransport:
         self._client.closing()
         self._watch.close()
         if self.lease:
-            answer, failures = self._client.call("/v3/lease/revoke", {"ID": str(self.lease)})
+            answer = self._client.call("/v3/lease/revoke", {"ID": str(self.lease)})
             if answer.ok or answer.code == Grpc.NOT_FOUND:
                 logger.info("etcd: revoked lease %x; key %s removed", self.lease, self._key_text)
             else:
                 logger.warning(
                     "etcd: could not revoke lease %x (%s); the key expires within %g s",
                     self.lease,
-                    self._client.failure_text(answer, failures),
+                    answer.failure,
                     self._granted_ttl,
                 )
             self.lease = 0
