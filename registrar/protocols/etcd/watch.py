@@ -148,13 +148,11 @@ class WatchStream:
         self._body: ChunkedLines | None = None
         self._limit = limit
 
-    def buffered(self) -> bool:
-        """TLS may hold decrypted bytes that `select()` cannot see."""
-        return isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0
-
     def wait_readable(self, waker: Waker, limit: float) -> bool | None:
         """True when readable, False when the waker is set (or closed: the registrar is
         ending), None when `limit` seconds passed."""
+        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0:
+            return True  # decrypted bytes that select() cannot see
         with selectors.DefaultSelector() as selector:
             selector.register(self.sock, selectors.EVENT_READ)
             try:
@@ -286,10 +284,9 @@ class KeyWatch:
     def _wait_stream(
         self, stream: WatchStream, waker: Waker, limit: float, value: bytes, lease: int
     ) -> bool | None:
-        if not stream.buffered():
-            ready = stream.wait_readable(waker, limit)
-            if ready is not True:
-                return ready
+        ready = stream.wait_readable(waker, limit)
+        if ready is not True:
+            return ready
         try:
             messages = stream.read()
         except (OSError, StreamError) as exc:
