@@ -262,10 +262,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.cli.dev": (
-        ("test_cli.py",),
-        "one part of the `registrar` command; its tests run the command",
-    ),
     "registrar.surfaces.cli.parser": (
         ("test_cli_config.py", "test_options.py"),
         "the flags come from the options table",

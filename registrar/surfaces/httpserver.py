@@ -120,6 +120,17 @@ class ProbeServer:
             thread.daemon = True
             thread.start()
 
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def __enter__(self) -> ProbeServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, close every open connection, and end the threads."""
         if self._closing:

@@ -1,18 +1,21 @@
 """`registrar doctor`: check a deployment before (or while) it serves, and say what is wrong in
 words; `--json` for scripts (the schema is in docs/cli.md). Exit 0 only when every check made
-passed."""
+passed. And `registrar sglang`: what the SGLang plugin will do in this environment's SGLang,
+read from its installed source without starting it (where SGLang is too old to load the
+plugin, this is where the user learns it)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ...core import rules
 from ...core.redact import clean
 from ..doctor import Finding, Report, Target, run_doctor
 from .common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
-__all__ = ["EXIT_UNHEALTHY", "cmd_doctor", "human"]
+__all__ = ["EXIT_UNHEALTHY", "cmd_doctor", "cmd_sglang", "human"]
 
 EXIT_UNHEALTHY = EXIT_NOT_REGISTERED
 """A check failed (1, as `registrar status` says "not registered")."""
@@ -111,3 +114,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         return answer([json.dumps(report.to_dict())], outcome)
     return answer(human(report), outcome)
+
+
+def cmd_sglang(args: argparse.Namespace) -> int:
+    from ...integrations.sglang.report import describe, installed_report  # noqa: PLC0415
+
+    report = installed_report()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(describe(report))
+    return EXIT_OK

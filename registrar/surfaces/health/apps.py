@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from ..httpserver import StartResponse, WSGIApp
 from ..metrics import RegistrarMetrics
 from .document import Answer, HealthGroup, HealthOptions, HealthSource, answer_health, no_metrics
 
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
-WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], ASGIReceive, ASGISend], Awaitable[None]]

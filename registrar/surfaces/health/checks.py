@@ -1,6 +1,5 @@
 """The checks: one status snapshot read as named health checks (their Kubernetes names, their
-health+json entries), and the verdict of several registrars of one service (why readiness and
-liveness differ: the package's docstring)."""
+health+json entries), and the verdict of several registrars of one service."""
 
 from __future__ import annotations
 
@@ -43,8 +42,8 @@ def camel_case(name: str) -> str:
 
 @dataclass(frozen=True)
 class _Observed:
-    """What a check observed, as its health+json entry says it: the component, the value and
-    its unit, when it was read (None: no reading yet, so no time), and any further fields."""
+    """What a check observed, as its health+json entry says it (`taken_at` None: no reading
+    yet, so no time)."""
 
     component_type: str
     value: Any
@@ -77,8 +76,7 @@ def _check(
 def health_checks(
     status: Status, *, thread_died: bool = False, now: float | None = None
 ) -> dict[str, Check]:
-    """Every check, by name, read from one status snapshot taken at `now` (default: the
-    current time)."""
+    """Every check, by name, read from one status snapshot taken at `now`."""
     taken = time.time() if now is None else now
     thread_died = thread_died or status.thread_died
     state = status.state
@@ -148,12 +146,8 @@ def health_checks(
 
 
 def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
-    """The top-level status of a set of checks: the most severe one (pass when empty)."""
-    result: HealthStatus = "pass"
-    for verdict in verdicts:
-        if _SEVERITY[verdict] > _SEVERITY[result]:
-            result = verdict
-    return result
+    """The most severe of `verdicts` (pass when empty)."""
+    return max(verdicts, key=_SEVERITY.__getitem__, default="pass")
 
 
 def group_checks(
@@ -187,10 +181,3 @@ def group_checks(
         )
     return merged
 
-
-def is_live(status: Status, thread_died: bool) -> bool:
-    """False only when nothing will ever change by itself: the registrar gave up for good, or
-    its thread died. A bootstrap server that is merely down never fails liveness."""
-    if thread_died:
-        return False
-    return not (status.state is State.FAILED and not status.retrying)

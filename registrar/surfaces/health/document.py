@@ -1,8 +1,6 @@
-"""The documents: health+json for a probe (`/readyz`, `/livez`, `/health`) or one check, and
-Kubernetes' `?verbose` text, for one registrar or a group of them (one per registry); and one
-request answered, whatever the server (`answer_health`: the probe paths and their one-check
-paths, `?exclude=` and `?verbose`, plain-text 404 and 405 for anything else; `/metrics` is left
-to the caller, it is prometheus-client's)."""
+"""The documents: health+json for a probe or one check, and Kubernetes' `?verbose` text, for
+one registrar or a group of them; and one request answered, whatever the server
+(`answer_health`; the paths and queries: docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -31,25 +29,14 @@ PROBES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class HealthOptions:
-    """How the endpoints answer, beyond the checks. The payload is shown only when asked for
-    (it may name internal addresses); `service_id` defaults to the rank's address from the
-    payload (`default_service_id`). The defaults here are the front doors' defaults."""
+    """How the endpoints answer, beyond the checks; the payload is shown only when asked for
+    (it may name internal addresses). The defaults here are the front doors' defaults."""
 
     expose_payload: bool = False
     service_id: str | None = None
 
 
 DEFAULT_OPTIONS = HealthOptions()
-
-
-@dataclass(frozen=True)
-class ProbeQuery:
-    """What one document shows: the checks of `probe`, or only its check `only`, less those
-    named in `exclude` (Kubernetes' `/readyz/<name>` and `?exclude=<name>`)."""
-
-    probe: str = "health"
-    only: str | None = None
-    exclude: tuple[str, ...] = ()
 
 
 class HealthSource(Protocol):
@@ -84,8 +71,8 @@ def snapshot(source: HealthSource) -> tuple[Status, bool]:
 def described_checks(
     members: Sequence[tuple[Status, bool]], *, group: bool, now: float | None = None
 ) -> tuple[dict[str, Check], str]:
-    """Every check, by name, of one registrar (its (status, thread_died) alone in `members`)
-    or of a group, and what the document is about."""
+    """Every check, by name, of one registrar (alone in `members`) or of a group, and what
+    the document is about."""
     if group:
         urls = ", ".join(status.url for status, _ in members)
         every = group_checks(members, now=now)
@@ -96,8 +83,8 @@ def described_checks(
 
 
 def default_service_id(payload: Mapping[str, Any] | None) -> str:
-    """What this health document is about: the rank's address from the payload
-    (`rank_ip:rank_port`), else this host and process."""
+    """The rank's address from the payload (`rank_ip:rank_port`), else this host and
+    process."""
     if payload and payload.get("rank_ip") and payload.get("rank_port") is not None:
         host = str(payload["rank_ip"])
         host = f"[{host}]" if ":" in host else host
@@ -108,7 +95,7 @@ def default_service_id(payload: Mapping[str, Any] | None) -> str:
 ProbeName = Literal["health", "readyz", "livez"]
 
 
-def render_health(  # noqa: PLR0913 - public: the documented keyword options, one ProbeQuery
+def render_health(  # noqa: PLR0913 - public: the documented keyword options
     status: Status,
     *,
     payload: Mapping[str, Any] | None = None,
@@ -122,11 +109,11 @@ def render_health(  # noqa: PLR0913 - public: the documented keyword options, on
     """The HTTP status and the health+json document of `probe` (or of its one check `only`),
     leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
     every, description = described_checks([(status, thread_died)], group=False, now=now)
-    query = ProbeQuery(probe, only, tuple(exclude))
-    return render_probe(every, description, query, payload, HealthOptions(True, service_id))
+    shown = _shown(every, probe, only, exclude)
+    return render_probe(shown, description, payload, HealthOptions(True, service_id))
 
 
-def render_group_health(  # noqa: PLR0913 - public: the documented keyword options, one ProbeQuery
+def render_group_health(  # noqa: PLR0913 - public: the documented keyword options
     members: Sequence[tuple[Status, bool]],
     *,
     payload: Mapping[str, Any] | None = None,
@@ -138,22 +125,24 @@ def render_group_health(  # noqa: PLR0913 - public: the documented keyword optio
 ) -> tuple[int, dict[str, Any]]:
     """`render_health` for a group: (status, thread_died) per member, one entry each."""
     every, description = described_checks(members, group=True, now=now)
-    query = ProbeQuery(probe, only, tuple(exclude))
-    return render_probe(every, description, query, payload, HealthOptions(True, service_id))
+    shown = _shown(every, probe, only, exclude)
+    return render_probe(shown, description, payload, HealthOptions(True, service_id))
+
+
+def _shown(
+    every: Mapping[str, Check], probe: str, only: str | None, exclude: Sequence[str]
+) -> list[Check]:
+    """The checks of `probe`, or only its check `only`, less those named in `exclude`."""
+    return [every[n] for n in ([only] if only else PROBES[probe]) if n not in exclude]
 
 
 def render_probe(
-    every: Mapping[str, Check],
+    shown: Sequence[Check],
     description: str,
-    query: ProbeQuery,
     payload: Mapping[str, Any] | None,
     options: HealthOptions,
 ) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the document `query` asks for, from `every` check. The document is
-    about `options.service_id`, else the rank named in `payload` (`default_service_id`); the
-    payload is shown when the options say so."""
-    names = [query.only] if query.only is not None else list(PROBES[query.probe])
-    shown = [every[n] for n in names if n not in query.exclude]
+    """The HTTP status and the document of the checks `shown`."""
     verdict = worst(c.status for c in shown)
     document: dict[str, Any] = {
         "status": verdict,
@@ -221,8 +210,8 @@ def answer_health(
     query: str,
     options: HealthOptions = DEFAULT_OPTIONS,
 ) -> Answer | None:
-    """The answer to one request, or None for `/metrics` (served by the caller). Unknown paths
-    and methods answer plain text, not health documents; `options` are the app's."""
+    """The answer to one request, or None for `/metrics` (prometheus-client's, served by the
+    caller). Unknown paths and methods answer plain text, not health documents."""
     path = path or "/"
     if path == "/metrics":
         return None if method in ("GET", "HEAD") else _not_allowed()
@@ -238,21 +227,13 @@ def answer_health(
     members = list(source.members()) if isinstance(source, HealthGroup) else [source]
     snapshots = [snapshot(member) for member in members]
     every, description = described_checks(snapshots, group=isinstance(source, HealthGroup))
+    shown = _shown(every, probe, only, exclude)
     if "verbose" in params:
-        names = [only] if only else list(PROBES[probe])
-        shown = [every[n] for n in names if n not in exclude]
-        excluded = [n for n in names if n in exclude]
+        excluded = [n for n in ([only] if only else PROBES[probe]) if n in exclude]
         unknown = [n for n in exclude if n not in every]
         code, text = verbose_text(shown, excluded, unknown, probe)
         return _text(code, text)
-    wanted = ProbeQuery(probe, only or None, tuple(exclude))
-    code, document = render_probe(
-        every,
-        description,
-        wanted,
-        members[0].payload,
-        options,
-    )
+    code, document = render_probe(shown, description, members[0].payload, options)
     return _answer(code, HEALTH_CONTENT_TYPE, json.dumps(document, indent=2).encode() + b"\n")
 
 
