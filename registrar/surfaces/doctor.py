@@ -1,18 +1,14 @@
-"""`registrar doctor`'s checks: a deployment's bootstrap server, gateways and etcd endpoints,
-each looked at the way the registrar would reach it (resolves, listens, speaks the protocol
-expected), then what it holds (rows registered against the topology expected and which ranks
-are missing; the workers a gateway lists twice or as unhealthy).
-
-Each check is a `Finding`; the report is healthy only when every check made passed. Nothing
-here registers anything, sends a credential or verifies a certificate: it looks. The same
-probe and the same diagnoses as a running registrar's (`core.diagnosis`, `protocols.probe`).
+"""`registrar doctor`'s checks (docs/cli.md): a deployment's bootstrap server, gateways and etcd
+endpoints, each looked at the way the registrar would reach it, with the same probe and the
+same diagnoses as a running registrar's (`core.diagnosis`, `protocols.probe`). Nothing here
+registers anything, sends a credential or verifies a certificate: it looks.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -40,29 +36,16 @@ Verdict = Literal["pass", "fail", "skip"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One check of one target: `status` pass, fail or skip (not applicable), what was seen
-    (`detail`), the diagnosis when there is one, and figures for scripts (`data`)."""
+    """One check of one target (bootstrap, gateway, etcd, sglang): `status` skip when not
+    applicable, what was seen (`detail`), and figures for scripts (`data`)."""
 
     target: str
-    """"bootstrap", "gateway", "etcd" (or "sglang", from the plugin's release table)."""
     url: str
     check: str
     status: Verdict
     detail: str
     diagnosis: Diagnosis | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "url": self.url,
-            "check": self.check,
-            "status": self.status,
-            "detail": self.detail,
-            "diagnosis": self.diagnosis.to_dict() if self.diagnosis else None,
-            "data": dict(self.data),
-        }
-
 
 @dataclass(frozen=True)
 class Report:
@@ -73,7 +56,7 @@ class Report:
         return all(f.status != "fail" for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"healthy": self.healthy, "checks": [f.to_dict() for f in self.findings]}
+        return {"healthy": self.healthy, "checks": [asdict(f) for f in self.findings]}
 
 
 @dataclass(frozen=True)

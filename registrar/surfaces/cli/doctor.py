@@ -13,6 +13,7 @@ import sys
 from ...core import rules
 from ...core.redact import clean
 from ..doctor import Finding, Report, Target, run_doctor
+from ..parsers import urls
 from .common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
 __all__ = ["EXIT_UNHEALTHY", "cmd_doctor", "cmd_sglang", "human"]
@@ -25,9 +26,7 @@ _MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
 
 def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
     """Every URL of a repeated flag (each may list several, comma-separated), checked."""
-    found: list[str] = []
-    for text in given or ():
-        found += [part.strip() for part in text.split(",") if part.strip()]
+    found = [url for text in given or () for url in urls(text)]
     for url in found:
         try:
             rules.url(url)
