@@ -192,7 +192,7 @@ def test_asgi_app_under_uvicorn_answers_as_the_wsgi_app(registrars: list) -> Non
         assert requests.post(f"{asgi}/readyz", timeout=5).status_code == 405
         head = requests.head(f"{asgi}/readyz", timeout=5)
         assert (head.status_code, head.content) == (200, b"")
-        # /metrics by prometheus-client's ASGI exposition: OpenMetrics on request, gzip.
+        # /metrics by prometheus-client's exposition: OpenMetrics on request, gzip.
         plain = get(f"{asgi}/metrics")
         assert plain.headers["Content-Type"].startswith("text/plain")
         assert 'registrar_attempts_total{result="accepted"} 1.0' in plain.text

@@ -226,7 +226,3 @@ class RegistrarMetrics:
     def wsgi_app(self) -> Any:
         """prometheus-client's WSGI exposition of the registry."""
         return self._prom.make_wsgi_app(self.registry)
-
-    def asgi_app(self) -> Any:
-        """prometheus-client's ASGI exposition of the registry."""
-        return self._prom.make_asgi_app(self.registry)

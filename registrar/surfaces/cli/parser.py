@@ -6,6 +6,7 @@ settings classes."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from ..._version import __version__
@@ -182,27 +183,21 @@ def _doctor(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
     doc.add_argument("--json", action="store_true", help="the report as JSON (docs/cli.md)")
 
 
-def _count(text: str) -> int:
-    try:
-        return rules.count(int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+def _typed(parse: Callable[[str], Any], expected: str | None = None) -> Callable[[str], Any]:
+    """An argparse `type`: `parse`, its error (or `expected`) naming the text given."""
+
+    def typed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{expected or exc}, got {text!r}") from None
+
+    return typed
 
 
-def _seconds(text: str) -> float:
-    try:
-        return rules.seconds(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive number of seconds, got {text!r}"
-        ) from None
-
-
-def _port(text: str) -> int:
-    try:
-        return parse_port(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+_count = _typed(lambda text: rules.count(int(text)), "must be a positive integer")
+_seconds = _typed(lambda text: rules.seconds(float(text)), "must be a positive number of seconds")
+_port = _typed(parse_port)
 
 
 def _dev(sub: Any, raw: type[argparse.HelpFormatter]) -> None:

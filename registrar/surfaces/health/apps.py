@@ -1,5 +1,5 @@
 """The health endpoints as a WSGI app and as an ASGI app, with no framework: mount either in any
-server, under Flask, or into FastAPI/Starlette. `/metrics` is prometheus-client's own app,
+server, under Flask, or into FastAPI/Starlette. `/metrics` is prometheus-client's own WSGI app,
 given the Content-Length that HEAD must announce."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def health_asgi_app(
     mount it into FastAPI/Starlette (`app.mount("/registrar", health_asgi_app(reg))`). Reading
     the status never blocks, so it is safe on the event loop."""
     options = HealthOptions(expose_payload, service_id)
-    metrics_app = metrics.asgi_app() if metrics is not None else None
+    metrics_app = metrics.wsgi_app() if metrics is not None else None
 
     async def app(scope: dict[str, Any], receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "lifespan":
@@ -95,11 +95,12 @@ def health_asgi_app(
         query = scope.get("query_string", b"").decode("latin-1")
         answer = answer_health(registrar, method, path, query, options)
         if answer is None:
-            if metrics_app is None:
-                answer = no_metrics()
-            else:
-                await metrics_app({**scope, "method": "GET"}, receive, _with_length(send, method))
-                return
+            # prometheus-client's exposition answers at once: the WSGI one serves both apps.
+            environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query}
+            for name, value in scope.get("headers", []):
+                key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+                environ[key] = value.decode("latin-1")
+            answer = no_metrics() if metrics_app is None else _wsgi_metrics(metrics_app, environ)
         await send(
             {
                 "type": "http.response.start",
@@ -110,27 +111,6 @@ def health_asgi_app(
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else answer.body})
 
     return app
-
-
-def _with_length(send: ASGISend, method: str) -> ASGISend:
-    """prometheus-client's ASGI answer (one start, one body) held until its body is known, so
-    that it carries a Content-Length, and HEAD announces the length of the body it leaves out."""
-    held: list[dict[str, Any]] = []
-
-    async def sized(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            held.append(message)
-            return
-        if message["type"] == "http.response.body" and held and not message.get("more_body"):
-            body: bytes = message.get("body", b"")
-            start = held.pop()
-            headers = [h for h in start.get("headers", []) if h[0].lower() != b"content-length"]
-            headers.append((b"content-length", str(len(body)).encode()))
-            await send({**start, "headers": headers})
-            message = {**message, "body": b"" if method == "HEAD" else body}
-        await send(message)
-
-    return sized
 
 
 async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:
