@@ -24,8 +24,7 @@ from support import FakeClock, ScriptedTransport, accepted, retry, sglang_payloa
 import registrar
 from registrar import ConfigError, Registrar, State
 from registrar.core.status import Status
-from registrar.surfaces.health import start_health_server
-from registrar.surfaces.health.apps import health_app, health_asgi_app
+from registrar.surfaces.health import health_app, health_asgi_app, start_health_server
 from registrar.surfaces.health.document import HEALTH_CONTENT_TYPE, render_health
 from registrar.surfaces.metrics import RegistrarMetrics
 
