@@ -17,17 +17,6 @@ from ..core.untrusted import load_json
 from ..protocols.probe import Answer, ProbeOptions, fetch, gather
 from ..protocols.sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 
-__all__ = [
-    "MAX_RANKS",
-    "Finding",
-    "Report",
-    "Target",
-    "bootstrap_findings",
-    "etcd_findings",
-    "gateway_findings",
-    "run_doctor",
-]
-
 MAX_RANKS = 4096
 """At most this many ranks are asked for one by one (the count is always checked)."""
 

@@ -16,8 +16,6 @@ from ..doctor import Finding, Report, Target, run_doctor
 from ..parsers import urls
 from .common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
-__all__ = ["EXIT_UNHEALTHY", "cmd_doctor", "cmd_sglang", "human"]
-
 EXIT_UNHEALTHY = EXIT_NOT_REGISTERED
 """A check failed (1, as `registrar status` says "not registered")."""
 
