@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ...core.settings import EXIT_CODE
 
@@ -52,7 +52,12 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (exit 2), not a usage block."""
+    """argparse, but a bad flag is one line on stderr (exit 2), not a usage block, and the help
+    texts keep their own line breaks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
