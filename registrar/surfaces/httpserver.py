@@ -21,7 +21,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler
 
@@ -50,7 +49,7 @@ class _Handler(WSGIRequestHandler):
     """wsgiref's handler, fed the request head the reader already holds: it never waits on
     the client for input, so a client cannot pin it."""
 
-    server: _View  # type: ignore[assignment]
+    server: ProbeServer  # type: ignore[assignment]
 
     def setup(self) -> None:
         self.connection, head = self.request
@@ -64,17 +63,6 @@ class _Handler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
-
-
-@dataclass
-class _View:
-    """The little of a server that wsgiref's handler reads."""
-
-    app: WSGIApp
-    base_environ: dict[str, str]
-
-    def get_app(self) -> WSGIApp:
-        return self.app
 
 
 class ProbeServer:
@@ -94,17 +82,15 @@ class ProbeServer:
             raise
         self.host = host
         self.port: int = self._listener.getsockname()[1]
-        self._view = _View(
-            app,
-            {
-                "SERVER_NAME": host,
-                "GATEWAY_INTERFACE": "CGI/1.1",
-                "SERVER_PORT": str(self.port),
-                "REMOTE_HOST": "",
-                "CONTENT_LENGTH": "",
-                "SCRIPT_NAME": "",
-            },
-        )
+        self._app = app
+        self.base_environ = {  # what wsgiref's handler reads of a server, with `get_app`
+            "SERVER_NAME": host,
+            "GATEWAY_INTERFACE": "CGI/1.1",
+            "SERVER_PORT": str(self.port),
+            "REMOTE_HOST": "",
+            "CONTENT_LENGTH": "",
+            "SCRIPT_NAME": "",
+        }
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -119,6 +105,9 @@ class ProbeServer:
         for thread in self._threads:
             thread.daemon = True
             thread.start()
+
+    def get_app(self) -> WSGIApp:
+        return self._app
 
     @property
     def url(self) -> str:
@@ -231,7 +220,7 @@ class ProbeServer:
             sock, head = item
             try:
                 sock.setblocking(True)
-                _Handler((sock, head), sock.getpeername(), self._view)  # type: ignore[arg-type]
+                _Handler((sock, head), sock.getpeername(), self)  # type: ignore[arg-type]
             except Exception as exc:  # a client that went away: nothing to answer
                 logger.debug("health request failed: %r", exc)
             finally:

@@ -16,9 +16,6 @@ from ..doctor import Finding, Report, Target, run_doctor
 from ..parsers import urls
 from .common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
-EXIT_UNHEALTHY = EXIT_NOT_REGISTERED
-"""A check failed (1, as `registrar status` says "not registered")."""
-
 _MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
 
 
@@ -107,7 +104,7 @@ def sglang_findings() -> list[Finding]:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     report = run_doctor(_target(args), [sglang_findings] if args.sglang else ())
-    outcome = EXIT_OK if report.healthy else EXIT_UNHEALTHY
+    outcome = EXIT_OK if report.healthy else EXIT_NOT_REGISTERED  # as status: "not registered"
     if args.json:
         return answer([json.dumps(report.to_dict())], outcome)
     return answer(human(report), outcome)
