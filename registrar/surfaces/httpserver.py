@@ -1,14 +1,7 @@
-"""A small HTTP server for probes that a flood of connections cannot stall.
-
-socketserver's threading server has a listen backlog of 5 (200 simultaneous probes waited the
-kernel's 1 s SYN retransmit, past Kubernetes' default probe timeout), reads each request on a
-thread of its own with no timeout (an idle or half-sent connection pins a thread for ever), and
-starts a thread per connection without bound. Here one reader thread accepts connections and
+"""A small HTTP server for probes that a flood of connections cannot stall: one reader thread
 reads request heads without blocking, with a deadline per connection; only complete requests
-reach a fixed pool of workers, which answer them with wsgiref's handler from the bytes already
-read. An idle connection costs a file descriptor until its deadline, never a thread, and when
-too many are open the oldest is closed, so a fresh probe always gets in.
-"""
+reach a fixed pool of workers (wsgiref's handler). Each bound and why: docs/reliability.md,
+"The health server under probes"."""
 
 from __future__ import annotations
 
@@ -30,19 +23,13 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 LISTEN_BACKLOG = 1024
-"""Connections the kernel queues before they are accepted (the kernel caps it at
-net.core.somaxconn, 4096 on current kernels)."""
 HEAD_TIMEOUT = 2.0
-"""Seconds a connection has, from its accept, to send its whole request head; then it is
-closed. A probe sends it at once."""
+"""Seconds a connection has, from its accept, to send its whole request head."""
 SEND_TIMEOUT = 2.0
-"""Seconds a worker may block writing one answer to a client that does not read."""
 MAX_PENDING = 512
 """Connections still sending their request head; past it the oldest one is closed."""
 WORKERS = 4
-"""Threads answering complete requests; an answer takes well under a millisecond."""
 MAX_HEAD_BYTES = 16 * 1024
-"""A longer request head is refused with 431."""
 
 
 class _Handler(WSGIRequestHandler):
