@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from http import HTTPStatus
 from typing import Any
 
 from ..httpserver import ProbeServer, StartResponse, WSGIApp
@@ -47,12 +48,6 @@ logger = logging.getLogger(__name__)
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], ASGIReceive, ASGISend], Awaitable[None]]
-_REASONS = {
-    200: "200 OK",
-    404: "404 Not Found",
-    405: "405 Method Not Allowed",
-    503: "503 Service Unavailable",
-}
 
 
 def health_app(
@@ -78,7 +73,7 @@ def health_app(
         )
         if answer is None:
             answer = no_metrics() if metrics_app is None else _wsgi_metrics(metrics_app, environ)
-        start_response(_REASONS.get(answer.code, f"{answer.code} Status"), list(answer.headers))
+        start_response(f"{answer.code} {HTTPStatus(answer.code).phrase}", list(answer.headers))
         return [] if method == "HEAD" else [answer.body]
 
     return app
