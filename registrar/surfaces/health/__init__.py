@@ -24,7 +24,6 @@ from .document import (
     answer_health,
     camel_case,
     no_metrics,
-    render_group_health,
     render_health,
 )
 
@@ -38,7 +37,6 @@ __all__ = [
     "camel_case",
     "health_app",
     "health_asgi_app",
-    "render_group_health",
     "render_health",
     "start_health_server",
 ]

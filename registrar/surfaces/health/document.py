@@ -286,22 +286,6 @@ def render_health(  # noqa: PLR0913 - public: the documented keyword options
     return render_probe(shown, description, payload, HealthOptions(True, service_id))
 
 
-def render_group_health(  # noqa: PLR0913 - public: the documented keyword options
-    members: Sequence[tuple[Status, bool]],
-    *,
-    payload: Mapping[str, Any] | None = None,
-    probe: ProbeName = "health",
-    only: str | None = None,
-    exclude: Sequence[str] = (),
-    service_id: str | None = HealthOptions.service_id,
-    now: float | None = None,
-) -> tuple[int, dict[str, Any]]:
-    """`render_health` for a group: (status, thread_died) per member, one entry each."""
-    every, description = described_checks(members, group=True, now=now)
-    shown = _shown(every, probe, only, exclude)
-    return render_probe(shown, description, payload, HealthOptions(True, service_id))
-
-
 def _shown(
     every: Mapping[str, Check], probe: str, only: str | None, exclude: Sequence[str]
 ) -> list[Check]:
