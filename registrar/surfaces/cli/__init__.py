@@ -74,6 +74,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     server = BootstrapServer(
         args.host, args.port, token=args.token, max_body_bytes=args.max_body_bytes
     )
+    signals = Signals().install()  # before it answers: a SIGTERM from then on stops it cleanly
     try:
         server.start()
     except OSError as exc:
@@ -81,7 +82,6 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
             f"cannot listen on {args.host}:{args.port}: {describe_exception(exc)}"
         ) from None
     logger.info("reference bootstrap server on %s (development and test tool)", server.url)
-    signals = Signals().install()
     try:
         signals.wait()
     finally:
