@@ -20,11 +20,8 @@ from .protocols.smg.transport import DEFAULT_WATCH_INTERVAL, SmgTransport
 def etcd_registrar(
     endpoints: str | Sequence[str], key: str, payload: Mapping[str, Any], **options: Any
 ) -> Registrar:
-    """A `Registrar` keeping `payload` under `key` in etcd (not started): `protocol="etcd"`.
-
-    `options` are the fields of `EtcdSettings` and `Registrar`'s. The watch interval derives
-    from the TTL (`watch_interval_for`) so that every lease renewal is on time; a longer one is
-    refused."""
+    """A `Registrar` keeping `payload` under `key` in etcd (not started): `protocol="etcd"`,
+    `options` the fields of `EtcdSettings` and `Registrar`'s (docs/etcd.md)."""
     return Registrar(endpoints, payload, protocol="etcd", key=key, **options)
 
 
@@ -33,8 +30,7 @@ def smg_registrar(
 ) -> Registrar:
     """A `Registrar` keeping the worker at `worker_url` listed by the smg gateway at `gateway`
     (not started). `options` are the fields of `SmgSettings`, `spec` (more fields of the
-    gateway's WorkerSpec) and `Registrar`'s. `stop()` drains (see `SmgTransport.close`): give
-    it `drain_timeout` and a request deadline (`Registrar.stop(timeout=...)`)."""
+    gateway's WorkerSpec) and `Registrar`'s (docs/gateway.md)."""
     return smg_registrars((gateway,), worker_url, worker_type, **options).members()[0]
 
 

@@ -14,7 +14,7 @@ from support import sglang_payload, wait_until
 
 from registrar import Registrar, State, StateError
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces.health.apps import health_app
+from registrar.surfaces.health import health_app
 
 
 def get(reg: Registrar, path: str) -> tuple[int, dict[str, Any]]:

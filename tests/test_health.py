@@ -18,8 +18,7 @@ import registrar
 from registrar import Backoff, Registrar, State
 from registrar.core.status import Status
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces.health import start_health_server
-from registrar.surfaces.health.apps import health_app
+from registrar.surfaces.health import health_app, start_health_server
 from registrar.surfaces.health.document import render_health
 from registrar.surfaces.metrics import RegistrarMetrics
 

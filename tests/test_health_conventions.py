@@ -24,8 +24,7 @@ from support import FakeClock, ScriptedTransport, accepted, retry, sglang_payloa
 import registrar
 from registrar import ConfigError, Registrar, State
 from registrar.core.status import Status
-from registrar.surfaces.health import start_health_server
-from registrar.surfaces.health.apps import health_app, health_asgi_app
+from registrar.surfaces.health import health_app, health_asgi_app, start_health_server
 from registrar.surfaces.health.document import HEALTH_CONTENT_TYPE, render_health
 from registrar.surfaces.metrics import RegistrarMetrics
 
@@ -192,7 +191,7 @@ def test_asgi_app_under_uvicorn_answers_as_the_wsgi_app(registrars: list) -> Non
         assert requests.post(f"{asgi}/readyz", timeout=5).status_code == 405
         head = requests.head(f"{asgi}/readyz", timeout=5)
         assert (head.status_code, head.content) == (200, b"")
-        # /metrics by prometheus-client's ASGI exposition: OpenMetrics on request, gzip.
+        # /metrics by prometheus-client's exposition: OpenMetrics on request, gzip.
         plain = get(f"{asgi}/metrics")
         assert plain.headers["Content-Type"].startswith("text/plain")
         assert 'registrar_attempts_total{result="accepted"} 1.0' in plain.text

@@ -29,7 +29,7 @@ from registrar.core.board import RequestEvent
 from registrar.core.decide import REPORT_CHECK_INTERVAL
 from registrar.core.settings import EXIT_CODE
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces.health.apps import health_app
+from registrar.surfaces.health import health_app
 
 PAYLOAD = {"service": "demo", "port": 20000}
 CAP = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)

@@ -246,10 +246,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.cli.dev": (
-        ("test_cli.py",),
-        "one part of the `registrar` command; its tests run the command",
-    ),
     "registrar.surfaces.cli.parser": (
         ("test_cli_config.py", "test_options.py"),
         "the flags come from the options table",
@@ -261,14 +257,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.surfaces.cli.status": (
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
-    ),
-    "registrar.surfaces.health.apps": (
-        ("test_health_server.py", "test_health.py"),
-        "one part of the health endpoint; its tests are the endpoint's",
-    ),
-    "registrar.surfaces.health.checks": (
-        ("test_health.py",),
-        "one part of the health endpoint; its tests are the endpoint's",
     ),
     "registrar.surfaces.health.document": (
         ("test_health.py", "test_health_conventions.py", "test_health_server.py"),

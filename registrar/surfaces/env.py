@@ -1,11 +1,6 @@
 """Configuration from `REGISTRAR_*` environment variables: a reader of the options table
-(`registrar.surfaces.options.OPTIONS`), which defines each variable once.
-
-Every surface that reads the environment (the SGLang plugin, the `registrar` command) reads it
-here, so a variable means the same everywhere. A value is parsed by its row and checked by the
-rule of the settings field it sets, and a bad one is one line naming the variable and showing a
-good value. A surface's own variables (the SGLang plugin's, in `integrations/sglang/settings.py`)
-are rows of the same kind in a table of their own.
+(`registrar.surfaces.options.OPTIONS`), so a variable means the same to every surface that reads
+the environment. A bad value is one line naming the variable and showing a good value.
 """
 
 from __future__ import annotations
@@ -47,9 +42,22 @@ def read_variable(option: Option, env: Mapping[str, str], prefix: str = ENV_PREF
         raise ConfigError(f"{shown} {exc}; e.g. {key}={option.example}") from None
 
 
-def _rows(table: Iterable[Option], names: Iterable[str] | None) -> list[Option]:
+def _read(
+    rows: Iterable[Option], environ: Mapping[str, str] | None, prefix: str
+) -> list[tuple[Option, Any]]:
+    """The checked values of the variables of `rows` that are set."""
+    env = os.environ if environ is None else environ
+    found = [(row, read_variable(row, env, prefix)) for row in rows]
+    return [(row, value) for row, value in found if value is not UNSET]
+
+
+def _rows(table: Iterable[Option], names: Iterable[str] | None, kwarg: bool) -> list[Option]:
     wanted = None if names is None else frozenset(names)
-    return [row for row in table if wanted is None or row.name in wanted]
+    return [
+        row
+        for row in table
+        if (wanted is None or row.name in wanted) and (row.kwarg is not None) == kwarg
+    ]
 
 
 def options_from_env(
@@ -63,10 +71,8 @@ def options_from_env(
     left out, so the library's defaults stand), or `ConfigError` naming the variable.
 
     `names` restricts the table to some variables (their names after the prefix); `table`
-    reads another table instead (e.g. the SGLang plugin's own, whose rows name its settings)."""
-    env = os.environ if environ is None else environ
-    found = [(row, read_variable(row, env, prefix)) for row in _rows(table, names) if row.kwarg]
-    return registrar_options((row, value) for row, value in found if value is not UNSET)
+    reads another table instead (e.g. the SGLang plugin's own)."""
+    return registrar_options(_read(_rows(table, names, kwarg=True), environ, prefix))
 
 
 def registrar_options(values: Iterable[tuple[Option, Any]]) -> dict[str, Any]:
@@ -92,16 +98,8 @@ def command_options_from_env(
     names: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     """The options of `registrar register` alone (no `Registrar` keyword) that are set, by key
-    (`health_port`), or `ConfigError` naming the variable. `names` restricts the table as for
-    `options_from_env`."""
-    env = os.environ if environ is None else environ
-    options: dict[str, Any] = {}
-    for row in _rows(OPTIONS, names):
-        if row.kwarg is None:
-            value = read_variable(row, env, prefix)
-            if value is not UNSET:
-                options[row.key] = value
-    return options
+    (`health_port`), or `ConfigError` naming the variable."""
+    return {row.key: v for row, v in _read(_rows(OPTIONS, names, kwarg=False), environ, prefix)}
 
 
 def describe_env(prefix: str = ENV_PREFIX, table: Iterable[Option] = OPTIONS) -> str:

@@ -1,14 +1,7 @@
-"""A small HTTP server for probes that a flood of connections cannot stall.
-
-socketserver's threading server has a listen backlog of 5 (200 simultaneous probes waited the
-kernel's 1 s SYN retransmit, past Kubernetes' default probe timeout), reads each request on a
-thread of its own with no timeout (an idle or half-sent connection pins a thread for ever), and
-starts a thread per connection without bound. Here one reader thread accepts connections and
+"""A small HTTP server for probes that a flood of connections cannot stall: one reader thread
 reads request heads without blocking, with a deadline per connection; only complete requests
-reach a fixed pool of workers, which answer them with wsgiref's handler from the bytes already
-read. An idle connection costs a file descriptor until its deadline, never a thread, and when
-too many are open the oldest is closed, so a fresh probe always gets in.
-"""
+reach a fixed pool of workers (wsgiref's handler). Each bound and why: docs/reliability.md,
+"The health server under probes"."""
 
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler
 
@@ -31,26 +23,20 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 LISTEN_BACKLOG = 1024
-"""Connections the kernel queues before they are accepted (the kernel caps it at
-net.core.somaxconn, 4096 on current kernels)."""
 HEAD_TIMEOUT = 2.0
-"""Seconds a connection has, from its accept, to send its whole request head; then it is
-closed. A probe sends it at once."""
+"""Seconds a connection has, from its accept, to send its whole request head."""
 SEND_TIMEOUT = 2.0
-"""Seconds a worker may block writing one answer to a client that does not read."""
 MAX_PENDING = 512
 """Connections still sending their request head; past it the oldest one is closed."""
 WORKERS = 4
-"""Threads answering complete requests; an answer takes well under a millisecond."""
 MAX_HEAD_BYTES = 16 * 1024
-"""A longer request head is refused with 431."""
 
 
 class _Handler(WSGIRequestHandler):
     """wsgiref's handler, fed the request head the reader already holds: it never waits on
     the client for input, so a client cannot pin it."""
 
-    server: _View  # type: ignore[assignment]
+    server: ProbeServer  # type: ignore[assignment]
 
     def setup(self) -> None:
         self.connection, head = self.request
@@ -64,17 +50,6 @@ class _Handler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
-
-
-@dataclass
-class _View:
-    """The little of a server that wsgiref's handler reads."""
-
-    app: WSGIApp
-    base_environ: dict[str, str]
-
-    def get_app(self) -> WSGIApp:
-        return self.app
 
 
 class ProbeServer:
@@ -94,17 +69,15 @@ class ProbeServer:
             raise
         self.host = host
         self.port: int = self._listener.getsockname()[1]
-        self._view = _View(
-            app,
-            {
-                "SERVER_NAME": host,
-                "GATEWAY_INTERFACE": "CGI/1.1",
-                "SERVER_PORT": str(self.port),
-                "REMOTE_HOST": "",
-                "CONTENT_LENGTH": "",
-                "SCRIPT_NAME": "",
-            },
-        )
+        self._app = app
+        self.base_environ = {  # what wsgiref's handler reads of a server, with `get_app`
+            "SERVER_NAME": host,
+            "GATEWAY_INTERFACE": "CGI/1.1",
+            "SERVER_PORT": str(self.port),
+            "REMOTE_HOST": "",
+            "CONTENT_LENGTH": "",
+            "SCRIPT_NAME": "",
+        }
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -119,6 +92,20 @@ class ProbeServer:
         for thread in self._threads:
             thread.daemon = True
             thread.start()
+
+    def get_app(self) -> WSGIApp:
+        return self._app
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def __enter__(self) -> ProbeServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, close every open connection, and end the threads."""
@@ -220,7 +207,7 @@ class ProbeServer:
             sock, head = item
             try:
                 sock.setblocking(True)
-                _Handler((sock, head), sock.getpeername(), self._view)  # type: ignore[arg-type]
+                _Handler((sock, head), sock.getpeername(), self)  # type: ignore[arg-type]
             except Exception as exc:  # a client that went away: nothing to answer
                 logger.debug("health request failed: %r", exc)
             finally:

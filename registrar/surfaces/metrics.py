@@ -1,12 +1,10 @@
-"""Prometheus metrics, behind the `sglang-registrar[metrics]` extra.
-
-The core never imports prometheus-client: this module imports it only when metrics are asked
-for, and `metrics_available()` says whether the extra is installed. Exposition is
-prometheus-client's own (`wsgi_app()`, `asgi_app()`): content negotiation, OpenMetrics, gzip.
+"""Prometheus metrics, behind the `sglang-registrar[metrics]` extra (the names:
+docs/operations.md). The core never imports prometheus-client: this module imports it only when
+metrics are asked for.
 
 Several registrars may share one registry (SGLang runs several ranks per host): each passes
-constant `labels` (say `{"rank": "0", "role": "prefill"}`) and they share one set of metric
-families, as prometheus-client allows one collector per metric name and registry.
+constant `labels` and they share one set of metric families, as prometheus-client allows one
+collector per metric name and registry.
 """
 
 from __future__ import annotations
@@ -105,16 +103,9 @@ class _Families:
         )
 
 
-def _reachable(status: Status) -> float:
-    return 1.0 if status.server_reachable else 0.0
-
-
-def _last_success(status: Status) -> float:
-    return status.last_success_at or 0.0
-
-
-def _next_attempt(status: Status) -> float:
-    return status.next_attempt_at or 0.0
+def _field(name: str) -> Callable[[Status], float]:
+    """A status field as a gauge's value, 0 for None (no answer yet, none scheduled)."""
+    return lambda status: float(getattr(status, name) or 0.0)
 
 
 def _diagnosed(code: str) -> Callable[[Status], float]:
@@ -140,18 +131,7 @@ _FAMILIES_LOCK = threading.Lock()
 
 class RegistrarMetrics:
     """Metrics of one registrar on `registry` (a new `CollectorRegistry` when None), its series
-    told apart from other registrars' on the same registry by the constant `labels`:
-
-    - `registrar_build_info{version}`: 1, with the library's version;
-    - `registrar_state` (enum): the current state;
-    - `registrar_attempts_total{result}`: registration requests: accepted, retry, fatal;
-    - `registrar_checks_total{result}`: route checks by finding;
-    - `registrar_reregistrations_total`: routes found missing and registered again;
-    - `registrar_server_reachable`: 1 when the server answered the last request;
-    - `registrar_last_success_timestamp_seconds`, `registrar_next_attempt_timestamp_seconds`;
-    - `registrar_request_duration_seconds{kind}`: request latency (register, check);
-    - `registrar_diagnosis{code}`: 1 for the diagnosis stated now, 0 for every other code.
-    """
+    told apart from other registrars' on the same registry by the constant `labels`."""
 
     def __init__(
         self,
@@ -203,9 +183,9 @@ class RegistrarMetrics:
         # Read at scrape time, so they are current however the status changed. The functions
         # hold these metrics weakly, or the registry would keep them (and the labels) for ever.
         me = weakref.ref(self)
-        self._own(families.server_reachable).set_function(_reader(me, _reachable))
-        self._own(families.last_success).set_function(_reader(me, _last_success))
-        self._own(families.next_attempt).set_function(_reader(me, _next_attempt))
+        self._own(families.server_reachable).set_function(_reader(me, _field("server_reachable")))
+        self._own(families.last_success).set_function(_reader(me, _field("last_success_at")))
+        self._own(families.next_attempt).set_function(_reader(me, _field("next_attempt_at")))
         for code in Code:
             child = families.diagnosis.labels(*self._values, code.value)
             child.set_function(_reader(me, _diagnosed(code.value)))
@@ -246,7 +226,3 @@ class RegistrarMetrics:
     def wsgi_app(self) -> Any:
         """prometheus-client's WSGI exposition of the registry."""
         return self._prom.make_wsgi_app(self.registry)
-
-    def asgi_app(self) -> Any:
-        """prometheus-client's ASGI exposition of the registry."""
-        return self._prom.make_asgi_app(self.registry)

@@ -38,15 +38,12 @@ from .parsers import (
 
 ENV_PREFIX = "REGISTRAR_"
 
-# ----------------------------------------------------------------- the table
-
 
 @dataclass(frozen=True)
 class Option:
     """One option of the table (see the module's docstring)."""
 
     name: str
-    """`REGISTRAR_<name>`, `--<name in lower case, dashes>`."""
     parse: Callable[[str], Any]
     """Text to a typed value; ValueError says what text is expected."""
     example: str
@@ -57,7 +54,7 @@ class Option:
     field: str | None = None
     kwarg: str | None = None
     """The `Registrar` keyword argument it is (`backoff.<field>` for a field of its `Backoff`),
-    for `options_from_env`; None for the others."""
+    for `options_from_env`."""
     flag: bool = True
     """False: from the environment only (a secret must not show in `ps`)."""
     plugin: str | None = None
@@ -65,8 +62,7 @@ class Option:
     rule: rules.Rule | None = None
     """The value rule, when not the settings field's own (a timeout per part)."""
     defaults: tuple[tuple[str, type, str], ...] = ()
-    """Other defaults to show: (when, settings class, field), e.g. ("--etcd", EtcdSettings,
-    "timeout")."""
+    """Other defaults to show: (when, settings class, field)."""
     metavar: str | None = None
     repeat: bool = False
     """The flag may be given several times (its values are joined)."""
@@ -86,13 +82,7 @@ class Option:
         """The name the command resolves it by (`health_port`)."""
         return self.name.lower()
 
-    @property
-    def option(self) -> str:
-        """The `Registrar` keyword, or `cli.<key>` for the command's own."""
-        return self.kwarg if self.kwarg is not None else f"cli.{self.key}"
-
     def check(self, value: Any) -> Any:
-        """The value as its rule keeps it, or `rules.Invalid`."""
         rule = self.rule
         if rule is None and self.settings is not None and self.field is not None:
             rule = rules_of(self.settings).get(self.field)
@@ -153,15 +143,7 @@ def _etcd(
     # here, the pair when the settings are made.
     rule = rules.existing_path if field == "cert" else None
     return Option(
-        name,
-        parse,
-        example,
-        help,
-        EtcdSettings,
-        field,
-        plugin=_NO_ETCD,
-        rule=rule,
-        **more,
+        name, parse, example, help, EtcdSettings, field, plugin=_NO_ETCD, rule=rule, **more
     )
 
 

@@ -25,7 +25,6 @@ def number(text: str) -> float:
 
 
 def _reading(parse: Callable[[str], _T], text: str, expected: str) -> _T:
-    """`parse(text)`, its own ValueError replaced by what the option expects."""
     try:
         return parse(text)
     except ValueError:
@@ -33,7 +32,6 @@ def _reading(parse: Callable[[str], _T], text: str, expected: str) -> _T:
 
 
 def _off_or(parse: Callable[[str], _T], text: str, expected: str) -> _T | None:
-    """None for off (or none, never, unlimited, inf), else `parse(text)`."""
     if text.strip().lower() in _OFF:
         return None
     return _reading(parse, text, expected)
@@ -44,7 +42,6 @@ def seconds(text: str) -> float:
 
 
 def parse_seconds_or_zero(text: str) -> float:
-    """A number of seconds (its rule says whether 0 or less is allowed)."""
     return _reading(number, text, "must be a number of seconds >= 0")
 
 
@@ -82,7 +79,6 @@ def word(*words: str) -> Callable[[str], str]:
 
 
 def parse_flag(text: str) -> bool:
-    """1/true/yes/on or 0/false/no/off."""
     value = text.strip().lower()
     if value in _TRUE:
         return True
@@ -102,8 +98,7 @@ def parse_port(text: str) -> int:
 
 
 def text(text: str) -> str:
-    """Text as given (a variable is stripped when read; a flag's newline is the URL rule's to
-    refuse)."""
+    """Text as given (a flag's newline is the URL rule's to refuse)."""
     return text
 
 

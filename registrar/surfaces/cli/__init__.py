@@ -1,27 +1,36 @@
-"""The `registrar` command: a sidecar agent, a status reader, the diagram, the reference
-bootstrap server, and the demo.
+"""The `registrar` command (docs/cli.md): a sidecar agent, a status reader, the diagram, the
+reference bootstrap server, and the demo. Bad input gets one line on stderr, never a usage
+block, and a distinct exit status (see `EXIT_STATUSES`).
 
-Every option of `registrar register` can also come from a `REGISTRAR_*` variable (the options
-table, `registrar/surfaces/options.py`; the flag wins). Bad input gets one line on stderr, never
-a usage block, and a distinct exit status (see `EXIT_STATUSES`).
-
-This module dispatches (`registrar.surfaces.cli:main`)."""
+This module dispatches (`registrar.surfaces.cli:main`) and holds the development commands."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from ...core.errors import ConfigError
+from ...core.errors import ConfigError, describe_exception
+from ...core.machine import mermaid_diagram
 from .common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
+    EXIT_OK,
     EXIT_USAGE,
+    Signals,
     UsageError,
+    log_setup,
     stdout_to_devnull,
 )
 from .parser import build_parser as _parser
+
+logger = logging.getLogger(__name__)
+
+_MODULES = {"register": "register", "status": "status", "doctor": "doctor", "sglang": "doctor"}
+"""The module of each command that has one, imported only when it runs (the register command
+never loads the status reader's HTTP client, nor the devtools)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,31 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
-    """The command's function, its module imported only when it runs (the register command
-    never loads the status reader's HTTP client, nor the devtools)."""
-    if name == "register":
-        from .register import cmd_register  # noqa: PLC0415
-
-        return cmd_register
-    if name == "status":
-        from .status import cmd_status  # noqa: PLC0415
-
-        return cmd_status
-    if name == "doctor":
-        from .doctor import cmd_doctor  # noqa: PLC0415
-
-        return cmd_doctor
-    if name == "sglang":
-        from .sglang import cmd_sglang  # noqa: PLC0415
-
-        return cmd_sglang
-    from . import dev  # noqa: PLC0415
-
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "diagram": dev.cmd_diagram,
-        "bootstrap": dev.cmd_bootstrap,
-    }
-    return commands.get(name, dev.cmd_demo)
+    module = _MODULES.get(name)
+    if module is None:
+        return {"bootstrap": cmd_bootstrap, "demo": cmd_demo, "diagram": cmd_diagram}[name]
+    command: Callable[[argparse.Namespace], int]
+    command = getattr(importlib.import_module(f".{module}", __name__), f"cmd_{name}")
+    return command
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -74,3 +64,37 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from ...devtools.bootstrap_server import BootstrapServer  # noqa: PLC0415 - this command only
+
+    # -v: the server logs each request (method, path, status) at DEBUG.
+    log_setup(args.verbose, quiet=("registrar.devtools.bootstrap_server",))
+    server = BootstrapServer(
+        args.host, args.port, token=args.token, max_body_bytes=args.max_body_bytes
+    )
+    signals = Signals().install()  # before it answers: a SIGTERM from then on stops it cleanly
+    try:
+        server.start()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot listen on {args.host}:{args.port}: {describe_exception(exc)}"
+        ) from None
+    logger.info("reference bootstrap server on %s (development and test tool)", server.url)
+    try:
+        signals.wait()
+    finally:
+        server.close()
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ...devtools.demo import run_demo  # noqa: PLC0415 - only the demo needs it
+
+    return run_demo(sys.stdout)
+
+
+def cmd_diagram(args: argparse.Namespace) -> int:
+    sys.stdout.write(mermaid_diagram())
+    return EXIT_OK

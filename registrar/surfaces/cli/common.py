@@ -11,23 +11,16 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ...core.settings import EXIT_CODE
 
 EXIT_OK = 0
 EXIT_NOT_REGISTERED = 1
-"""`registrar status`: the agent answered, and is not registered; `registrar doctor`: a check
-failed."""
 EXIT_USAGE = 2
-"""Bad input: a flag, a variable, the payload, a port in use."""
 EXIT_UNREACHABLE = 4
-"""`registrar status`: no usable answer from the agent (nothing listens, not a registrar)."""
 EXIT_INTERRUPTED = 130
-"""A second Ctrl-C (SIGINT) or SIGTERM while stopping: ended at once."""
 EXIT_BROKEN_PIPE = 141
-"""The reader of the output went away before it was written (`registrar diagram | head -1`),
-as a shell reports a writer ended by SIGPIPE. `status` answers what it found instead."""
 EXIT_STATUSES = {
     EXIT_OK: "success (register: stopped cleanly on SIGTERM/SIGINT; status: registered)",
     EXIT_NOT_REGISTERED: "status: the agent is not registered; doctor: a check failed",
@@ -52,7 +45,12 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (exit 2), not a usage block."""
+    """argparse, but a bad flag is one line on stderr (exit 2), not a usage block, and the help
+    texts keep their own line breaks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -6,6 +6,7 @@ settings classes."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from ..._version import __version__
@@ -113,7 +114,7 @@ def _env_help() -> str:
     return "\n".join(lines)
 
 
-def _register(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
+def _register(sub: Any) -> None:
     reg = sub.add_parser(
         "register",
         help="run as a sidecar agent until SIGTERM/SIGINT",
@@ -122,7 +123,6 @@ def _register(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
         "is given. Stops cleanly with exit 0 on SIGTERM or SIGINT; a second one ends it at "
         "once. Every option can also be set by a REGISTRAR_* variable (below).",
         epilog=f"{EXAMPLES_REGISTER}\n{_env_help()}\n\n{_REGISTER_EXITS}\n",
-        formatter_class=raw,
         argument_default=argparse.SUPPRESS,  # unset flags stay unset: the environment may say
     )
     for option in OPTIONS:
@@ -130,7 +130,7 @@ def _register(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
             _add_option(reg, option)
 
 
-def _status(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
+def _status(sub: Any) -> None:
     status = sub.add_parser(
         "status",
         help="read a running agent's /health",
@@ -140,7 +140,6 @@ def _status(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
         epilog="examples:\n  registrar status --health-url http://127.0.0.1:8081\n"
         "  registrar status --health-url http://127.0.0.1:8081 --json | jq .status\n\n"
         f"{_STATUS_EXITS}\n",
-        formatter_class=raw,
     )
     status.add_argument("--health-url", required=True, help="the agent's health server URL")
     status.add_argument("--timeout", type=_seconds, default=5.0, metavar="S", help="(default: 5)")
@@ -149,7 +148,7 @@ def _status(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
     )
 
 
-def _doctor(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
+def _doctor(sub: Any) -> None:
     doc = sub.add_parser(
         "doctor",
         help="check a deployment: bootstrap server, gateways, etcd",
@@ -161,7 +160,6 @@ def _doctor(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
         "  registrar doctor --url http://10.0.0.5:8998 --http-port 30000 "
         "--gateway http://10.0.0.9:30000\n"
         "  registrar doctor --etcd http://10.0.0.7:2379 --json | jq .healthy\n",
-        formatter_class=raw,
     )
     doc.add_argument("--url", help="the bootstrap server's URL (SGLang's protocol)")
     doc.add_argument("--expect", type=_count, metavar="N", help="rows the topology should have")
@@ -182,37 +180,30 @@ def _doctor(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
     doc.add_argument("--json", action="store_true", help="the report as JSON (docs/cli.md)")
 
 
-def _count(text: str) -> int:
-    try:
-        return rules.count(int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+def _typed(parse: Callable[[str], Any], expected: str | None = None) -> Callable[[str], Any]:
+    """An argparse `type`: `parse`, its error (or `expected`) naming the text given."""
+
+    def typed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{expected or exc}, got {text!r}") from None
+
+    return typed
 
 
-def _seconds(text: str) -> float:
-    try:
-        return rules.seconds(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive number of seconds, got {text!r}"
-        ) from None
+_count = _typed(lambda text: rules.count(int(text)), "must be a positive integer")
+_seconds = _typed(lambda text: rules.seconds(float(text)), "must be a positive number of seconds")
+_port = _typed(parse_port)
 
 
-def _port(text: str) -> int:
-    try:
-        return parse_port(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
-
-
-def _dev(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
+def _dev(sub: Any) -> None:
     sub.add_parser(
         "diagram",
         help="print the state diagram (mermaid) from the transition table",
         description="Print the state diagram as mermaid text, drawn from the transition table.",
         epilog="examples:\n  registrar diagram > state.mmd\n"
         "  registrar diagram | mmdc -i - -o state.svg   # with mermaid-cli",
-        formatter_class=raw,
     )
     boot = sub.add_parser(
         "bootstrap",
@@ -221,7 +212,6 @@ def _dev(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
         "development and tests. Production keeps SGLang's own server.",
         epilog="examples:\n  registrar bootstrap --host 127.0.0.1 --port 8998\n"
         "  registrar bootstrap --port 8998 --token s3cret -v   # log each request",
-        formatter_class=raw,
     )
     boot.add_argument("--host", default="127.0.0.1")
     boot.add_argument("--port", type=_port, default=8998)
@@ -234,11 +224,10 @@ def _dev(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
         description="A bootstrap server that starts late, a registrar with its health server, "
         "the server restarting and forgetting, the route registered again; all on 127.0.0.1.",
         epilog="example:\n  registrar demo",
-        formatter_class=raw,
     )
 
 
-def _sglang(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
+def _sglang(sub: Any) -> None:
     check = sub.add_parser(
         "sglang",
         help="what the SGLang plugin will do in this environment's SGLang",
@@ -246,24 +235,21 @@ def _sglang(sub: Any, raw: type[argparse.HelpFormatter]) -> None:
         "has the plugin system, which hook targets its source has) and print what the plugin "
         "does there, with the upgrade advice.",
         epilog="examples:\n  registrar sglang\n  registrar sglang --json | jq .features",
-        formatter_class=raw,
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
     parser = Parser(
         prog="registrar",
         description="Register a service with a bootstrap server and keep it registered.",
         epilog=f"{EXAMPLES_MAIN.format(duration=DEMO_DURATION)}\n{exit_text(EXIT_STATUSES)}\n",
-        formatter_class=raw,
     )
     parser.add_argument("--version", action="version", version=f"registrar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _register(sub, raw)
-    _status(sub, raw)
-    _doctor(sub, raw)
-    _dev(sub, raw)
-    _sglang(sub, raw)
+    _register(sub)
+    _status(sub)
+    _doctor(sub)
+    _dev(sub)
+    _sglang(sub)
     return parser

@@ -234,6 +234,7 @@ def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
         if verbose:
             reg.add_request_listener(log_request)
     source: Any = group if several else group.members()[0]
+    signals = Signals().install()  # before health answers: a SIGTERM from then on stops cleanly
     health = None
     host = chosen.get("health_host") or DEFAULT_HEALTH_HOST
     port = chosen.get("health_port")
@@ -251,7 +252,6 @@ def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
     logging.getLogger("registrar").info(
         "registrar %s: registering with %s%s", __version__, urls, where
     )
-    signals = Signals().install()
     group.start()
     try:
         signals.wait()
