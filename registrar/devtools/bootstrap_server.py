@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .route_table import CRASH, LATEST_RELEASE, RouteTable, parse_get, parse_put, release_fields
+from .route_table import CRASH, LATEST_RELEASE, RouteTable, release_fields
 
 _CLOSE = {"Connection": "close"}
 
@@ -210,8 +210,7 @@ class BootstrapServer:
         """Set when the requests a delay or hang holds must go (the server went down)."""
         self.restarts = 0
         self._lifetime = 0
-        """Which process this is: a connection accepted in an earlier lifetime belongs to a
-        process that is gone (see `Handler.lifetime`)."""
+        """Which process this is: a connection of an earlier lifetime is a dead process's."""
 
     @property
     def url(self) -> str:
@@ -459,18 +458,14 @@ class BootstrapServer:
     def _route(self, h: Handler, body: bytes) -> tuple[int, str, str, int | None]:
         """SGLang's `/route` handlers; a bad payload raises where the real one does."""
         if h.command == "GET":
-            ranks = parse_get(h.path)
-            if ranks is None:
-                return 400, "Missing inputs for bootstrap server.", "text/plain", None
             with self._table_for(h) as table:
-                status, text, ctype = table.get(*ranks)
+                status, text, ctype = table.get(h.path)
             return status, text, ctype, None
         if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
             return 401, "Unauthorized", "text/plain", None
-        request = parse_put(body)
         with self._table_for(h) as table:
-            status, text = table.put(request)
-        return status, text, "text/plain", request.rank_port
+            status, text, port = table.put(body)
+        return status, text, "text/plain", port
 
     @contextlib.contextmanager
     def _table_for(self, h: Handler) -> Iterator[RouteTable]:
