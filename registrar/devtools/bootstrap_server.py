@@ -56,7 +56,6 @@ class Listener(ThreadingHTTPServer):
         super().__init__(sock.getsockname()[:2], Handler, bind_and_activate=False)
         self.socket.close()
         self.socket = sock
-        self.server_address = sock.getsockname()[:2]
         self.server_activate()
         if tls is not None:
             self.socket = tls.wrap_socket(sock, server_side=True)
