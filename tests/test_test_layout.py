@@ -102,13 +102,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the selectable waker a transport waits on",
     ),
     "registrar.devtools": (("test_layout.py",), "imported only by the commands that need it"),
-    "registrar.devtools.bootstrap_http": (
-        (
-            "test_bootstrap_server.py",
-            "test_reference_fidelity.py",
-        ),
-        "the reference server's sockets and writes",
-    ),
     "registrar.devtools.demo": (("test_cli.py",), "`registrar demo`"),
     "registrar.devtools.route_table": (
         ("test_reference_fidelity.py",),

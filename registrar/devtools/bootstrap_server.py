@@ -1,15 +1,5 @@
-"""A reference bootstrap server with SGLang's HTTP semantics and fault injection.
-
-A development and test tool: it starts in-process on an ephemeral loopback port and lets a test
-(or the demo) make it refuse connections, drop or reset a connection mid-answer, answer any
-status for the next requests, answer slowly or never, and restart with empty memory the way a
-restarted process does (every open connection dropped). The real server stays SGLang's; the
-behaviour copied here is the table in docs/sglang.md.
-
-This module holds the lifecycle, the faults and the records; what a PUT or GET does to the
-table is `route_table`'s (SGLang's handlers, step for step), the sockets and raw writes are
-`bootstrap_http`'s.
-"""
+"""A reference bootstrap server with SGLang's HTTP semantics and fault injection, for tests,
+benchmarks and the demo (docs/sglang.md, "The reference bootstrap server")."""
 
 from __future__ import annotations
 
@@ -17,20 +7,123 @@ import contextlib
 import logging
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .bootstrap_http import Handler, Listener, bind, cut, send
-from .route_table import CRASH, LATEST_RELEASE, RouteTable, parse_get, parse_put, release_fields
+from .route_table import CRASH, LATEST_RELEASE, RouteTable, release_fields
 
 _CLOSE = {"Connection": "close"}
-"""The header of an answer after which the server closes the connection."""
 
 logger = logging.getLogger(__name__)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` and not listening: connects are refused, as by a server that
+    is down, and no other socket can take the port. SO_REUSEPORT: see `BootstrapServer._stop`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Listener(ThreadingHTTPServer):
+    """Listens on `sock`, a bound socket it takes over (and closes in `server_close`)."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128
+    """The listen backlog of SGLang's server (aiohttp's default), not socketserver's 5: a fleet
+    that overflows one overflows the other."""
+
+    def __init__(
+        self, owner: BootstrapServer, sock: socket.socket, tls: ssl.SSLContext | None
+    ) -> None:
+        self.address_family = sock.family
+        self.owner = owner
+        super().__init__(sock.getsockname()[:2], Handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.server_activate()
+        if tls is not None:
+            self.socket = tls.wrap_socket(sock, server_side=True)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # An answer leaves in one write: headers and body written apart, unbuffered, meet the
+    # client's delayed ACK on a kept-alive connection (Nagle holds the body back ~40 ms).
+    wbufsize = 64 * 1024
+    disable_nagle_algorithm = True
+    server: Listener
+    server_version = "registrar-bootstrap"
+
+    lifetime = 0
+    """The server lifetime that accepted this connection."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.lifetime = self.server.owner._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.owner._track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s %s", self.address_string(), format % args)
+
+    def _dispatch(self) -> None:
+        self.server.owner._handle(self)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _dispatch
+
+    def cut(self, reset: bool) -> None:
+        """Send part of an answer, then close (with `reset`: a TCP reset)."""
+        with contextlib.suppress(OSError):
+            self.wfile.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
+            self.wfile.flush()
+            if reset:
+                linger = struct.pack("ii", 1, 0)
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        self.close_connection = True
+
+    def send(
+        self,
+        status: int,
+        text: str,
+        content_type: str = "text/plain",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """One whole answer (a client that has gone away is not an error); a `Connection: close`
+        header closes the connection after it."""
+        data = text.encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            if (headers or {}).get("Connection") == "close":
+                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
 
 
 @dataclass(frozen=True)
@@ -47,7 +140,6 @@ class RequestRecord:
     """For a PUT, the payload's `rank_port` (it tells which client sent it)."""
     body: bytes = b""
     authorization: str | None = None
-    """The Authorization header as received (tests check what a client sent)."""
 
 
 @dataclass
@@ -96,7 +188,6 @@ class BootstrapServer:
         release: str = LATEST_RELEASE,
     ) -> None:
         self.host = host
-        self.release = release
         self._fields = release_fields(release)
         self._tls: ssl.SSLContext | None = None
         if certfile is not None:
@@ -115,12 +206,10 @@ class BootstrapServer:
         self._server: Listener | None = None
         self._thread: threading.Thread | None = None
         self._release = threading.Event()
+        """Set when the requests a delay or hang holds must go (the server went down)."""
         self.restarts = 0
         self._lifetime = 0
-        """Which process this is: a connection accepted in an earlier lifetime belongs to a
-        process that is gone (see `Handler.lifetime`)."""
-
-    # ----------------------------------------------------------------- lifecycle
+        """Which process this is: a connection of an earlier lifetime is a dead process's."""
 
     @property
     def url(self) -> str:
@@ -128,17 +217,13 @@ class BootstrapServer:
         scheme = "https" if self._tls is not None else "http"
         return f"{scheme}://{host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._server is not None
-
     def start(self) -> BootstrapServer:
         """Listen (again); a no-op when already listening."""
         if self._server is not None:
             return self
         sock, self._down = self._down or bind(self.host, self.port), None
         server = Listener(self, sock, self._tls)
-        self.port = server.port
+        self.port = server.server_address[1]
         self._release = threading.Event()
         self._server = server
         self._thread = threading.Thread(
@@ -197,19 +282,20 @@ class BootstrapServer:
         with self._lock:
             self.restarts += 1
         if down_for <= 0 and self._server is not None:
-            with self._lock:
-                self._table = RouteTable(fields=self._fields)
-                self._lifetime += 1
-                self._release.set()
-                self._release = threading.Event()
+            self._next_lifetime()
             self.drop_connections()
             return
         self.stop()
+        self._next_lifetime()
+        time.sleep(down_for)
+        self.start()
+
+    def _next_lifetime(self) -> None:
         with self._lock:
             self._table = RouteTable(fields=self._fields)
             self._lifetime += 1
-        time.sleep(down_for)
-        self.start()
+            self._release.set()
+            self._release = threading.Event()
 
     def __enter__(self) -> BootstrapServer:
         return self.start()
@@ -217,41 +303,15 @@ class BootstrapServer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # ----------------------------------------------------------------- faults and views
-
     def inject(self, fault: Fault) -> None:
         """Apply `fault` to the next matching requests (faults queue up in order)."""
         with self._lock:
             self._faults.append(fault)
 
-    def fail_next(  # noqa: PLR0913 (a public helper's documented keyword options)
-        self,
-        count: int,
-        status: int,
-        *,
-        retry_after: str | None = None,
-        body: str = "",
-        content_type: str = "text/plain",
-        method: str | None = None,
-    ) -> None:
-        """Answer `status` to the next `count` requests."""
-        self.inject(
-            Fault(
-                "status",
-                count,
-                status=status,
-                body=body,
-                content_type=content_type,
-                retry_after=retry_after,
-                method=method,
-            )
-        )
-
-    def clear_faults(self) -> None:
-        with self._lock:
-            self._faults.clear()
-            self._release.set()
-            self._release = threading.Event()
+    def fail_next(self, count: int, status: int, **options: Any) -> None:
+        """Answer `status` to the next `count` requests; `options` are `Fault`'s (`retry_after`,
+        `body`, `content_type`, `method`, `close`)."""
+        self.inject(Fault("status", count, status=status, **options))
 
     @property
     def pending_faults(self) -> int:
@@ -288,7 +348,13 @@ class BootstrapServer:
         with self._lock:
             return list(self._records)
 
-    # ----------------------------------------------------------------- internals
+    def drop_connections(self) -> None:
+        """Close every open connection (keep-alive ones too) without forgetting anything."""
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def _track(self, conn: socket.socket, add: bool) -> int:
         """Add or remove an open connection; the current lifetime."""
@@ -298,14 +364,6 @@ class BootstrapServer:
             else:
                 self._connections.discard(conn)
             return self._lifetime
-
-    def drop_connections(self) -> None:
-        """Close every open connection (keep-alive ones too) without forgetting anything."""
-        with self._lock:
-            connections = list(self._connections)
-        for conn in connections:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
 
     def _next_fault(self, method: str) -> tuple[Fault | None, threading.Event]:
         with self._lock:
@@ -319,114 +377,100 @@ class BootstrapServer:
         return None, release
 
     def _record(
-        self,
-        h: Handler,
-        method: str,
-        status: int | None,
-        body: bytes = b"",
-        port: int | None = None,
+        self, h: Handler, status: int | None, body: bytes = b"", port: int | None = None
     ) -> None:
         parts = urlsplit(h.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         auth = h.headers.get("Authorization")
-        record = RequestRecord(time.time(), method, parts.path, query, status, port, body, auth)
+        record = RequestRecord(time.time(), h.command, parts.path, query, status, port, body, auth)
         with self._lock:
             self._records.append(record)
 
-    def _handle(self, h: Handler, method: str) -> None:
-        fault, release = self._next_fault(method)
-        body = self._read_body(h, method)
+    def _handle(self, h: Handler) -> None:
+        fault, release = self._next_fault(h.command)
+        body = self._read_body(h)
         if body is None:
             return
-        if fault is not None:
-            if fault.kind == "delay":
-                release.wait(fault.seconds)
-            elif fault.kind == "hang":
-                release.wait()
-                self._record(h, method, None, body)
-                h.close_connection = True
-                return
-            elif fault.kind in ("drop", "reset"):
-                self._record(h, method, None, body)
-                cut(h, reset=fault.kind == "reset")
-                return
-            elif fault.kind == "status":
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-                if fault.close:
-                    headers["Connection"] = "close"
-                self._record(h, method, fault.status, body)
-                send(h, fault.status, fault.body, fault.content_type, headers)
-                return
+        if fault is not None and fault.kind == "delay":
+            release.wait(fault.seconds)
+        elif fault is not None and fault.kind in ("status", "hang", "drop", "reset"):
+            self._fault(h, fault, release, body)
+            return
         try:
-            status, text, ctype, port = self._answer(h, method, body)
+            status, text, ctype, port = self._answer(h, body)
         except _Gone:
             # Read before a restart and acted on after it: a real server's process would have
             # died with it, unanswered, and never counted it in the next one's memory.
-            self._record(h, method, None, body)
+            self._record(h, None, body)
             h.close_connection = True
             return
-        self._record(h, method, status, body, port)
-        send(h, status, text, ctype)
+        self._record(h, status, body, port)
+        h.send(status, text, ctype)
 
-    def _read_body(self, h: Handler, method: str) -> bytes | None:
+    def _fault(self, h: Handler, fault: Fault, release: threading.Event, body: bytes) -> None:
+        """Meet a request with `fault` (any kind but "delay") instead of an answer."""
+        if fault.kind == "status":
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+            if fault.close:
+                headers.update(_CLOSE)
+            self._record(h, fault.status, body)
+            h.send(fault.status, fault.body, fault.content_type, headers)
+            return
+        if fault.kind == "hang":
+            release.wait()
+        self._record(h, None, body)
+        if fault.kind in ("drop", "reset"):
+            h.cut(reset=fault.kind == "reset")
+        h.close_connection = True
+
+    def _read_body(self, h: Handler) -> bytes | None:
         length_text = h.headers.get("Content-Length")
         try:
             length = int(length_text) if length_text else 0
         except ValueError:
             length = -1
         if length < 0:
-            self._record(h, method, 400)
-            send(h, 400, "Bad Content-Length", headers=_CLOSE)
+            self._record(h, 400)
+            h.send(400, "Bad Content-Length", headers=_CLOSE)
             return None
         if length > self.max_body_bytes:
-            self._record(h, method, 413)
-            send(h, 413, f"Request body over {self.max_body_bytes} bytes", headers=_CLOSE)
+            self._record(h, 413)
+            h.send(413, f"Request body over {self.max_body_bytes} bytes", headers=_CLOSE)
             return None
         return h.rfile.read(length) if length else b""
 
-    def _answer(self, h: Handler, method: str, body: bytes) -> tuple[int, str, str, int | None]:
+    def _answer(self, h: Handler, body: bytes) -> tuple[int, str, str, int | None]:
         path = urlsplit(h.path).path
         if path == "/health":
-            if method != "GET":  # aiohttp's own answers for a route it does not serve
+            if h.command != "GET":  # aiohttp's own answers for a route it does not serve
                 return 405, "405: Method Not Allowed", "text/plain", None
             return 200, "OK", "text/plain", None
         if path != "/route":
             return 404, "404: Not Found", "text/plain", None
-        return self._route(h, method, body)
+        if h.command not in ("GET", "PUT"):
+            return 405, "Method not allowed", "application/json", None
+        try:
+            return self._route(h, body)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            return 500, CRASH, "text/plain", None
 
-    def _route(self, h: Handler, method: str, body: bytes) -> tuple[int, str, str, int | None]:
-        if method == "PUT":
-            if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
-                return 401, "Unauthorized", "text/plain", None
-            try:
-                return self._put(h, body)
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-                return 500, CRASH, "text/plain", None
-        if method == "GET":
-            try:
-                status, text, ctype = self._get(h)
-            except (ValueError, TypeError, KeyError, AttributeError):
-                return 500, CRASH, "text/plain", None
+    def _route(self, h: Handler, body: bytes) -> tuple[int, str, str, int | None]:
+        """SGLang's `/route` handlers; a bad payload raises where the real one does."""
+        if h.command == "GET":
+            with self._table_for(h) as table:
+                status, text, ctype = table.get(h.path)
             return status, text, ctype, None
-        return 405, "Method not allowed", "application/json", None
+        if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
+            return 401, "Unauthorized", "text/plain", None
+        with self._table_for(h) as table:
+            status, text, port = table.put(body)
+        return status, text, "text/plain", port
 
-    def _put(self, h: Handler, body: bytes) -> tuple[int, str, str, int | None]:
-        request = parse_put(body)
+    @contextlib.contextmanager
+    def _table_for(self, h: Handler) -> Iterator[RouteTable]:
+        """The table, under the lock, for a request of the current lifetime only (so that a
+        restart cannot come between the check and the use)."""
         with self._lock:
-            self._same_process(h)
-            status, text = self._table.put(request)
-        return status, text, "text/plain", request.rank_port
-
-    def _same_process(self, h: Handler) -> None:
-        """Called with the lock held, so that a restart cannot come between this and the use
-        of the table."""
-        if h.lifetime != self._lifetime:
-            raise _Gone
-
-    def _get(self, h: Handler) -> tuple[int, str, str]:
-        ranks = parse_get(h.path)
-        if ranks is None:
-            return 400, "Missing inputs for bootstrap server.", "text/plain"
-        with self._lock:
-            self._same_process(h)
-            return self._table.get(*ranks)
+            if h.lifetime != self._lifetime:
+                raise _Gone
+            yield self._table

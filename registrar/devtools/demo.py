@@ -1,9 +1,5 @@
-"""`registrar demo`: the whole story on embedded defaults, narrated as it happens.
-
-A bootstrap server that starts late, a registrar with a health server, `/readyz` turning 200,
-the bootstrap server restarting and forgetting, the route found missing and registered again.
-Everything runs on 127.0.0.1 on ephemeral ports.
-"""
+"""`registrar demo`: a bootstrap server that starts late, `/readyz` turning 200, a restart that
+forgets every route and the route registered again, narrated as it happens on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -19,49 +15,39 @@ import requests
 from ..core.backoff import Backoff
 from ..core.machine import State
 from ..core.registrar import Registrar
-from ..core.status import Status
 from ..protocols.sglang import make_payload
 from ..surfaces.health import start_health_server
 from .bootstrap_server import BootstrapServer
 
-DEMO_PAYLOAD = make_payload("127.0.0.1", 20000)
 
+class _Say(logging.Handler):
+    """Prints the demo's lines and registrar's INFO log, each with the time since the start."""
 
-class _Narrator(logging.Handler):
-    def __init__(self, say: _Say) -> None:
-        super().__init__(logging.INFO)
-        self._say = say
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._say(record.getMessage())
-
-
-class _Say:
     def __init__(self, out: TextIO) -> None:
+        super().__init__(logging.INFO)
         self._out = out
         self._start = time.monotonic()
-        self._lock = threading.Lock()
+        self._print = threading.Lock()
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
 
     def __call__(self, message: str) -> None:
-        with self._lock:
+        with self._print:
             print(f"[{self.elapsed():5.2f}s] {message}", file=self._out, flush=True)
 
-
-def _readyz(url: str) -> int | None:
-    try:
-        return requests.get(f"{url}/readyz", timeout=2).status_code
-    except requests.RequestException:
-        return None
+    def emit(self, record: logging.LogRecord) -> None:
+        self(record.getMessage())
 
 
 def _readyz_checker(url: str, say: _Say, problems: list[str]) -> Callable[[int, str], None]:
     """Narrate GET /readyz and note a problem when it does not answer `expected`."""
 
     def expect(expected: int, when: str) -> None:
-        code = _readyz(url)
+        try:
+            code: int | None = requests.get(f"{url}/readyz", timeout=2).status_code
+        except requests.RequestException:
+            code = None
         say(f"GET /readyz -> {code}")
         if code != expected:
             problems.append(f"/readyz answered {code} {when}, not {expected}")
@@ -73,25 +59,21 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
     """Run the demo; 0 when every step happened, 1 otherwise."""
     say = _Say(out)
     problems: list[str] = []
-    narrator = _Narrator(say)
     log = logging.getLogger("registrar")
-    saved = _narrate(log, narrator)
+    saved = _narrate(log, say)
 
     server = BootstrapServer("127.0.0.1", 0).start()
     server.stop()  # keep the port, refuse connections: the startup race
     reg = Registrar(
         server.url,
-        DEMO_PAYLOAD,
+        make_payload("127.0.0.1", 20000),
         backoff=Backoff(initial=0.5, multiplier=2.0, maximum=2.0, jitter=0.25),
         max_attempts=None,
         watch_interval=1.0,
         timeout=(1.0, 2.0),
     )
 
-    def on_change(old: State, new: State, status: Status) -> None:
-        say(f"state {old.value} -> {new.value}")
-
-    reg.add_listener(on_change)
+    reg.add_listener(lambda old, new, status: say(f"state {old.value} -> {new.value}"))
     health = start_health_server(reg, "127.0.0.1", 0)
     try:
         say(f"bootstrap server {server.url} is not up yet; health on {health.url}")
@@ -139,7 +121,7 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
         reg.stop()
         health.stop()
         server.close()
-        log.removeHandler(narrator)
+        log.removeHandler(say)
         for lg, level in saved:
             lg.setLevel(level)
 
@@ -162,10 +144,10 @@ def _narrate(log: logging.Logger, narrator: logging.Handler) -> list[tuple[loggi
     return saved
 
 
-def _wait(predicate: object, timeout: float) -> bool:
+def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return True
         time.sleep(0.02)
     return False

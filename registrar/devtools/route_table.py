@@ -1,16 +1,6 @@
-"""SGLang's bootstrap route table, as the reference server keeps it.
-
-What `CommonKVBootstrapServer` remembers (first writer wins for the topology, last writer for a
-rank) and how its `/route` PUT and GET handlers change and read it, step for step: the same
-reads, checks and order, so the same payload fails the same way (an exception escapes as on
-the real server, which answers it with a bare 500). The HTTP side, the faults and the server's
-lifetimes are `bootstrap_server`'s.
-
-The core of the protocol (the 14 fields, the GET's four ranks, the 503 count, the 404) is the
-same in every SGLang release from 0.5.10; later releases added optional fields, each with its
-checks and its key in the server info. `RouteTable(release=...)` keeps the fields of one release
-(`FIELDS_SINCE`), so the reference server can stand in for the real server of each.
-"""
+"""SGLang's bootstrap route table and its `/route` handlers, step for step (same reads, checks
+and order, so the same payload fails the same way), for each release from 0.5.10 (docs/sglang.md,
+"The reference bootstrap server"; docs/testing.md for the `release` knob)."""
 
 from __future__ import annotations
 
@@ -39,7 +29,6 @@ _REQUIRED = (
 )
 
 LATEST_RELEASE = "0.5.23"
-"""The newest SGLang release whose server this table copies; the default."""
 
 _OLDEST = (0, 5, 10)
 FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
@@ -54,8 +43,7 @@ FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
 
 
 def release_fields(release: str) -> frozenset[str]:
-    """The optional fields SGLang `release` ("0.5.19", "0.5.13.post1") stores; a clear
-    ValueError for a release this table does not speak for."""
+    """The optional fields SGLang `release` ("0.5.19", "0.5.13.post1") stores."""
     parts = release.split(".")
     try:
         version = tuple(int(part) for part in parts[:3])
@@ -75,43 +63,11 @@ CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
 """aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
 
 
-@dataclass(frozen=True)
-class PutRequest:
-    """A PUT body read as the real handler reads it before it touches the table."""
-
-    data: dict[str, Any]
-    fields: dict[str, Any]
-    rank_port: int
-
-
-def parse_put(body: bytes) -> PutRequest:
-    """The reads before the table changes; raises as the real handler does on a bad body (a
-    null page_size fails here, before the table changes)."""
-    data = json.loads(body)
-    fields = {name: data[name] for name in _REQUIRED}
-    rank_port = int(fields["rank_port"])
-    int(fields["page_size"])
-    return PutRequest(data, fields, rank_port)
-
-
-def parse_get(path: str) -> tuple[str, str, str, str] | None:
-    """The four rank values of a GET (the first of a repeated parameter), or None when one is
-    missing or empty (the real server's 400)."""
-    query = parse_qs(urlsplit(path).query)
-    values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
-    if not all(values):
-        return None
-    dp, cp, tp, pp = values
-    return dp, cp, tp, pp
-
-
 @dataclass
 class RouteTable:
-    """The server's memory, kept field for field as SGLang's `CommonKVBootstrapServer` keeps it,
-    lost on every restart. Values are stored as the payload gave them, so a wrongly typed one
-    fails later exactly where it fails on the real server. Not thread-safe: the server holds
-    its lock around every call. `fields` are the optional fields of the release it copies
-    (`release_fields`); a field outside them is ignored, as that release ignores it."""
+    """`CommonKVBootstrapServer`'s memory. Values are kept as the payload gave them, so a wrongly
+    typed one fails later where it fails on the real server. The server's lock guards it.
+    `fields`: the optional fields of the release it copies (`release_fields`)."""
 
     attn_tp_size: Any = None
     attn_cp_size: Any = None
@@ -140,20 +96,24 @@ class RouteTable:
     def expected(self) -> Any:
         return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
 
-    def put(self, request: PutRequest) -> tuple[int, str]:
-        """SGLang's `_handle_route_put` after its reads: the status and text it answers."""
-        data, fields = request.data, request.fields
+    def put(self, body: bytes) -> tuple[int, str, int]:
+        """SGLang's `_handle_route_put`: the status and text it answers, and the payload's
+        `rank_port`. Its reads come first (a null page_size fails before the table changes)."""
+        data = json.loads(body)
+        fields = {name: data[name] for name in _REQUIRED}
+        rank_port = int(fields["rank_port"])
+        int(fields["page_size"])
         refused = self._layout_checks(data)
         if refused is not None:
-            return 400, refused
+            return 400, refused, rank_port
         single = fields["system_dp_size"] == 1
         self._first_writer_wins(data, fields, single)
         dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
         key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
-        self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": request.rank_port}
+        self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
         self.count += 1
         self.expected()  # computed for a log line after the count: a bad size fails here
-        return 200, "OK"
+        return 200, "OK", rank_port
 
     def _layout_checks(self, data: dict[str, Any]) -> str | None:
         """The checks a PUT passes before it is stored (each in the releases that have it):
@@ -170,16 +130,20 @@ class RouteTable:
             self.dsv41_spec_layout = layout
         return None
 
-    def get(self, dp: str, cp: str, tp: str, pp: str) -> tuple[int, str, str]:
-        """SGLang's `_handle_route_get` after its reads (int() only where the real one calls
-        it): status, text and content type."""
-        not_ready = f"Prefill server not fully registered yet ({self.count} workers registered)."
-        if int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1:
-            if not self.ready():
-                return 503, not_ready, "text/plain"
-            return 200, json.dumps(self.info()), "application/json"
+    def get(self, path: str) -> tuple[int, str, str]:
+        """SGLang's `_handle_route_get` (the first of a repeated parameter; int() only where the
+        real one calls it): status, text and content type."""
+        query = parse_qs(urlsplit(path).query)
+        values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
+        if not all(values):
+            return 400, "Missing inputs for bootstrap server.", "text/plain"
+        dp, cp, tp, pp = values
+        everything = int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1
         if not self.ready():
-            return 503, not_ready, "text/plain"
+            text = f"Prefill server not fully registered yet ({self.count} workers registered)."
+            return 503, text, "text/plain"
+        if everything:
+            return 200, json.dumps(self.info()), "application/json"
         # Keys are the payload's values; the real nested lookup by int finds the same ones.
         found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
         if found is None:
