@@ -157,22 +157,26 @@ class Deployment:
         ]  # fmt: skip
         return self._launch(name, cmd, env, f"http://{HOST}:{port}")
 
-    def prefill(self, port: int, bootstrap_port: int, env: dict[str, str]) -> Process:
+    def prefill(
+        self, port: int, bootstrap_port: int, env: dict[str, str], extra: tuple[str, ...] = ()
+    ) -> Process:
         flags = [
             *PD_FLAGS,
             "--disaggregation-mode", "prefill",
             "--disaggregation-bootstrap-port", str(bootstrap_port),
             # Overlap on makes a prefix-cache hit create a torch.cuda.Event.
             "--disable-overlap-schedule",
+            *extra,
         ]  # fmt: skip
         return self.sglang("prefill", port, flags, env)
 
-    def decode(self, port: int, env: dict[str, str]) -> Process:
+    def decode(self, port: int, env: dict[str, str], extra: tuple[str, ...] = ()) -> Process:
         flags = [
             *PD_FLAGS,
             "--disaggregation-mode", "decode",
             # The default backup pins host memory through CUDA.
             "--disaggregation-decode-retraction-backup", "cpu_tensor",
+            *extra,
         ]  # fmt: skip
         return self.sglang("decode", port, flags, env)
 

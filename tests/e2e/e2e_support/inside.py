@@ -14,6 +14,7 @@ SGLang is changed and nothing here ships in registrar's wheel.
   stop it and start a fresh one on the same port, and read each lifetime's PUT count.
 - The decode's heartbeat (in the decode's scheduler process, same variable): a control server
   that makes it tolerate missed heartbeats for a while, and shows the decode's cached rows.
+- With `E2E_HOOKS_RAISE=1`, every hook registrar's plugin installs raises (raising.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from .raising import GUARD, patch_guard
 
 __all__ = ["install"]
 
@@ -383,5 +386,7 @@ def install() -> None:
             decode.patch(module)
 
         patches[_COMMON] = patch_common
+    if os.environ.get("E2E_HOOKS_RAISE") == "1":
+        patches[GUARD] = patch_guard
     sys.meta_path.insert(0, _AfterImport(patches))
     sys.meta_path.insert(0, _KernelStandIn())
