@@ -1,14 +1,5 @@
-"""The registrar: one daemon thread that drives the registration to the desired state.
-
-Data flows one way: options -> `Registrar` -> its thread asks the transport to act -> the outcome
-fires a trigger on the state machine -> a new immutable `Status` -> listeners read it. The thread
-never holds a lock while it talks to the network, so `status()` never blocks, and `stop()` wakes
-it out of any wait.
-
-This module holds the front door (construction, start, stop, status, reports, forks); the loop's
-choices are in `decide`, their performance in `runner`, the snapshot and its listeners in
-`board`.
-"""
+"""The front door: construction, start, stop, status, reports and forks, around one daemon thread
+(docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -24,9 +15,8 @@ from typing import Any
 from .aio import wait_for_state
 from .board import Listener, RequestListener, StatusBoard
 from .clock import Clock
-from .diagnosis import Diagnosable, Diagnosis
+from .diagnosis import Diagnosable
 from .diagnostician import Diagnostician
-from .diagnostician import Hooks as DiagnosisHooks
 from .errors import ConfigError, StateError
 from .machine import State, Trigger
 from .registry import protocol_factory
@@ -71,15 +61,10 @@ def _protocol_transport(
 
 
 class Registrar:
-    """Registers `payload` with the bootstrap server at `url` and keeps it registered.
-
-    `start()` returns at once; the work happens in one daemon thread named "registrar".
-    The default protocol is SGLang's (`PUT {url}/route`, the rank's route watched afterwards);
-    `protocol="http"` sends the payload to `{url}/route` without watching; other names come from
-    `registrar.core.registry`, and `transport=` plugs in any `Transport` directly (then no URL
-    and none of the HTTP options are needed). `options` are split by the fields of the
-    settings values: `LoopSettings`, `Hooks` and the protocol's (`HttpSettings` for these two).
-    """
+    """Registers `payload` with the bootstrap server at `url` and keeps it registered, from one
+    daemon thread named "registrar" (`start()` returns at once). The protocol is found by name
+    (`registrar.core.registry`; "sglang" by default), or `transport=` plugs in any `Transport`.
+    `options` are split by the fields of `LoopSettings`, `Hooks` and the protocol's settings."""
 
     def __init__(
         self,
@@ -132,22 +117,16 @@ class Registrar:
         """Diagnose a URL that keeps failing, when the transport can probe it (diagnosis.py)."""
         if after is None or not isinstance(transport, Diagnosable):
             return
-        hooks = DiagnosisHooks(
-            self.status, self._publish_diagnosis, lambda: transport.evidence(payload)
+        watcher = Diagnostician(
+            self._board, lambda: transport.evidence(payload), self._clock, after
         )
-        watcher = Diagnostician(hooks, self._clock, after)
         self.add_request_listener(watcher.on_request)
         self.add_listener(watcher.on_transition)
-
-    def _publish_diagnosis(self, diagnosis: Diagnosis | None) -> None:
-        self._board.apply(None, {"diagnosis": diagnosis})
 
     @property
     def settings(self) -> LoopSettings:
         """The loop's settings, as validated."""
         return self._settings
-
-    # ----------------------------------------------------------------- public API
 
     @property
     def state(self) -> State:
@@ -257,12 +236,9 @@ class Registrar:
             return board.changed.wait_for(lambda: board.status.state is target, timeout)
 
     def report_route_missing(self) -> None:
-        """Say the route is gone (e.g. decode reported this rank unknown): the thread wakes,
-        verifies, and registers again without waiting for the next watch interval.
-
-        Cheap and safe to call at any rate: reports are coalesced into one check, at most one
-        check per `REPORT_CHECK_INTERVAL` seconds, and a report the server contradicts is
-        logged at most once per `REPORT_LOG_INTERVAL` seconds (with the count it stands for)."""
+        """Say the route is gone (e.g. decode reported this rank unknown): the thread checks and
+        registers again at once. Safe at any rate: reports coalesce into at most one check per
+        `REPORT_CHECK_INTERVAL` s; a contradicted one is logged once per `REPORT_LOG_INTERVAL` s."""
         self._controls.report()
 
     def __enter__(self) -> Registrar:
@@ -283,12 +259,9 @@ class Registrar:
         await asyncio.to_thread(self.stop)
 
     def _after_fork(self) -> None:
-        """In a forked child (gunicorn --preload, multiprocessing "fork"): only the thread that
-        forked exists here. Locks another thread held are re-made, and a registrar whose
-        thread was running says so: this copy of its status would otherwise answer health
-        from the moment of the fork, for ever. No thread is started here: the parent's thread
-        still holds the registration, and a second one would PUT the same route again (a PUT
-        is not idempotent)."""
+        """In a forked child (gunicorn --preload): locks are re-made, and a registrar whose
+        thread was running says it is dead here (else health answers from the moment of the fork
+        for ever). No thread starts: the parent's holds the registration (PUT is not idempotent)."""
         parent, self._pid = self._pid, os.getpid()
         controls = self._controls
         self._controls = Controls(stopping=controls.stopping, reports=controls.reports)
