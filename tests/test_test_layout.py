@@ -89,7 +89,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_layout.py",),
         "the transport protocols a third party implements",
     ),
-    "registrar.core.validate": (("test_construction.py",), "bad input refused at construction"),
     "registrar.core.waker": (
         (
             "test_layout.py",

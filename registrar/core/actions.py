@@ -104,6 +104,7 @@ class Stopping:
 
 Observation = Started | Waited | Looked | Sent | Checked | Held | Answered | Stopping
 
+
 @dataclass(frozen=True)
 class Wait:
     delay: float | None

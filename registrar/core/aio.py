@@ -1,8 +1,6 @@
-"""The awaitable side of the thread engine: no second engine, only a bridge into event loops.
-
-The registrar's thread stays the one driver. Coroutines learn of transitions through one
-listener per registrar that hands each change to the waiting loops with
-`loop.call_soon_threadsafe`, so nothing here blocks a loop or polls.
+"""The awaitable side of the thread engine: no second engine, only a bridge into event loops,
+one listener per registrar handing each change to the waiting loops with
+`loop.call_soon_threadsafe` (nothing here blocks a loop or polls).
 """
 
 from __future__ import annotations

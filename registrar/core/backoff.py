@@ -1,8 +1,5 @@
-"""Backoff policies: pure functions of the attempt number and one random draw.
-
-No clock, no sleeping: the registrar asks for a delay and waits on its own injected clock, so the
-maths is tested exactly and a 30-second schedule runs in microseconds.
-"""
+"""Backoff policies: pure functions of the attempt number and one random draw (no clock, no
+sleeping), so the maths is tested exactly and a 30-second schedule runs in microseconds."""
 
 from __future__ import annotations
 

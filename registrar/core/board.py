@@ -1,11 +1,7 @@
-"""The status board: the one published `Status` snapshot, the state machine behind it, and the
-listeners who hear every change, in order, outside any lock.
-
-Every snapshot is replaced whole under one lock, so a reader never sees half a decision. A
-trigger fires on the `transitions` machine under that lock; the machine's after-state-change
-callback publishes the new state with the trigger's changes and queues the transition. The
-listeners are called later, outside the lock, by one thread at a time (the registrar's own while
-it runs, else a short-lived "registrar-events" thread), never by a caller of `start()` or `stop()`.
+"""The status board: the one published `Status` snapshot, replaced whole under one lock, the
+`transitions` machine whose after-state-change callback publishes it, and the listeners who hear
+every change in order, outside any lock, from one thread at a time (the registrar's own while it
+runs, else a short-lived "registrar-events" thread), never a caller of `start()` or `stop()`.
 """
 
 from __future__ import annotations
@@ -23,8 +19,6 @@ from .clock import Clock
 from .errors import ConfigError
 from .machine import State, Trigger, build_machine
 from .status import Status
-
-__all__ = ["Listener", "RequestEvent", "RequestListener", "StatusBoard"]
 
 logger = logging.getLogger("registrar")
 

@@ -1,11 +1,6 @@
-"""What is wrong, in words: the evidence a cheap probe gathered about a bootstrap URL, and the
-one diagnosis it supports.
-
-A misconfigured URL (a wrong port, `:None`, the HTTP port, a name that does not resolve, TLS on
-one side only) looks exactly like a server that has not started yet: refused, retried, logged.
-`diagnose` is a pure function from what was *seen* to a `Diagnosis` whose sentence says what was
-seen, never more: "nothing listens on 10.0.0.5:8998; 10.0.0.5:30000 answers HTTP", not "your
-port is wrong". None when the evidence shows a bootstrap server answering as one.
+"""What is wrong, in words: `diagnose` is a pure function from the evidence a cheap probe gathered
+about a bootstrap URL to the one `Diagnosis` it supports, saying what was seen, never more
+("nothing listens on 10.0.0.5:8998; 10.0.0.5:30000 answers HTTP", not "your port is wrong").
 """
 
 from __future__ import annotations
@@ -17,19 +12,6 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from .redact import redact_url
-
-__all__ = [
-    "Code",
-    "Diagnosable",
-    "Diagnosis",
-    "Evidence",
-    "Knock",
-    "Seen",
-    "diagnose",
-    "hostport",
-    "port_problem",
-    "port_text",
-]
 
 
 class Code(StrEnum):

@@ -1,5 +1,4 @@
-"""The values a transport answers with. Transports never raise on an HTTP status: they classify
-it here, and the registrar decides what to do from the class alone."""
+"""The values a transport answers with: it classifies what a server said, never raises on it."""
 
 from __future__ import annotations
 

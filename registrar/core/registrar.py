@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -23,8 +24,10 @@ from .registry import protocol_factory
 from .runner import Controls, Runner
 from .settings import Hooks, HttpSettings, LoopSettings, split_options
 from .status import Status
-from .transport import Abortable, Resolving, Transport, WatchBounded
-from .validate import encode_payload, fleet_size
+from .transport import Abortable, FleetSized, Resolving, Transport, WatchBounded
+from .untrusted import encode_payload
+
+logger = logging.getLogger("registrar")
 
 _REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
 """Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
@@ -40,8 +43,21 @@ def _after_fork_in_child() -> None:
         registrar._after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def _fleet_size(transport: Transport, payload: Mapping[str, Any]) -> int:
+    """How many clients share this server, from the transport when it knows (else 1)."""
+    if not isinstance(transport, FleetSized):
+        return 1
+    try:
+        size = transport.fleet_size(payload)
+    except Exception:
+        logger.exception("fleet_size() of %r failed; assuming a fleet of one", transport)
+        return 1
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return 1
+    return size
 
 
 def _protocol_transport(
@@ -98,7 +114,7 @@ class Registrar:
         self._settings = loop
         self._clock: Clock = hooks.clock
         self._hooks = hooks
-        self._fleet = fleet_size(transport, sent)
+        self._fleet = _fleet_size(transport, sent)
         initial = Status(
             state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
         )

@@ -1,13 +1,7 @@
-"""Protocol names and the factories that build their transports.
-
-`Registrar(url, payload, protocol="sglang")` resolves the name here, so the loop never imports a
-protocol. A name is found, in this order: registered at run time (`register_protocol`), declared
-in the `registrar.protocols` entry-point group by any installed distribution
-(`[project.entry-points."registrar.protocols"] myproto = "mypkg.module:factory"`), or one of the
-built-in ones (named here by module path, imported only when chosen). Nothing registers itself
-by being imported. A factory gets its protocol's settings value, made of the registrar's URL and
-options (`ProtocolFactory`).
-"""
+"""Protocol names and the factories that build their transports, found by name: registered at run
+time (`register_protocol`), declared in the `registrar.protocols` entry-point group, or built in
+(imported only when chosen). Nothing registers itself by being imported (docs/architecture.md,
+"Adding a protocol in one file")."""
 
 from __future__ import annotations
 
@@ -22,14 +16,6 @@ from typing import Any
 from .errors import ConfigError
 from .settings import HttpSettings
 from .transport import Transport
-
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "ProtocolFactory",
-    "protocol_factory",
-    "protocol_names",
-    "register_protocol",
-]
 
 Build = Callable[[Mapping[str, Any], Any], tuple[Transport, dict[str, Any]]]
 """`build(payload, settings)`: the transport and the payload it will send (validated and

@@ -1,10 +1,6 @@
-"""The value rules of the settings: each rule once, as a function from a value to the value kept
-(normalised) or `Invalid` saying what is allowed.
-
-A settings class applies its rules to its fields (`check_fields`); a surface that read the value
-from a variable or a flag applies the same rule and names the variable instead of the field
-(`registrar.surfaces.options`). Neither knows the other's wording: `Invalid` carries only the
-rule broken, and `describe` puts a name to it.
+"""The value rules of the settings, each once: a function from a value to the value kept
+(normalised) or `Invalid` saying what is allowed. A settings class names its field in the
+error (`check_fields`), a surface names its variable or flag; `describe` puts the name to it.
 """
 
 from __future__ import annotations

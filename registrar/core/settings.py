@@ -1,9 +1,5 @@
-"""The registrar's settings: one frozen value per concern, each validated once, here, when it is
-made. `Registrar(url, payload, **options)` splits its options by these classes' fields. A
-surface that reads a value from a variable or a flag applies the same rules (`rules_of`) and
-names the variable instead of the field.
-
-Defaults live here and nowhere else: `--help` reads them from these classes.
+"""The registrar's settings: one frozen value per concern, validated once, here, when it is made
+(docs/architecture.md, "Settings and options"). Defaults live here and nowhere else.
 """
 
 from __future__ import annotations
@@ -21,24 +17,6 @@ from .backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
 from .clock import Clock, SystemClock
 from .status import Status
 from .transport import Timeout, Token
-
-__all__ = [
-    "DEFAULT_BACKOFF",
-    "DEFAULT_DIAGNOSE_AFTER",
-    "DEFAULT_MAX_PAYLOAD_BYTES",
-    "DEFAULT_WATCH_INTERVAL",
-    "EXIT_CODE",
-    "POLICIES",
-    "Hooks",
-    "HttpSettings",
-    "LoopSettings",
-    "OnFailure",
-    "OnFailureName",
-    "default_exit",
-    "default_of",
-    "rules_of",
-    "split_options",
-]
 
 DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
 """The upstream schedule capped at 5 s (see docs/benchmarks.md for the figures behind it)."""

@@ -9,8 +9,6 @@ from typing import Any
 from .diagnosis import Diagnosis
 from .machine import State
 
-__all__ = ["Status", "iso_utc"]
-
 
 def iso_utc(timestamp: float | None) -> str | None:
     """An epoch timestamp as ISO 8601 UTC text (`2026-11-30T03:00:00.000Z`), or None."""

@@ -1,15 +1,6 @@
-"""The transport contract: what the registrar's loop asks of a protocol, and nothing more.
-
-A transport registers a payload and, where its protocol allows, checks that the route is still
-there. It answers with outcome values and never raises on what a server says, so the loop is
-tested with a scripted fake and every protocol (generic HTTP, SGLang, etcd) plugs in by
-implementing `Transport`. The loop imports no protocol: one is chosen where the registrar is
-configured (`registrar.core.registry`).
-
-A transport may also implement `IdleWatcher`: between route checks the loop then waits inside
-the transport (on an idle kept-alive connection, a watch stream, ...), which can end the wait
-early when it sees a sign that the route may be gone. `Waker` is what lets such a wait end
-promptly on `stop()` or `report_route_missing()`: an event with a file descriptor to select on.
+"""The transport contract: what the registrar's loop asks of a protocol (`Transport`), the
+optional abilities it detects, and nothing more (docs/architecture.md, "Adding a protocol in
+one file"). A transport answers with outcome values and never raises on what a server says.
 """
 
 from __future__ import annotations
@@ -23,22 +14,6 @@ from . import rules
 from .errors import ConfigError
 from .outcome import RegisterOutcome, RouteCheck
 from .waker import Waker
-
-__all__ = [
-    "Abortable",
-    "FleetSized",
-    "Gated",
-    "IdleWatcher",
-    "Timeout",
-    "Token",
-    "TokenProvider",
-    "Transport",
-    "WatchBounded",
-    "connect_seconds",
-    "deadline_seconds",
-    "file_token",
-    "validate_url",
-]
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole request, or a (connect, read) pair."""

@@ -1,11 +1,7 @@
-"""A wake-up flag that both threads and `poll()` can wait on.
-
-The registrar sets it to end any wait at once (stop, a route-missing report). A plain
-`threading.Event` cannot be polled beside a socket, so a transport that waits on its own
-connections between checks (`IdleWatcher`) could not be woken; a descriptor, made the first
-time someone asks for `fileno()`, makes the flag visible to `poll()` too. It is one eventfd
-where the system has it (Linux), else a socket pair: with the connection, a registrar holds
-two descriptors, and a fleet of 500 in one process stays within the usual limit of 1024.
+"""A wake-up flag that both threads and `poll()` can wait on, so a transport waiting on its own
+connections (`IdleWatcher`) is woken at once by a stop or a report. Its descriptor, made on the
+first `fileno()`, is one eventfd (Linux), else a socket pair: a fleet of 500 registrars in one
+process stays within the usual limit of 1024 descriptors.
 """
 
 from __future__ import annotations
