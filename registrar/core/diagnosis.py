@@ -177,27 +177,23 @@ def diagnose(seen: Evidence) -> Diagnosis | None:
 
 def _by_answer(seen: Evidence, at: str) -> Diagnosis:
     """The diagnosis of what answered (or did not) on the port itself."""
-    kind = seen.seen
-    if kind is Seen.NOTHING:
+    if seen.seen is Seen.NOTHING:
         return _refused(seen, at)
-    if kind is Seen.SILENCE:
-        return Diagnosis(
-            Code.NO_ANSWER,
-            f"{at} does not answer (connecting timed out, {seen.detail}): a wrong address, a "
-            "firewall, or a host that is down",
-        )
-    sentence = _ANSWERS.get(kind)
-    if sentence is not None:
-        code, text = sentence
-        return Diagnosis(code, text.format(at=at, detail=seen.detail))
-    return Diagnosis(
-        Code.NOT_BOOTSTRAP,
-        f"{at} answers, but not as a bootstrap server ({seen.detail}): check the bootstrap "
-        "URL: this server does not take registrations there",
-    )
+    code, text = _ANSWERS.get(seen.seen, _NOT_BOOTSTRAP)
+    return Diagnosis(code, text.format(at=at, detail=seen.detail))
 
 
+_NOT_BOOTSTRAP = (
+    Code.NOT_BOOTSTRAP,
+    "{at} answers, but not as a bootstrap server ({detail}): check the bootstrap URL: this "
+    "server does not take registrations there",
+)
 _ANSWERS: dict[Seen | None, tuple[Code, str]] = {
+    Seen.SILENCE: (
+        Code.NO_ANSWER,
+        "{at} does not answer (connecting timed out, {detail}): a wrong address, a firewall, or "
+        "a host that is down",
+    ),
     Seen.TLS: (
         Code.TLS_ON_PLAIN,
         "{at} speaks TLS but the bootstrap URL says http:// ({detail}): use https:// (with "

@@ -134,8 +134,3 @@ def clean(
     if len(shown) > limit or more:
         shown = shown[:limit].rstrip() + " ..."
     return shown
-
-
-def redact_text(text: str, secrets: tuple[str, ...]) -> str:
-    """`text` with every non-empty secret (in every form, see `Secrets`) replaced by `***`."""
-    return Secrets.of(secrets).redact(text)
