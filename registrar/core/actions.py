@@ -145,8 +145,6 @@ class Fail:
 
     attempts: int
     error: str | None
-    delay: float
-    """The wait before the next attempt, should they go on."""
     fatal: bool
     """Retrying cannot help until the configuration is fixed."""
 
@@ -195,14 +193,12 @@ class LoopState:
     unanswered: int = 0
     """Looks still owed after an attempt that may have reached the server unanswered."""
     delay: float = 0.0
-    """The wait chosen with a `Fail`, taken once the policy answers."""
+    """The wait chosen with a `Fail`, taken should the policy answer "retry"."""
     holding: bool = False
     """The last attempt was held by a `Gated` transport (said once per hold)."""
     # -- watching
-    check_now: bool = False
-    """Check at once (right after a PUT or an adoption), without waiting."""
     just_put: bool = False
-    """The check in flight is the one right after a PUT."""
+    """The check in flight is the one right after a PUT (or an adoption)."""
     checks: int = 0
     probing: bool = False
     """The last check was refused: the server is down; checks come at the probe cadence."""

@@ -318,7 +318,7 @@ def _spent(given: _Given, state: LoopState, delay: float) -> bool:
 
 def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
     """Ask `on_failure`: the decision on its answer enters FAILED."""
-    failing = Fail(state.streak, error, state.delay, fatal)
+    failing = Fail(state.streak, error, fatal)
     note = given_up(state.url, given.settings.on_failure, failing)
     return Decision(state, failing, notes=(note,))
 
@@ -368,18 +368,12 @@ def _registered(state: LoopState, now: float, changes: dict[str, Any], note: Not
 
 
 def _watching(state: LoopState, now: float) -> Decision:
-    """Registered: check at once (the check right after the PUT), then watch."""
-    return _check(replace(state, check_now=True, checks=0, probing=False, broken=0), now)
+    """Registered: check at once (the check right after the PUT or the adoption), then watch."""
+    return _check(replace(state, checks=0, probing=False, broken=0), now, just_put=True)
 
 
-def _check(state: LoopState, now: float) -> Decision:
-    state = replace(
-        state,
-        just_put=state.check_now,
-        check_now=False,
-        checks=state.checks + 1,
-        last_check_started=now,
-    )
+def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
+    state = replace(state, just_put=just_put, checks=state.checks + 1, last_check_started=now)
     return Decision(state, Check())
 
 

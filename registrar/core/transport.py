@@ -64,10 +64,8 @@ class IdleWatcher(Protocol):
     gone (the server closed the kept-alive connection, a watch reported the key deleted)."""
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait up to `timeout` seconds. True as soon as a sign of a lost route is seen (the
-        loop checks the route at once); False on timeout or when `waker` is set (return at once
-        then: the registrar is stopping or was asked to check). Never raises; a transport that
-        cannot watch right now simply waits (on `waker.wait(timeout)`)."""
+        """Wait up to `timeout` seconds: True at once on a sign of a lost route, False on timeout
+        or as soon as `waker` is set. Never raises; one that cannot watch now waits on `waker`."""
         ...
 
 
@@ -94,11 +92,9 @@ class Resolving(Protocol):
 
 @runtime_checkable
 class FleetSized(Protocol):
-    """Optional: a transport that knows how many clients register with the same server at
-    once (SGLang: the size of the prefill topology, from the payload). The loop spreads a
-    fleet's first contact after a restart, and its probes while the server is down, over
-    `fleet_size / ACCEPT_RATE` seconds (`registrar.core.backoff`): only as much as that many
-    clients need. Without it the loop assumes a fleet of one."""
+    """Optional: a transport that knows how many clients register with the same server (SGLang:
+    the prefill topology's size), over which the loop spreads a fleet's first contact and
+    probes (`registrar.core.backoff`). Without it the loop assumes a fleet of one."""
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """How many clients (including this one) register with this server, at least 1."""
@@ -118,12 +114,10 @@ class WatchBounded(Protocol):
 
 @runtime_checkable
 class Gated(Protocol):
-    """Optional: a transport whose registration may be offered only while something local
-    holds (the served process answers its readiness check). Before each attempt the loop asks
-    `not_ready()` and, while it names a reason, waits `ready_interval` seconds and asks again:
-    waiting is not a failed attempt and spends no startup budget. Withdrawing a registration
-    whose readiness was lost is the transport's own business (its `check` reports the route
-    missing once it has withdrawn it)."""
+    """Optional: a transport whose registration may be offered only while the served process is
+    ready. While `not_ready()` names a reason the loop waits `ready_interval` seconds and asks
+    again, spending no startup budget; withdrawing is the transport's business (`check` then
+    reports the route missing)."""
 
     @property
     def ready_interval(self) -> float:
@@ -137,10 +131,9 @@ class Gated(Protocol):
 
 
 def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:
-    """A provider reading the token from `path` before each request, so a rotated token (a
-    re-mounted secret) is sent from the next request on. `ConfigError` naming `name` when the
-    file cannot be read now or is empty; a file missing later (mid-rotation) fails that request
-    only, which is retried."""
+    """A provider reading the token from `path` before each request, so a rotated token is sent
+    from the next request on. `ConfigError` naming `name` when it cannot be read now or is
+    empty; a file missing later (mid-rotation) fails that request only, which is retried."""
     source = Path(path)
     try:
         first = source.read_text().strip()
@@ -156,7 +149,6 @@ def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenP
 
 
 def validate_url(url: object, option: str = "url") -> str:
-    """`url` without a trailing slash, or `ConfigError` naming `option` (the rule:
-    `registrar.core.rules.url`)."""
+    """`url` without a trailing slash, or `ConfigError` naming `option` (`rules.url`)."""
     kept: str = rules.applied(option, url, rules.url)
     return kept
