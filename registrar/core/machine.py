@@ -84,9 +84,8 @@ def _config(initial: State) -> dict[str, object]:
 
 
 def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machine:
-    """A machine over the table, itself its model, starting at `initial`. A trigger the table
-    does not allow from here is refused (`dispatch` answers False); after each transition,
-    `changed` is called with the event (its source, destination and the trigger's keywords)."""
+    """A machine over the table, itself its model: a trigger the table does not allow from here
+    is refused (`dispatch` answers False); `changed` gets the event after each transition."""
     return Machine(
         **_config(initial),  # type: ignore[arg-type]
         ignore_invalid_triggers=True,
@@ -96,8 +95,7 @@ def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machi
 
 
 def mermaid_diagram() -> str:
-    """The state diagram as mermaid `stateDiagram-v2` text, drawn from `TRANSITIONS` by the
-    library's mermaid engine (pure Python: no graphviz)."""
+    """The state diagram as mermaid text, drawn by the library's engine (no graphviz)."""
     graph = GraphMachine(
         **_config(State.UNREGISTERED),  # type: ignore[arg-type]
         graph_engine="mermaid",

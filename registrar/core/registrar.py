@@ -109,40 +109,42 @@ class Registrar:
             if unknown:
                 raise TypeError(f"Registrar got unexpected options {', '.join(unknown)}")
             sent = encoded
-        self._payload = sent
         self._transport = transport
-        self._settings = loop
-        self._clock: Clock = hooks.clock
-        self._hooks = hooks
-        self._fleet = _fleet_size(transport, sent)
-        initial = Status(
-            state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
+        clock = hooks.clock
+        initial = Status(state=State.UNREGISTERED, since=clock.time(), url=transport.display_url)
+        self._board = StatusBoard(initial, clock)
+        self._runner = Runner(
+            settings=loop,
+            fleet=_fleet_size(transport, sent),
+            transport=transport,
+            payload=sent,
+            clock=clock,
+            rng=hooks.rng,
+            exit=hooks.exit,
+            board=self._board,
+            controls=Controls(),
         )
-        self._board = StatusBoard(initial, self._clock)
-        self._controls = Controls()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._forked_from: int | None = None
         self._running_at_fork = False
         _REGISTRARS.add(self)
-        self._attach_diagnostician(transport, sent, loop.diagnose_after)
+        self._attach_diagnostician(transport, sent, loop.diagnose_after, clock)
 
     def _attach_diagnostician(
-        self, transport: Transport, payload: dict[str, Any], after: float | None
+        self, transport: Transport, payload: dict[str, Any], after: float | None, clock: Clock
     ) -> None:
         """Diagnose a URL that keeps failing, when the transport can probe it (diagnosis.py)."""
         if after is None or not isinstance(transport, Diagnosable):
             return
-        watcher = Diagnostician(
-            self._board, lambda: transport.evidence(payload), self._clock, after
-        )
+        watcher = Diagnostician(self._board, lambda: transport.evidence(payload), clock, after)
         self.add_request_listener(watcher.on_request)
         self.add_listener(watcher.on_transition)
 
     @property
     def settings(self) -> LoopSettings:
         """The loop's settings, as validated."""
-        return self._settings
+        return self._runner.settings
 
     @property
     def state(self) -> State:
@@ -152,7 +154,7 @@ class Registrar:
     @property
     def payload(self) -> dict[str, Any]:
         """A copy of the payload being registered."""
-        return dict(self._payload)
+        return dict(self._runner.payload)
 
     @property
     def running(self) -> bool:
@@ -193,7 +195,7 @@ class Registrar:
         start from the registrar's thread, so a slow (or stopping) listener cannot hold this."""
         board = self._board
         with board.changed:
-            if self._controls.stopping:
+            if self._runner.controls.stopping:
                 raise StateError(
                     "this Registrar was stopped and cannot start again; create a new one"
                 )
@@ -205,7 +207,7 @@ class Registrar:
                 )
             if self._thread is not None:
                 return self
-            thread = threading.Thread(target=self._run, name="registrar", daemon=True)
+            thread = threading.Thread(target=self._runner.run, name="registrar", daemon=True)
             # Created, handed the delivery and started under the lock: stop() never sees a
             # thread that exists but cannot be joined yet.
             self._thread = thread
@@ -221,7 +223,7 @@ class Registrar:
         helper thread), waited for only within the same `timeout`."""
         deadline = time.monotonic() + max(0.0, timeout)
         me = threading.current_thread()
-        board, controls = self._board, self._controls
+        board, controls = self._board, self._runner.controls
         with board.lock:
             controls.stopping = True
             thread = self._thread
@@ -255,7 +257,7 @@ class Registrar:
         """Say the route is gone (e.g. decode reported this rank unknown): the thread checks and
         registers again at once. Safe at any rate: reports coalesce into at most one check per
         `REPORT_CHECK_INTERVAL` s; a contradicted one is logged once per `REPORT_LOG_INTERVAL` s."""
-        self._controls.report()
+        self._runner.controls.report()
 
     def __enter__(self) -> Registrar:
         return self.start()
@@ -279,8 +281,8 @@ class Registrar:
         thread was running says it is dead here (else health answers from the moment of the fork
         for ever). No thread starts: the parent's holds the registration (PUT is not idempotent)."""
         parent, self._pid = self._pid, os.getpid()
-        controls = self._controls
-        self._controls = Controls(stopping=controls.stopping, reports=controls.reports)
+        controls = self._runner.controls
+        self._runner.controls = Controls(stopping=controls.stopping, reports=controls.reports)
         status = self._board.status  # never started, or ended: as true here as there
         if self._running_at_fork:
             self._forked_from = parent
@@ -297,16 +299,3 @@ class Registrar:
                 ),
             )
         self._board.after_fork(status)
-
-    def _run(self) -> None:
-        Runner(
-            settings=self._settings,
-            fleet=self._fleet,
-            transport=self._transport,
-            payload=self._payload,
-            clock=self._clock,
-            rng=self._hooks.rng,
-            exit=self._hooks.exit,
-            board=self._board,
-            controls=self._controls,
-        ).run()

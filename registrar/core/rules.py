@@ -73,7 +73,7 @@ def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _number_within(holds: Callable[[float], bool], allowed: str) -> Callable[[object], float]:
+def number_within(holds: Callable[[float], bool], allowed: str) -> Callable[[object], float]:
     """The rule of a number (never a bool) for which `holds` is true, kept as a float."""
 
     def rule(value: object) -> float:
@@ -84,11 +84,11 @@ def _number_within(holds: Callable[[float], bool], allowed: str) -> Callable[[ob
     return rule
 
 
-seconds = _number_within(lambda v: 0 < v < math.inf, "must be a positive number of seconds")
-seconds_or_zero = _number_within(lambda v: 0 <= v < math.inf, "must be a number of seconds >= 0")
-fraction_open = _number_within(lambda v: 0 < v < 1, "must be a number within (0, 1)")
-at_least_one = _number_within(lambda v: 1 <= v < math.inf, "must be a number >= 1")
-fraction = _number_within(lambda v: 0 <= v <= 1, "must be a number within [0, 1]")
+seconds = number_within(lambda v: 0 < v < math.inf, "must be a positive number of seconds")
+seconds_or_zero = number_within(lambda v: 0 <= v < math.inf, "must be a number of seconds >= 0")
+fraction_open = number_within(lambda v: 0 < v < 1, "must be a number within (0, 1)")
+at_least_one = number_within(lambda v: 1 <= v < math.inf, "must be a number >= 1")
+fraction = number_within(lambda v: 0 <= v <= 1, "must be a number within [0, 1]")
 
 
 def _none_or(rule: Callable[[object], _T], value: object, allowed: str) -> _T | None:

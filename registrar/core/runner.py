@@ -74,7 +74,7 @@ class Controls:
 
 @dataclass(kw_only=True)
 class Runner:
-    """Performs the loop's actions for one registrar; runs on its thread only."""
+    """The parts of one registrar's loop; `run` is its thread, `controls` how others reach it."""
 
     settings: LoopSettings
     fleet: int

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import sys
@@ -18,8 +19,8 @@ from .clock import Clock, SystemClock
 from .status import Status
 from .transport import Timeout, Token
 
-DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
-"""The upstream schedule capped at 5 s (see docs/benchmarks.md for the figures behind it)."""
+DEFAULT_BACKOFF = Backoff()
+"""The upstream schedule capped at 5 s (`Backoff`'s own defaults; docs/benchmarks.md)."""
 DEFAULT_WATCH_INTERVAL = 15.0
 """Seconds between route checks. A restart is noticed on the idle connection, not by this
 timer, which remains for what sends no close (a partition, a host that vanished): 15 s costs
@@ -72,11 +73,9 @@ def _token(value: object) -> Token | None:
     return rules.header_token(value)
 
 
-def _retry_after_cap(value: object) -> float:
-    try:
-        return rules.seconds_or_zero(value)
-    except rules.Invalid:
-        raise rules.Invalid("must be a number of seconds >= 0 (0 ignores Retry-After)") from None
+_retry_after_cap = rules.number_within(
+    lambda v: 0 <= v < math.inf, "must be a number of seconds >= 0 (0 ignores Retry-After)"
+)
 
 
 def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any]:
