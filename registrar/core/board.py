@@ -90,8 +90,7 @@ class StatusBoard:
             return False
         if self.deliverer is None:
             # No registrar thread to deliver it (not started, ended, or a forked child).
-            helper = threading.Thread(target=self.deliver_all, name="registrar-events")
-            helper.daemon = True
+            helper = threading.Thread(target=self.deliver_all, name="registrar-events", daemon=True)
             self.deliverer = helper
             helper.start()
         return True

@@ -85,9 +85,8 @@ class Knock:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What one probe of a bootstrap URL saw. `detail` says the answer in a few words
-    ("GET /route?... answered 404 text/html"); `seen` is None when the name did not resolve
-    or the URL has no port to connect to."""
+    """What one probe of a bootstrap URL saw, `detail` in a few words ("GET /route?... answered
+    404 text/html"); `seen` is None when the name did not resolve or there is no port."""
 
     url: str
     host: str

@@ -24,9 +24,9 @@ normalised by the protocol; raise `ConfigError` naming the field for a payload i
 
 @dataclass(frozen=True)
 class ProtocolFactory:
-    """A protocol: the settings class a registrar builds from its URL (the first field) and
-    the options that are fields of it, and the function that builds the transport from that
-    value. A protocol without options of its own takes `HttpSettings`."""
+    """A protocol: its settings class (made of the registrar's URL, its first field, and the
+    options that are its fields; `HttpSettings` by default) and the function building its
+    transport from that value."""
 
     build: Build
     settings: type = HttpSettings
@@ -67,9 +67,8 @@ def _load(name: str, target: str) -> ProtocolFactory:
 
 
 def register_protocol(name: str, build: Build, settings: type = HttpSettings) -> None:
-    """Make `protocol=name` available: `build(payload, settings)` gets a `settings` value
-    (a dataclass whose first field takes the URL) made of the registrar's options; registering
-    a name again replaces it."""
+    """Make `protocol=name` available (see `ProtocolFactory`); registering a name again
+    replaces it."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"protocol name must be a non-empty string, got {name!r}")
     if not callable(build):
