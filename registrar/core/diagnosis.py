@@ -112,7 +112,6 @@ class Diagnosable(Protocol):
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
         """Probe cheaply (resolve, connect, one or two GETs), never raise."""
-        ...
 
 
 def port_text(netloc: str) -> str:

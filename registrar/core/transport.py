@@ -42,20 +42,16 @@ class Transport(Protocol):
     @property
     def display_url(self) -> str:
         """The server's URL with credentials redacted, for status and logs."""
-        ...
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         """Send the registration once; classify, never raise on what the server says."""
-        ...
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """Check once that the route is still there; None when the protocol cannot tell."""
-        ...
 
     def close(self) -> None:
         """Release connections (and anything held on the server's side, such as a lease);
         called once when the registrar's thread ends."""
-        ...
 
 
 @runtime_checkable
@@ -66,7 +62,6 @@ class IdleWatcher(Protocol):
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait up to `timeout` seconds: True at once on a sign of a lost route, False on timeout
         or as soon as `waker` is set. Never raises; one that cannot watch now waits on `waker`."""
-        ...
 
 
 @runtime_checkable
@@ -76,7 +71,6 @@ class Abortable(Protocol):
 
     def abort(self) -> None:
         """End the request in flight now, if any (called from another thread; never raises)."""
-        ...
 
 
 @runtime_checkable
@@ -87,7 +81,6 @@ class Resolving(Protocol):
     def resolution(self) -> str | None:
         """ "resolving NAME ..." while its lookup stalls, the last good address in use while
         it fails, else None (called from any thread; never blocks on a request)."""
-        ...
 
 
 @runtime_checkable
@@ -98,7 +91,6 @@ class FleetSized(Protocol):
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """How many clients (including this one) register with this server, at least 1."""
-        ...
 
 
 @runtime_checkable
@@ -109,7 +101,6 @@ class WatchBounded(Protocol):
     def fit_watch_interval(self, given: float | None) -> float:
         """The watch interval to use: `given`, or the longest when None; `ConfigError` for one
         longer than that."""
-        ...
 
 
 @runtime_checkable
@@ -122,12 +113,10 @@ class Gated(Protocol):
     @property
     def ready_interval(self) -> float:
         """Seconds between readiness checks while not ready."""
-        ...
 
     def not_ready(self) -> str | None:
         """None when the registration may be offered now; else why not, in one line. Never
         raises."""
-        ...
 
 
 def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:
