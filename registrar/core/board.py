@@ -59,8 +59,7 @@ class StatusBoard:
         self.changed = threading.Condition(self.lock)
         self._pending.clear()
         self.deliverer: threading.Thread | None = None
-        """The one thread that calls listeners: the loop thread while it runs, else a
-        short-lived "registrar-events" thread. Never a caller of start() or stop()."""
+        """The one thread that calls listeners (see the module docstring)."""
         self._draining = False  # the deliverer's alone
 
     def add_listener(self, listener: Listener) -> None:

@@ -104,8 +104,7 @@ class Secrets:
         middle of a secret), a tail of 4 or more characters that begins a form is masked too
         (3 characters of a secret tell nothing, and masking less would maim most texts)."""
         for form in self.forms:
-            if form in text:
-                text = text.replace(form, MASK)
+            text = text.replace(form, MASK)
         if cut:
             for form in self.forms:
                 for size in range(min(len(form) - 1, len(text)), _MIN_TAIL - 1, -1):

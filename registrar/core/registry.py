@@ -18,8 +18,8 @@ from .settings import HttpSettings
 from .transport import Transport
 
 Build = Callable[[Mapping[str, Any], Any], tuple[Transport, dict[str, Any]]]
-"""`build(payload, settings)`: the transport and the payload it will send (validated and
-normalised by the protocol; raise `ConfigError` naming the field for a payload it cannot use)."""
+"""`build(payload, settings)`: the transport and the payload it will send, as the protocol
+normalised it (`ConfigError` naming the field for a payload it cannot use)."""
 
 
 @dataclass(frozen=True)
