@@ -41,6 +41,7 @@ from registrar.core.actions import (
     Fail,
     Look,
     Looked,
+    LoopState,
     Observation,
     Probe,
     Send,
@@ -53,7 +54,6 @@ from registrar.core.actions import (
 )
 from registrar.core.backoff import Backoff
 from registrar.core.decide import Decision, decide
-from registrar.core.loopstate import LoopState
 from registrar.core.machine import TRANSITIONS, State
 from registrar.core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.core.settings import LoopSettings

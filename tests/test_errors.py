@@ -5,7 +5,7 @@ import requests
 from support import Ports
 
 from registrar.core.errors import describe_exception, root_cause
-from registrar.core.redact import redact_text, redact_url
+from registrar.core.redact import Secrets, redact_url
 
 
 def test_refused_connection_names_errno_not_urllib3_wrapper(ports: Ports) -> None:
@@ -63,4 +63,4 @@ def test_url_credentials_redacted() -> None:
     assert redact_url("http://user:pw@127.0.0.1:8998/x") == "http://***@127.0.0.1:8998/x"
     assert redact_url("http://[::1]:80") == "http://[::1]:80"
     assert redact_url("http://u:p@[::1]:80/") == "http://***@[::1]:80/"
-    assert redact_text("Bearer abc and abc", ("abc", "")) == "Bearer *** and ***"
+    assert Secrets.of(("abc", "")).redact("Bearer abc and abc") == "Bearer *** and ***"

@@ -36,7 +36,7 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.core": (("test_layout.py",), "the core package: what it may import"),
     "registrar.core.actions": (
         ("test_decide_explorer.py",),
-        "the actions the decision function returns",
+        "the actions the decision function returns, over the loop state it explores",
     ),
     "registrar.core.aio": (("test_asyncio.py",), "the asyncio front"),
     "registrar.core.board": (
@@ -49,10 +49,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.core.clock": (
         ("test_registrar_unit.py",),
         "the loop on a fake clock (support.FakeClock)",
-    ),
-    "registrar.core.loopstate": (
-        ("test_decide_explorer.py",),
-        "the loop state the decision function explores",
     ),
     "registrar.core.notes": (("test_logging.py",), "the log lines the decision function asks for"),
     "registrar.core.outcome": (
@@ -93,7 +89,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_layout.py",),
         "the transport protocols a third party implements",
     ),
-    "registrar.core.validate": (("test_construction.py",), "bad input refused at construction"),
     "registrar.core.waker": (
         (
             "test_layout.py",

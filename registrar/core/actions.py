@@ -1,10 +1,6 @@
-"""The loop's vocabulary: what just happened (an `Observation`) and what to do next (an
-`Action`), with the `Decision` that pairs the next action with the loop's next state and the
-status change it makes.
-
-`registrar.core.decide` answers one from the other; `registrar.core.runner` performs actions
-and reports observations. Values only: nothing here does anything.
-"""
+"""The loop's vocabulary (values only): what just happened (an `Observation`), what to do next
+(an `Action`), where the loop stands between two decisions (`LoopState`), and the `Decision`
+pairing them."""
 
 from __future__ import annotations
 
@@ -12,33 +8,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .loopstate import LoopState
 from .machine import Trigger
 from .outcome import RegisterOutcome, RouteCheck, Verdict
 from .settings import OnFailureName
-
-__all__ = [
-    "Action",
-    "Answered",
-    "Check",
-    "Checked",
-    "Decision",
-    "Fail",
-    "Held",
-    "Look",
-    "Looked",
-    "Note",
-    "Observation",
-    "Probe",
-    "Send",
-    "Sent",
-    "Started",
-    "Stop",
-    "Stopping",
-    "Wait",
-    "WaitKind",
-    "Waited",
-]
 
 
 class WaitKind(StrEnum):
@@ -58,9 +30,6 @@ class WaitKind(StrEnum):
     READY = "ready"
     """Holding an attempt while a `Gated` transport has nothing to offer (the served process
     is not ready); only a stop ends it."""
-
-
-# ----------------------------------------------------------------- what happened
 
 
 @dataclass(frozen=True)
@@ -135,8 +104,6 @@ class Stopping:
 
 Observation = Started | Waited | Looked | Sent | Checked | Held | Answered | Stopping
 
-# ----------------------------------------------------------------- what to do
-
 
 @dataclass(frozen=True)
 class Wait:
@@ -178,8 +145,6 @@ class Fail:
 
     attempts: int
     error: str | None
-    delay: float
-    """The wait before the next attempt, should they go on."""
     fatal: bool
     """Retrying cannot help until the configuration is fixed."""
 
@@ -201,6 +166,50 @@ class Note:
     level: int
     message: str
     args: tuple[object, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Everything the loop remembers between two decisions (nothing else is kept)."""
+
+    fleet: int = 1
+    """How many clients register with the same server (spreads probes and first contact)."""
+    url: str = ""
+    """The server's URL as shown, for the log lines."""
+    ever_registered: bool = False
+    # -- registering
+    startup: bool = True
+    """No registration was ever accepted when this run of attempts began: the budget counts."""
+    started: float = 0.0
+    """When this run of attempts began (monotonic seconds)."""
+    streak: int = 0
+    """Counted failed attempts in this run."""
+    due: float | None = None
+    """While refused: when the next counted attempt is due (probes before it are free)."""
+    looked: bool = False
+    """The server answered a look since this run began: no look before the next attempt."""
+    refused: bool = False
+    """The last attempt was refused: nothing listened, nothing to look at."""
+    unanswered: int = 0
+    """Looks still owed after an attempt that may have reached the server unanswered."""
+    delay: float = 0.0
+    """The wait chosen with a `Fail`, taken should the policy answer "retry"."""
+    holding: bool = False
+    """The last attempt was held by a `Gated` transport (said once per hold)."""
+    # -- watching
+    just_put: bool = False
+    """The check in flight is the one right after a PUT (or an adoption)."""
+    checks: int = 0
+    probing: bool = False
+    """The last check was refused: the server is down; checks come at the probe cadence."""
+    broken: int = 0
+    """Checks in a row whose connection broke."""
+    lost_after_put: int = 0
+    """Times in a row the route was found missing right after our own PUT."""
+    last_check_started: float | None = None
+    unheeded: int = 0
+    """Reports the server contradicted, not yet logged."""
+    unheeded_logged_at: float | None = None
 
 
 @dataclass(frozen=True)

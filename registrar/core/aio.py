@@ -1,8 +1,6 @@
-"""The awaitable side of the thread engine: no second engine, only a bridge into event loops.
-
-The registrar's thread stays the one driver. Coroutines learn of transitions through one
-listener per registrar that hands each change to the waiting loops with
-`loop.call_soon_threadsafe`, so nothing here blocks a loop or polls.
+"""The awaitable side of the thread engine: no second engine, only a bridge into event loops,
+one listener per registrar handing each change to the waiting loops with
+`loop.call_soon_threadsafe` (nothing here blocks a loop or polls).
 """
 
 from __future__ import annotations
@@ -13,22 +11,18 @@ import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .machine import State
 from .status import Status
+
+if TYPE_CHECKING:
+    from .registrar import Registrar
 
 logger = logging.getLogger(__name__)
 
 AsyncListener = Callable[[State, State, Status], Awaitable[None] | None]
 """A listener run in an event loop: a plain function or a coroutine function."""
-
-
-class _Observable(Protocol):
-    @property
-    def state(self) -> State: ...
-
-    def add_listener(self, listener: Callable[[State, State, Status], None]) -> None: ...
 
 
 class _Waiters:
@@ -49,7 +43,7 @@ class _Waiters:
                 loop.call_soon_threadsafe(_settle, future)
 
 
-_WAITERS: weakref.WeakKeyDictionary[Any, _Waiters] = weakref.WeakKeyDictionary()
+_WAITERS: weakref.WeakKeyDictionary[Registrar, _Waiters] = weakref.WeakKeyDictionary()
 _WAITERS_LOCK = threading.Lock()
 
 
@@ -58,7 +52,7 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _waiters(registrar: _Observable) -> _Waiters:
+def _waiters(registrar: Registrar) -> _Waiters:
     with _WAITERS_LOCK:
         waiters = _WAITERS.get(registrar)
         if waiters is None:
@@ -67,7 +61,7 @@ def _waiters(registrar: _Observable) -> _Waiters:
         return waiters
 
 
-async def wait_for_state(registrar: _Observable, state: State, timeout: float | None) -> bool:
+async def wait_for_state(registrar: Registrar, state: State, timeout: float | None) -> bool:
     """Wait in the running loop until `registrar` reaches `state`; False after `timeout`."""
     target = State(state)
     loop = asyncio.get_running_loop()

@@ -1,11 +1,7 @@
-"""The status board: the one published `Status` snapshot, the state machine behind it, and the
-listeners who hear every change, in order, outside any lock.
-
-Every snapshot is replaced whole under one lock, so a reader never sees half a decision. A
-trigger fires on the `transitions` machine under that lock; the machine's after-state-change
-callback publishes the new state with the trigger's changes and queues the transition. The
-listeners are called later, outside the lock, by one thread at a time (the registrar's own while
-it runs, else a short-lived "registrar-events" thread), never by a caller of `start()` or `stop()`.
+"""The status board: the one published `Status` snapshot, replaced whole under one lock, the
+`transitions` machine whose after-state-change callback publishes it, and the listeners who hear
+every change in order, outside any lock, from one thread at a time (the registrar's own while it
+runs, else a short-lived "registrar-events" thread), never a caller of `start()` or `stop()`.
 """
 
 from __future__ import annotations
@@ -23,8 +19,6 @@ from .clock import Clock
 from .errors import ConfigError
 from .machine import State, Trigger, build_machine
 from .status import Status
-
-__all__ = ["Listener", "RequestEvent", "RequestListener", "StatusBoard"]
 
 logger = logging.getLogger("registrar")
 
@@ -65,8 +59,7 @@ class StatusBoard:
         self.changed = threading.Condition(self.lock)
         self._pending.clear()
         self.deliverer: threading.Thread | None = None
-        """The one thread that calls listeners: the loop thread while it runs, else a
-        short-lived "registrar-events" thread. Never a caller of start() or stop()."""
+        """The one thread that calls listeners (see the module docstring)."""
         self._draining = False  # the deliverer's alone
 
     def add_listener(self, listener: Listener) -> None:
@@ -96,8 +89,7 @@ class StatusBoard:
             return False
         if self.deliverer is None:
             # No registrar thread to deliver it (not started, ended, or a forked child).
-            helper = threading.Thread(target=self.deliver_all, name="registrar-events")
-            helper.daemon = True
+            helper = threading.Thread(target=self.deliver_all, name="registrar-events", daemon=True)
             self.deliverer = helper
             helper.start()
         return True

@@ -19,15 +19,12 @@ class Clock(Protocol):
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back, for scheduling."""
-        ...
 
     def time(self) -> float:
         """Wall-clock epoch seconds, for the timestamps people read."""
-        ...
 
     def wait(self, event: Waitable, timeout: float | None) -> bool:
         """Block until `event` is set or `timeout` seconds pass; True when the event is set."""
-        ...
 
 
 class SystemClock:

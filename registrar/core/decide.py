@@ -1,17 +1,6 @@
 """The loop's decisions: one pure function from where the loop stands and what just happened to
-what it does next.
-
-As in tenacity's `iter()`, deciding is kept apart from doing: `decide()` looks at the
-`LoopSettings`, the published `Status`, an explicit `LoopState` and the last `Observation` (an
-attempt's outcome, a route check, the end of a wait, the `on_failure` answer) and answers a
-`Decision`: the next state, the one `Action` to perform (wait, probe, look, send, check, fail,
-stop), the status change (the trigger to fire on the state machine and the fields it sets) and
-the lines to log. It is the only place that decides a status change. It reads no clock (the
-time is given), draws no random number of its own (`draw` is given), sends nothing and sleeps
-nowhere; `registrar.core.runner` performs what it answers. A test can therefore drive it through
-every state without threads, sockets or clocks (`tests/test_decide_explorer.py` explores it
-against a model of SGLang's counting server).
-"""
+what it does next, and the only place that decides a status change (docs/architecture.md, "One
+registration, step by step")."""
 
 from __future__ import annotations
 
@@ -29,6 +18,7 @@ from .actions import (
     Held,
     Look,
     Looked,
+    LoopState,
     Note,
     Observation,
     Probe,
@@ -49,29 +39,12 @@ from .backoff import (
     retry_delay,
     watch_delay,
 )
-from .loopstate import LoopState
 from .machine import State, Trigger
-from .notes import (
-    answered,
-    attempt_label,
-    failed_attempt,
-    given_up,
-    say,
-    unheeded,
-)
+from .notes import answered, attempt_label, failed_attempt, given_up, say, unheeded
 from .outcome import Route, RouteCheck, Verdict
 from .redact import clean
 from .settings import EXIT_CODE, LoopSettings
 from .status import Status
-
-__all__ = [
-    "LOOKS_AFTER_UNANSWERED",
-    "MAX_BROKEN_CHECKS",
-    "MAX_ERROR_TEXT",
-    "REPORT_CHECK_INTERVAL",
-    "Draw",
-    "decide",
-]
 
 Draw = Callable[[], float]
 """A random draw in [0, 1), asked only when a delay is chosen."""
@@ -87,9 +60,6 @@ REPORT_CHECK_INTERVAL = 1.0
 often it is called (a decode failing every transfer calls it ~1000 times a second)."""
 MAX_ERROR_TEXT = 1000
 """An error or evidence text is cut here, whatever transport made it (see core.redact.clean)."""
-
-
-# ----------------------------------------------------------------- the function
 
 
 def decide(  # noqa: PLR0913 - a pure function's inputs, each named
@@ -169,9 +139,6 @@ def _held(state: LoopState, seen: Held) -> Decision:
     changes = {"last_error": f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}"}
     wait = Wait(seen.interval, WaitKind.READY)
     return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
-
-
-# ----------------------------------------------------------------- registering
 
 
 def _run_of_attempts(
@@ -351,7 +318,7 @@ def _spent(given: _Given, state: LoopState, delay: float) -> bool:
 
 def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
     """Ask `on_failure`: the decision on its answer enters FAILED."""
-    failing = Fail(state.streak, error, state.delay, fatal)
+    failing = Fail(state.streak, error, fatal)
     note = given_up(state.url, given.settings.on_failure, failing)
     return Decision(state, failing, notes=(note,))
 
@@ -400,22 +367,13 @@ def _registered(state: LoopState, now: float, changes: dict[str, Any], note: Not
     return replace(decision, trigger=Trigger.SUCCEED, changes=succeeded, notes=(note,))
 
 
-# ----------------------------------------------------------------- watching
-
-
 def _watching(state: LoopState, now: float) -> Decision:
-    """Registered: check at once (the check right after the PUT), then watch."""
-    return _check(replace(state, check_now=True, checks=0, probing=False, broken=0), now)
+    """Registered: check at once (the check right after the PUT or the adoption), then watch."""
+    return _check(replace(state, checks=0, probing=False, broken=0), now, just_put=True)
 
 
-def _check(state: LoopState, now: float) -> Decision:
-    state = replace(
-        state,
-        just_put=state.check_now,
-        check_now=False,
-        checks=state.checks + 1,
-        last_check_started=now,
-    )
+def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
+    state = replace(state, just_put=just_put, checks=state.checks + 1, last_check_started=now)
     return Decision(state, Check())
 
 

@@ -1,11 +1,6 @@
-"""What is wrong, in words: the evidence a cheap probe gathered about a bootstrap URL, and the
-one diagnosis it supports.
-
-A misconfigured URL (a wrong port, `:None`, the HTTP port, a name that does not resolve, TLS on
-one side only) looks exactly like a server that has not started yet: refused, retried, logged.
-`diagnose` is a pure function from what was *seen* to a `Diagnosis` whose sentence says what was
-seen, never more: "nothing listens on 10.0.0.5:8998; 10.0.0.5:30000 answers HTTP", not "your
-port is wrong". None when the evidence shows a bootstrap server answering as one.
+"""What is wrong, in words: `diagnose` is a pure function from the evidence a cheap probe gathered
+about a bootstrap URL to the one `Diagnosis` it supports, saying what was seen, never more
+("nothing listens on 10.0.0.5:8998; 10.0.0.5:30000 answers HTTP", not "your port is wrong").
 """
 
 from __future__ import annotations
@@ -17,19 +12,6 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from .redact import redact_url
-
-__all__ = [
-    "Code",
-    "Diagnosable",
-    "Diagnosis",
-    "Evidence",
-    "Knock",
-    "Seen",
-    "diagnose",
-    "hostport",
-    "port_problem",
-    "port_text",
-]
 
 
 class Code(StrEnum):
@@ -103,9 +85,8 @@ class Knock:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What one probe of a bootstrap URL saw. `detail` says the answer in a few words
-    ("GET /route?... answered 404 text/html"); `seen` is None when the name did not resolve
-    or the URL has no port to connect to."""
+    """What one probe of a bootstrap URL saw, `detail` in a few words ("GET /route?... answered
+    404 text/html"); `seen` is None when the name did not resolve or there is no port."""
 
     url: str
     host: str
@@ -131,7 +112,6 @@ class Diagnosable(Protocol):
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
         """Probe cheaply (resolve, connect, one or two GETs), never raise."""
-        ...
 
 
 def port_text(netloc: str) -> str:
@@ -195,27 +175,23 @@ def diagnose(seen: Evidence) -> Diagnosis | None:
 
 def _by_answer(seen: Evidence, at: str) -> Diagnosis:
     """The diagnosis of what answered (or did not) on the port itself."""
-    kind = seen.seen
-    if kind is Seen.NOTHING:
+    if seen.seen is Seen.NOTHING:
         return _refused(seen, at)
-    if kind is Seen.SILENCE:
-        return Diagnosis(
-            Code.NO_ANSWER,
-            f"{at} does not answer (connecting timed out, {seen.detail}): a wrong address, a "
-            "firewall, or a host that is down",
-        )
-    sentence = _ANSWERS.get(kind)
-    if sentence is not None:
-        code, text = sentence
-        return Diagnosis(code, text.format(at=at, detail=seen.detail))
-    return Diagnosis(
-        Code.NOT_BOOTSTRAP,
-        f"{at} answers, but not as a bootstrap server ({seen.detail}): check the bootstrap "
-        "URL: this server does not take registrations there",
-    )
+    code, text = _ANSWERS.get(seen.seen, _NOT_BOOTSTRAP)
+    return Diagnosis(code, text.format(at=at, detail=seen.detail))
 
 
+_NOT_BOOTSTRAP = (
+    Code.NOT_BOOTSTRAP,
+    "{at} answers, but not as a bootstrap server ({detail}): check the bootstrap URL: this "
+    "server does not take registrations there",
+)
 _ANSWERS: dict[Seen | None, tuple[Code, str]] = {
+    Seen.SILENCE: (
+        Code.NO_ANSWER,
+        "{at} does not answer (connecting timed out, {detail}): a wrong address, a firewall, or "
+        "a host that is down",
+    ),
     Seen.TLS: (
         Code.TLS_ON_PLAIN,
         "{at} speaks TLS but the bootstrap URL says http:// ({detail}): use https:// (with "

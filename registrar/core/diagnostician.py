@@ -1,25 +1,18 @@
 """When to diagnose: after `after` seconds of requests that reached no bootstrap server, probe
 once (off the registrar's thread), state the diagnosis once at WARNING and publish it; clear it
-as soon as the server answers. A diagnosis changes words, never what the loop does.
-
-It listens to the registrar like any listener (each request, each transition), so the loop does
-not know it exists.
-"""
+as soon as the server answers. A listener like any other: the loop does not know it exists."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from .board import RequestEvent
+from .board import RequestEvent, StatusBoard
 from .clock import Clock
-from .diagnosis import Diagnosis, Evidence, diagnose
+from .diagnosis import Evidence, diagnose
 from .machine import State
 from .status import Status
-
-__all__ = ["Diagnostician", "Hooks", "answered"]
 
 logger = logging.getLogger("registrar")
 
@@ -27,26 +20,14 @@ _ANSWERED = frozenset({"accepted", "present", "missing", "conflict", "undetermin
 """Request results that mean a bootstrap server answered as one (a route check's findings)."""
 
 
-def answered(event: RequestEvent) -> bool:
-    """Whether the request reached a bootstrap server that answered as one."""
-    return event.result in _ANSWERED
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What the diagnostician reads and writes: the registrar's status and its diagnosis field,
-    and how it gathers evidence (a probe over the network)."""
-
-    status: Callable[[], Status]
-    publish: Callable[[Diagnosis | None], None]
-    gather: Callable[[], Evidence]
-
-
 class Diagnostician:
-    """Watches one registrar's requests; see the module docstring."""
+    """Watches one registrar's requests (on `board`); `gather` probes for evidence."""
 
-    def __init__(self, hooks: Hooks, clock: Clock, after: float) -> None:
-        self._hooks = hooks
+    def __init__(
+        self, board: StatusBoard, gather: Callable[[], Evidence], clock: Clock, after: float
+    ) -> None:
+        self._board = board
+        self._gather = gather
         self._clock = clock
         self._after = after
         self._lock = threading.Lock()
@@ -60,7 +41,7 @@ class Diagnostician:
     def on_request(self, event: RequestEvent) -> None:
         """After every request (on the registrar's thread): start, end, or probe a run."""
         now = self._clock.monotonic()
-        if answered(event):
+        if event.result in _ANSWERED:
             self._clear()
             return
         with self._lock:
@@ -91,9 +72,9 @@ class Diagnostician:
             self._since = None
             self._busy = False
             self._run += 1
-        shown = self._hooks.status().diagnosis
+        shown = self._board.status.diagnosis
         if shown is not None:
-            self._hooks.publish(None)
+            self._board.apply(None, {"diagnosis": None})
             logger.info("diagnosis %s cleared: the bootstrap server answers", shown.code)
 
     def _probe(self, run: int) -> None:
@@ -106,7 +87,7 @@ class Diagnostician:
 
     def _diagnose(self, run: int) -> None:
         try:
-            found = diagnose(self._hooks.gather())
+            found = diagnose(self._gather())
         except Exception:
             logger.exception("the diagnosis probe failed; no diagnosis")
             found = None
@@ -117,8 +98,8 @@ class Diagnostician:
                 # A bootstrap server answers the probe: nothing to say yet; look again later.
                 self._since, self._busy = self._clock.monotonic(), False
                 return
-            self._hooks.publish(found)
-        status = self._hooks.status()
+            self._board.apply(None, {"diagnosis": found})
+        status = self._board.status
         logger.warning(
             "registration with %s: %s [diagnosis %s]%s",
             status.url,

@@ -1,9 +1,6 @@
-"""The one exception family of registrar, and how to name the root cause of a failure.
-
-`requests` raises `ConnectionError` without `from`: the chain to the real error runs through
-`__context__`, through the exception it wraps in `args[0]`, and through urllib3's `reason`. The
-wrapper texts (`HTTPConnectionPool(...): Max retries exceeded ...`) tell an operator nothing, so
-every log line and status names the innermost error instead.
+"""The one exception family of registrar, and the root cause of a failure: the wrapper texts
+(`HTTPConnectionPool(...): Max retries exceeded ...`) tell an operator nothing, so every log
+line and status names the innermost error instead.
 """
 
 from __future__ import annotations

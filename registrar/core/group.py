@@ -1,9 +1,5 @@
 """Several registrars that stand for one service: one registration per registry (an HA pair of
-gateways, a mesh), each with its own state, started and stopped together.
-
-A group adds no loop of its own: each member keeps its own thread, state and status (a gateway
-that is down holds back only its own registration). Health shows every member side by side
-(`registrar.surfaces.health`), metrics label each one."""
+gateways, a mesh), each with its own thread, state and status, started and stopped together."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""The registration state machine: states, triggers, and the one table of what may follow what.
+"""The registration state machine: states, triggers, and the one table of what may follow what
+(`TRANSITIONS`), from which the `transitions` machine of the status board and the diagram of
+docs/state-machine.md are built.
 
-The table below is the single source of truth: the `transitions` machine the status board runs
-is built from it (its triggers fire, its after-state-change callback publishes the snapshot),
-the mermaid diagram in `docs/state-machine.md` is drawn by the library's own mermaid engine
-(`registrar diagram`), and a test checks every (state, trigger) pair against it.
-
-The library narrates every state entered and left on the `transitions.core` logger (INFO), noise
-in a host's logs. Our machines are named `MACHINE_NAME`, which the library puts first in each of
-its records, and a filter on that logger drops those records and no one else's: the host's own
-machines are still heard, and no logger's level is touched.
+The library logs every state entered and left on `transitions.core` (INFO), noise in a host's
+logs: a filter there drops the records of machines named `MACHINE_NAME`, and only those.
 """
 
 from __future__ import annotations
@@ -89,9 +84,8 @@ def _config(initial: State) -> dict[str, object]:
 
 
 def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machine:
-    """A machine over the table, itself its model, starting at `initial`. A trigger the table
-    does not allow from here is refused (`dispatch` answers False); after each transition,
-    `changed` is called with the event (its source, destination and the trigger's keywords)."""
+    """A machine over the table, itself its model: a trigger the table does not allow from here
+    is refused (`dispatch` answers False); `changed` gets the event after each transition."""
     return Machine(
         **_config(initial),  # type: ignore[arg-type]
         ignore_invalid_triggers=True,
@@ -101,8 +95,7 @@ def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machi
 
 
 def mermaid_diagram() -> str:
-    """The state diagram as mermaid `stateDiagram-v2` text, drawn from `TRANSITIONS` by the
-    library's mermaid engine (pure Python: no graphviz)."""
+    """The state diagram as mermaid text, drawn by the library's engine (no graphviz)."""
     graph = GraphMachine(
         **_config(State.UNREGISTERED),  # type: ignore[arg-type]
         graph_engine="mermaid",

@@ -1,14 +1,12 @@
-"""The loop's longer log lines, made from its state (values only: `decide` returns them as
-`Note`s and the runner logs them)."""
+"""The loop's log lines by name, made into `Note`s: `decide` returns them, the runner logs them."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
 
-from .actions import Fail, Note
+from .actions import Fail, LoopState, Note
 from .backoff import probe_delay
-from .loopstate import LoopState
 from .machine import State
 from .outcome import RegisterOutcome, RouteCheck
 from .settings import EXIT_CODE, LoopSettings, OnFailure
@@ -16,7 +14,7 @@ from .settings import EXIT_CODE, LoopSettings, OnFailure
 REPORT_LOG_INTERVAL = 60.0
 """At most one warning per this many seconds says that reports were contradicted by the server."""
 
-_INFO, _WARNING = logging.INFO, logging.WARNING
+_INFO, _WARNING, _ERROR = logging.INFO, logging.WARNING, logging.ERROR
 _LINES: dict[str, tuple[int, str]] = {
     "accepted": (_INFO, "%s with %s after %d attempt%s"),
     "adopted": (_INFO, "%s already holds our route (%s): adopted without registering again"),
@@ -50,8 +48,25 @@ _LINES: dict[str, tuple[int, str]] = {
     "broken": (_INFO, "route check at %s failed: %s; checking again in ~%.2f s"),
     "check failed": (_WARNING, "route check at %s failed: %s; checking again at the next interval"),
     "lost": (_WARNING, "route at %s is missing (%s); registering again in %.2f s"),
+    "failed": (_WARNING, "registration attempt %s to %s failed: %s; next attempt in %.2f s"),
+    "failed, probing": (
+        _WARNING,
+        "registration attempt %s to %s failed: %s; next attempt in %.2f s "
+        "(nothing listens: probing every ~%.2f s, the next counted attempt in %.2f s)",
+    ),
+    "refused for good": (
+        _ERROR,
+        "registration with %s refused: %s; retrying cannot help until the configuration is "
+        "fixed; on_failure=%s",
+    ),
+    "given up": (_ERROR, "registration with %s failed after %d attempt%s, last: %s; on_failure=%s"),
+    "retry": (_WARNING, "still trying in the background; next attempt in %.2f s"),
+    "exit": (logging.CRITICAL, "ending the process with status %d (on_failure='exit')"),
+    "unheeded": (
+        _WARNING,
+        "route reported missing %d time%s, but the server says %s (%s); not registering again",
+    ),
 }
-"""The loop's one-line notes by name: their level and their text."""
 
 
 def say(line: str, *args: object) -> Note:
@@ -59,38 +74,13 @@ def say(line: str, *args: object) -> Note:
     return Note(level, message, args)
 
 
-__all__ = [
-    "REPORT_LOG_INTERVAL",
-    "answered",
-    "attempt_label",
-    "failed_attempt",
-    "given_up",
-    "unheeded",
-]
-
-
 def failed_attempt(
     label: str, state: LoopState, outcome: RegisterOutcome, delay: float, now: float
 ) -> Note:
     if state.due is None:
-        return Note(
-            logging.WARNING,
-            "registration attempt %s to %s failed: %s; next attempt in %.2f s",
-            (label, state.url, outcome.error, delay),
-        )
-    return Note(
-        logging.WARNING,
-        "registration attempt %s to %s failed: %s; next attempt in %.2f s "
-        "(nothing listens: probing every ~%.2f s, the next counted attempt in %.2f s)",
-        (
-            label,
-            state.url,
-            outcome.error,
-            delay,
-            probe_delay(state.fleet, 0.5),
-            state.due - now,
-        ),
-    )
+        return say("failed", label, state.url, outcome.error, delay)
+    every = probe_delay(state.fleet, 0.5)
+    return say("failed, probing", label, state.url, outcome.error, delay, every, state.due - now)
 
 
 def attempt_label(settings: LoopSettings, failed: State, state: LoopState) -> str:
@@ -102,42 +92,21 @@ def attempt_label(settings: LoopSettings, failed: State, state: LoopState) -> st
     return f"{number} (background)"
 
 
-def _name(policy: OnFailure) -> str:
-    return policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
-
-
 def given_up(url: str, policy: OnFailure, action: Fail) -> Note:
     """Why `on_failure` is asked."""
+    name = policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
     if action.fatal:
-        return Note(
-            logging.ERROR,
-            "registration with %s refused: %s; retrying cannot help until the "
-            "configuration is fixed; on_failure=%s",
-            (url, action.error, _name(policy)),
-        )
-    return Note(
-        logging.ERROR,
-        "registration with %s failed after %d attempt%s, last: %s; on_failure=%s",
-        (url, action.attempts, "" if action.attempts == 1 else "s", action.error, _name(policy)),
-    )
+        return say("refused for good", url, action.error, name)
+    plural = "" if action.attempts == 1 else "s"
+    return say("given up", url, action.attempts, plural, action.error, name)
 
 
 def answered(answer: str, delay: float) -> tuple[Note, ...]:
     """What the policy's answer means for the process."""
     if answer == "retry":
-        return (
-            Note(
-                logging.WARNING, "still trying in the background; next attempt in %.2f s", (delay,)
-            ),
-        )
+        return (say("retry", delay),)
     if answer == "exit":
-        return (
-            Note(
-                logging.CRITICAL,
-                "ending the process with status %d (on_failure='exit')",
-                (EXIT_CODE,),
-            ),
-        )
+        return (say("exit", EXIT_CODE),)
     return ()
 
 
@@ -149,9 +118,6 @@ def unheeded(
     last = state.unheeded_logged_at
     if last is not None and now - last < REPORT_LOG_INTERVAL:
         return replace(state, unheeded=unheeded), ()
-    note = Note(
-        logging.WARNING,
-        "route reported missing %d time%s, but the server says %s (%s); not registering again",
-        (unheeded, "" if unheeded == 1 else "s", check.route.value, check.evidence),
-    )
+    plural = "" if unheeded == 1 else "s"
+    note = say("unheeded", unheeded, plural, check.route.value, check.evidence)
     return replace(state, unheeded=0, unheeded_logged_at=now), (note,)

@@ -1,5 +1,4 @@
-"""The values a transport answers with. Transports never raise on an HTTP status: they classify
-it here, and the registrar decides what to do from the class alone."""
+"""The values a transport answers with: it classifies what a server said, never raises on it."""
 
 from __future__ import annotations
 
@@ -28,11 +27,9 @@ class RegisterOutcome:
     retry_after: float | None = None
     """Seconds the server asked us to wait (429/503 `Retry-After`)."""
     refused: bool = False
-    """The connection was refused: no process listens, so probing again soon costs the server
-    nothing (the loop probes at a short cadence instead of backing off)."""
+    """No process listens: probing again soon costs the server nothing (no backoff)."""
     unsent: bool = False
-    """The request never left this side (its host name did not resolve): unanswered, yet
-    nothing of it can have reached the server, so no look for it is needed."""
+    """The request never left this side (the name did not resolve): no look for it is needed."""
 
     @property
     def reachable(self) -> bool:
@@ -61,15 +58,13 @@ class RouteCheck:
     status_code: int | None = None
     evidence: str = ""
     refused: bool = False
-    """UNREACHABLE because the connection was refused: the server is down, and the loop probes
-    at a short cadence to see it back at once."""
+    """UNREACHABLE, refused: the server is down; the loop probes to see it back at once."""
     broken: bool = False
-    """UNREACHABLE because the kept-alive connection broke under the check (reset, closed): the
-    server process is going away or was replaced; the loop looks again soon, a few times."""
+    """UNREACHABLE, the kept-alive connection broke under the check: the server process is
+    going away or was replaced; the loop looks again soon, a few times."""
     count: int | None = None
-    """How many registrations the server said it holds, when it said (SGLang's 503 "N workers
-    registered"): after an attempt whose answer was lost, only a count of 0 proves that the
-    attempt did not arrive while the topology is not ready."""
+    """The registrations the server said it holds (SGLang's 503 "N workers registered"): after
+    an attempt whose answer was lost, only 0 proves it did not arrive."""
 
     @property
     def reachable(self) -> bool:

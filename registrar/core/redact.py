@@ -1,13 +1,6 @@
-"""Keep secrets out of every text registrar produces, and make untrusted text safe to show.
-
-Two rules for every text that reaches a log line, a status field, a health document, a metric
-or the command line:
-
-- A secret never appears, in any encoding an error text may give it: as is, percent-escaped (a
-  URL in requests' messages), repr- or JSON-escaped (an exception's args), or base64 inside a
-  Basic header. `Secrets` knows every such form of every credential a transport holds.
-- Text a server (or any other peer) chose goes through `clean()`: control characters escaped,
-  so it cannot forge a log line or move a terminal's cursor, and its length capped.
+"""Keep secrets out of every text registrar produces (`Secrets`: every form an error text may
+spell them in), and make text a peer chose safe to show (`clean`: control characters escaped,
+length capped), so it cannot forge a log line (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -111,8 +104,7 @@ class Secrets:
         middle of a secret), a tail of 4 or more characters that begins a form is masked too
         (3 characters of a secret tell nothing, and masking less would maim most texts)."""
         for form in self.forms:
-            if form in text:
-                text = text.replace(form, MASK)
+            text = text.replace(form, MASK)
         if cut:
             for form in self.forms:
                 for size in range(min(len(form) - 1, len(text)), _MIN_TAIL - 1, -1):
@@ -141,8 +133,3 @@ def clean(
     if len(shown) > limit or more:
         shown = shown[:limit].rstrip() + " ..."
     return shown
-
-
-def redact_text(text: str, secrets: tuple[str, ...]) -> str:
-    """`text` with every non-empty secret (in every form, see `Secrets`) replaced by `***`."""
-    return Secrets.of(secrets).redact(text)

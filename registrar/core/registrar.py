@@ -1,18 +1,10 @@
-"""The registrar: one daemon thread that drives the registration to the desired state.
-
-Data flows one way: options -> `Registrar` -> its thread asks the transport to act -> the outcome
-fires a trigger on the state machine -> a new immutable `Status` -> listeners read it. The thread
-never holds a lock while it talks to the network, so `status()` never blocks, and `stop()` wakes
-it out of any wait.
-
-This module holds the front door (construction, start, stop, status, reports, forks); the loop's
-choices are in `decide`, their performance in `runner`, the snapshot and its listeners in
-`board`.
-"""
+"""The front door: construction, start, stop, status, reports and forks, around one daemon thread
+(docs/architecture.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -24,17 +16,18 @@ from typing import Any
 from .aio import wait_for_state
 from .board import Listener, RequestListener, StatusBoard
 from .clock import Clock
-from .diagnosis import Diagnosable, Diagnosis
+from .diagnosis import Diagnosable
 from .diagnostician import Diagnostician
-from .diagnostician import Hooks as DiagnosisHooks
 from .errors import ConfigError, StateError
 from .machine import State, Trigger
 from .registry import protocol_factory
 from .runner import Controls, Runner
 from .settings import Hooks, HttpSettings, LoopSettings, split_options
 from .status import Status
-from .transport import Abortable, Resolving, Transport, WatchBounded
-from .validate import encode_payload, fleet_size
+from .transport import Abortable, FleetSized, Resolving, Transport, WatchBounded
+from .untrusted import encode_payload
+
+logger = logging.getLogger("registrar")
 
 _REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
 """Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
@@ -50,8 +43,21 @@ def _after_fork_in_child() -> None:
         registrar._after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def _fleet_size(transport: Transport, payload: Mapping[str, Any]) -> int:
+    """How many clients share this server, from the transport when it knows (else 1)."""
+    if not isinstance(transport, FleetSized):
+        return 1
+    try:
+        size = transport.fleet_size(payload)
+    except Exception:
+        logger.exception("fleet_size() of %r failed; assuming a fleet of one", transport)
+        return 1
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return 1
+    return size
 
 
 def _protocol_transport(
@@ -71,15 +77,10 @@ def _protocol_transport(
 
 
 class Registrar:
-    """Registers `payload` with the bootstrap server at `url` and keeps it registered.
-
-    `start()` returns at once; the work happens in one daemon thread named "registrar".
-    The default protocol is SGLang's (`PUT {url}/route`, the rank's route watched afterwards);
-    `protocol="http"` sends the payload to `{url}/route` without watching; other names come from
-    `registrar.core.registry`, and `transport=` plugs in any `Transport` directly (then no URL
-    and none of the HTTP options are needed). `options` are split by the fields of the
-    settings values: `LoopSettings`, `Hooks` and the protocol's (`HttpSettings` for these two).
-    """
+    """Registers `payload` with the bootstrap server at `url` and keeps it registered, from one
+    daemon thread named "registrar" (`start()` returns at once). The protocol is found by name
+    (`registrar.core.registry`; "sglang" by default), or `transport=` plugs in any `Transport`.
+    `options` are split by the fields of `LoopSettings`, `Hooks` and the protocol's settings."""
 
     def __init__(
         self,
@@ -108,46 +109,42 @@ class Registrar:
             if unknown:
                 raise TypeError(f"Registrar got unexpected options {', '.join(unknown)}")
             sent = encoded
-        self._payload = sent
         self._transport = transport
-        self._settings = loop
-        self._clock: Clock = hooks.clock
-        self._hooks = hooks
-        self._fleet = fleet_size(transport, sent)
-        initial = Status(
-            state=State.UNREGISTERED, since=self._clock.time(), url=transport.display_url
+        clock = hooks.clock
+        initial = Status(state=State.UNREGISTERED, since=clock.time(), url=transport.display_url)
+        self._board = StatusBoard(initial, clock)
+        self._runner = Runner(
+            settings=loop,
+            fleet=_fleet_size(transport, sent),
+            transport=transport,
+            payload=sent,
+            clock=clock,
+            rng=hooks.rng,
+            exit=hooks.exit,
+            board=self._board,
+            controls=Controls(),
         )
-        self._board = StatusBoard(initial, self._clock)
-        self._controls = Controls()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._forked_from: int | None = None
         self._running_at_fork = False
         _REGISTRARS.add(self)
-        self._attach_diagnostician(transport, sent, loop.diagnose_after)
+        self._attach_diagnostician(transport, sent, loop.diagnose_after, clock)
 
     def _attach_diagnostician(
-        self, transport: Transport, payload: dict[str, Any], after: float | None
+        self, transport: Transport, payload: dict[str, Any], after: float | None, clock: Clock
     ) -> None:
         """Diagnose a URL that keeps failing, when the transport can probe it (diagnosis.py)."""
         if after is None or not isinstance(transport, Diagnosable):
             return
-        hooks = DiagnosisHooks(
-            self.status, self._publish_diagnosis, lambda: transport.evidence(payload)
-        )
-        watcher = Diagnostician(hooks, self._clock, after)
+        watcher = Diagnostician(self._board, lambda: transport.evidence(payload), clock, after)
         self.add_request_listener(watcher.on_request)
         self.add_listener(watcher.on_transition)
-
-    def _publish_diagnosis(self, diagnosis: Diagnosis | None) -> None:
-        self._board.apply(None, {"diagnosis": diagnosis})
 
     @property
     def settings(self) -> LoopSettings:
         """The loop's settings, as validated."""
-        return self._settings
-
-    # ----------------------------------------------------------------- public API
+        return self._runner.settings
 
     @property
     def state(self) -> State:
@@ -157,7 +154,7 @@ class Registrar:
     @property
     def payload(self) -> dict[str, Any]:
         """A copy of the payload being registered."""
-        return dict(self._payload)
+        return dict(self._runner.payload)
 
     @property
     def running(self) -> bool:
@@ -198,7 +195,7 @@ class Registrar:
         start from the registrar's thread, so a slow (or stopping) listener cannot hold this."""
         board = self._board
         with board.changed:
-            if self._controls.stopping:
+            if self._runner.controls.stopping:
                 raise StateError(
                     "this Registrar was stopped and cannot start again; create a new one"
                 )
@@ -210,7 +207,7 @@ class Registrar:
                 )
             if self._thread is not None:
                 return self
-            thread = threading.Thread(target=self._run, name="registrar", daemon=True)
+            thread = threading.Thread(target=self._runner.run, name="registrar", daemon=True)
             # Created, handed the delivery and started under the lock: stop() never sees a
             # thread that exists but cannot be joined yet.
             self._thread = thread
@@ -226,7 +223,7 @@ class Registrar:
         helper thread), waited for only within the same `timeout`."""
         deadline = time.monotonic() + max(0.0, timeout)
         me = threading.current_thread()
-        board, controls = self._board, self._controls
+        board, controls = self._board, self._runner.controls
         with board.lock:
             controls.stopping = True
             thread = self._thread
@@ -257,13 +254,10 @@ class Registrar:
             return board.changed.wait_for(lambda: board.status.state is target, timeout)
 
     def report_route_missing(self) -> None:
-        """Say the route is gone (e.g. decode reported this rank unknown): the thread wakes,
-        verifies, and registers again without waiting for the next watch interval.
-
-        Cheap and safe to call at any rate: reports are coalesced into one check, at most one
-        check per `REPORT_CHECK_INTERVAL` seconds, and a report the server contradicts is
-        logged at most once per `REPORT_LOG_INTERVAL` seconds (with the count it stands for)."""
-        self._controls.report()
+        """Say the route is gone (e.g. decode reported this rank unknown): the thread checks and
+        registers again at once. Safe at any rate: reports coalesce into at most one check per
+        `REPORT_CHECK_INTERVAL` s; a contradicted one is logged once per `REPORT_LOG_INTERVAL` s."""
+        self._runner.controls.report()
 
     def __enter__(self) -> Registrar:
         return self.start()
@@ -283,15 +277,12 @@ class Registrar:
         await asyncio.to_thread(self.stop)
 
     def _after_fork(self) -> None:
-        """In a forked child (gunicorn --preload, multiprocessing "fork"): only the thread that
-        forked exists here. Locks another thread held are re-made, and a registrar whose
-        thread was running says so: this copy of its status would otherwise answer health
-        from the moment of the fork, for ever. No thread is started here: the parent's thread
-        still holds the registration, and a second one would PUT the same route again (a PUT
-        is not idempotent)."""
+        """In a forked child (gunicorn --preload): locks are re-made, and a registrar whose
+        thread was running says it is dead here (else health answers from the moment of the fork
+        for ever). No thread starts: the parent's holds the registration (PUT is not idempotent)."""
         parent, self._pid = self._pid, os.getpid()
-        controls = self._controls
-        self._controls = Controls(stopping=controls.stopping, reports=controls.reports)
+        controls = self._runner.controls
+        self._runner.controls = Controls(stopping=controls.stopping, reports=controls.reports)
         status = self._board.status  # never started, or ended: as true here as there
         if self._running_at_fork:
             self._forked_from = parent
@@ -308,16 +299,3 @@ class Registrar:
                 ),
             )
         self._board.after_fork(status)
-
-    def _run(self) -> None:
-        Runner(
-            settings=self._settings,
-            fleet=self._fleet,
-            transport=self._transport,
-            payload=self._payload,
-            clock=self._clock,
-            rng=self._hooks.rng,
-            exit=self._hooks.exit,
-            board=self._board,
-            controls=self._controls,
-        ).run()

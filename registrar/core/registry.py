@@ -1,13 +1,7 @@
-"""Protocol names and the factories that build their transports.
-
-`Registrar(url, payload, protocol="sglang")` resolves the name here, so the loop never imports a
-protocol. A name is found, in this order: registered at run time (`register_protocol`), declared
-in the `registrar.protocols` entry-point group by any installed distribution
-(`[project.entry-points."registrar.protocols"] myproto = "mypkg.module:factory"`), or one of the
-built-in ones (named here by module path, imported only when chosen). Nothing registers itself
-by being imported. A factory gets its protocol's settings value, made of the registrar's URL and
-options (`ProtocolFactory`).
-"""
+"""Protocol names and the factories that build their transports, found by name: registered at run
+time (`register_protocol`), declared in the `registrar.protocols` entry-point group, or built in
+(imported only when chosen). Nothing registers itself by being imported (docs/architecture.md,
+"Adding a protocol in one file")."""
 
 from __future__ import annotations
 
@@ -23,24 +17,16 @@ from .errors import ConfigError
 from .settings import HttpSettings
 from .transport import Transport
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "ProtocolFactory",
-    "protocol_factory",
-    "protocol_names",
-    "register_protocol",
-]
-
 Build = Callable[[Mapping[str, Any], Any], tuple[Transport, dict[str, Any]]]
-"""`build(payload, settings)`: the transport and the payload it will send (validated and
-normalised by the protocol; raise `ConfigError` naming the field for a payload it cannot use)."""
+"""`build(payload, settings)`: the transport and the payload it will send, as the protocol
+normalised it (`ConfigError` naming the field for a payload it cannot use)."""
 
 
 @dataclass(frozen=True)
 class ProtocolFactory:
-    """A protocol: the settings class a registrar builds from its URL (the first field) and
-    the options that are fields of it, and the function that builds the transport from that
-    value. A protocol without options of its own takes `HttpSettings`."""
+    """A protocol: its settings class (made of the registrar's URL, its first field, and the
+    options that are its fields; `HttpSettings` by default) and the function building its
+    transport from that value."""
 
     build: Build
     settings: type = HttpSettings
@@ -81,9 +67,8 @@ def _load(name: str, target: str) -> ProtocolFactory:
 
 
 def register_protocol(name: str, build: Build, settings: type = HttpSettings) -> None:
-    """Make `protocol=name` available: `build(payload, settings)` gets a `settings` value
-    (a dataclass whose first field takes the URL) made of the registrar's options; registering
-    a name again replaces it."""
+    """Make `protocol=name` available (see `ProtocolFactory`); registering a name again
+    replaces it."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"protocol name must be a non-empty string, got {name!r}")
     if not callable(build):

@@ -1,10 +1,6 @@
-"""The value rules of the settings: each rule once, as a function from a value to the value kept
-(normalised) or `Invalid` saying what is allowed.
-
-A settings class applies its rules to its fields (`check_fields`); a surface that read the value
-from a variable or a flag applies the same rule and names the variable instead of the field
-(`registrar.surfaces.options`). Neither knows the other's wording: `Invalid` carries only the
-rule broken, and `describe` puts a name to it.
+"""The value rules of the settings, each once: a function from a value to the value kept
+(normalised) or `Invalid` saying what is allowed. A settings class names its field in the
+error (`check_fields`), a surface names its variable or flag; `describe` puts the name to it.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 from urllib.parse import urlsplit
 
 from .diagnosis import port_problem
@@ -73,14 +69,26 @@ def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") ->
         object.__setattr__(target, name, kept)
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def seconds(value: object) -> float:
-    if not _number(value) or not 0 < value < math.inf:  # type: ignore[operator]
-        raise Invalid("must be a positive number of seconds")
-    return float(value)  # type: ignore[arg-type]
+def number_within(holds: Callable[[float], bool], allowed: str) -> Callable[[object], float]:
+    """The rule of a number (never a bool) for which `holds` is true, kept as a float."""
+
+    def rule(value: object) -> float:
+        if not _number(value) or not holds(value):
+            raise Invalid(allowed)
+        return float(value)
+
+    return rule
+
+
+seconds = number_within(lambda v: 0 < v < math.inf, "must be a positive number of seconds")
+seconds_or_zero = number_within(lambda v: 0 <= v < math.inf, "must be a number of seconds >= 0")
+fraction_open = number_within(lambda v: 0 < v < 1, "must be a number within (0, 1)")
+at_least_one = number_within(lambda v: 1 <= v < math.inf, "must be a number >= 1")
+fraction = number_within(lambda v: 0 <= v <= 1, "must be a number within [0, 1]")
 
 
 def _none_or(rule: Callable[[object], _T], value: object, allowed: str) -> _T | None:
@@ -98,12 +106,6 @@ def seconds_or_none(value: object) -> float | None:
     return _none_or(seconds, value, "must be a positive number of seconds or None")
 
 
-def seconds_or_zero(value: object) -> float:
-    if not _number(value) or not 0 <= value < math.inf:  # type: ignore[operator]
-        raise Invalid("must be a number of seconds >= 0")
-    return float(value)  # type: ignore[arg-type]
-
-
 def count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise Invalid("must be a positive integer")
@@ -112,24 +114,6 @@ def count(value: object) -> int:
 
 def count_or_none(value: object) -> int | None:
     return _none_or(count, value, "must be an integer >= 1 or None")
-
-
-def fraction_open(value: object) -> float:
-    if not _number(value) or not 0 < value < 1:  # type: ignore[operator]
-        raise Invalid("must be a number within (0, 1)")
-    return float(value)  # type: ignore[arg-type]
-
-
-def at_least_one(value: object) -> float:
-    if not _number(value) or not 1 <= value < math.inf:  # type: ignore[operator]
-        raise Invalid("must be a number >= 1")
-    return float(value)  # type: ignore[arg-type]
-
-
-def fraction(value: object) -> float:
-    if not _number(value) or not 0 <= value <= 1:  # type: ignore[operator]
-        raise Invalid("must be a number within [0, 1]")
-    return float(value)  # type: ignore[arg-type]
 
 
 def each_seconds(value: object) -> float | tuple[float, float]:

@@ -1,12 +1,5 @@
-"""The runner: the registrar's thread, performing what `decide()` answers.
-
-A short loop, as in tenacity's `Retrying.__call__`: ask `decide()` what to do after what was
-just seen, log its lines, apply its status change (its trigger and the fields it sets, in one
-snapshot: the one place the loop changes the status), perform its action (a wait, a request,
-asking the `on_failure` callable) and feed the result back. Everything that touches the network,
-the clock, the random source or another thread is here; every choice is in
-`registrar.core.decide`.
-"""
+"""The runner: the registrar's thread, performing what `decide()` answers; everything that touches
+the network, the clock, the random source or another thread is here, every choice in `decide`."""
 
 from __future__ import annotations
 
@@ -27,6 +20,7 @@ from .actions import (
     Held,
     Look,
     Looked,
+    LoopState,
     Observation,
     Probe,
     Send,
@@ -40,15 +34,12 @@ from .actions import (
 from .board import RequestEvent, StatusBoard
 from .clock import Clock
 from .decide import MAX_ERROR_TEXT, decide
-from .loopstate import LoopState
 from .machine import State, Trigger
 from .outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .redact import clean
 from .settings import POLICIES, LoopSettings, OnFailureName
 from .transport import Gated, IdleWatcher, Transport
 from .waker import Waker
-
-__all__ = ["UNEXPECTED", "Controls", "Runner"]
 
 logger = logging.getLogger("registrar")
 
@@ -83,8 +74,7 @@ class Controls:
 
 @dataclass(kw_only=True)
 class Runner:
-    """Performs the loop's actions for one registrar; runs on its thread only. Made of the
-    registrar's parts (a dataclass: they are named where it is built)."""
+    """The parts of one registrar's loop; `run` is its thread, `controls` how others reach it."""
 
     settings: LoopSettings
     fleet: int
@@ -96,8 +86,6 @@ class Runner:
     board: StatusBoard
     controls: Controls
     _unexpected_seen: set[str] = field(default_factory=set, init=False)
-
-    # ----------------------------------------------------------------- the loop
 
     def run(self) -> None:
         try:
@@ -175,8 +163,6 @@ class Runner:
             return Stopping()
         return Waited(kind, reports=self.controls.reports)
 
-    # ----------------------------------------------------------------- waiting
-
     def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
         `interruptible`, a route-missing report ends the wait early too."""
@@ -196,11 +182,8 @@ class Runner:
                 controls.wake.clear()
 
     def _idle(self, delay: float | None) -> bool | None:
-        """Wait between route checks: None when stopping, True when the transport saw a sign
-        that the route may be gone, False when the wait ended (timeout or a report).
-
-        A transport that implements `IdleWatcher` waits inside itself (on its connection or a
-        watch stream); any other wait is on the clock."""
+        """Wait between route checks, inside an `IdleWatcher` transport or on the clock: None when
+        stopping, True on a sign that the route may be gone, False on timeout or a report."""
         transport = self.transport
         if not isinstance(transport, IdleWatcher):
             return None if self._sleep(delay, interruptible=True) else False
@@ -226,8 +209,7 @@ class Runner:
         return None
 
     def _hold(self) -> Observation | None:
-        """Whether a `Gated` transport has nothing to offer (the served process is not ready):
-        None when the attempt may go ahead."""
+        """`Held` while a `Gated` transport has nothing to offer; None: the attempt may go ahead."""
         gate = self.transport
         if not isinstance(gate, Gated):
             return None
@@ -237,12 +219,9 @@ class Runner:
             reason = self._unexpected("not_ready", exc)
         return None if reason is None else Held(reason, gate.ready_interval)
 
-    # ----------------------------------------------------------------- requests
-
     def _attempt(self, action: Send | Probe) -> Observation:
-        """Send one registration (Stopping when stopping). It is published as in flight when it
-        is sent, not when decided: a `Gated` hold sends nothing and moves no counter. A refusal
-        of a `Probe` is free (`Sent.free`): not reported to request listeners."""
+        """Send one registration, published as in flight when sent, not when decided (a `Gated`
+        hold moves no counter); a refused `Probe` is free (`Sent.free`): not reported."""
         with self.controls.gate:
             if self.controls.stopping:
                 return Stopping()
@@ -282,11 +261,9 @@ class Runner:
         return check
 
     def _unexpected(self, call: str, exc: Exception) -> str:
-        """The transport broke its contract ("never raises"): this is the one place that holds
-        it for every transport. The exception becomes a failed attempt (an undetermined check,
-        a wait on the clock for `wait_idle`) and the loop goes on; its traceback is logged once
-        per exception type, marked `registrar_unexpected` so the test suite fails on it
-        (tests/conftest.py) instead of a bug hiding behind a retry."""
+        """The transport broke its contract ("never raises"): the one place that holds it. The
+        loop goes on; the traceback is logged once per type, marked `registrar_unexpected` so the
+        test suite fails on it (tests/conftest.py) instead of a bug hiding behind a retry."""
         kind = type(exc).__name__
         if kind not in self._unexpected_seen:
             self._unexpected_seen.add(kind)
@@ -303,18 +280,18 @@ class Runner:
         # The message may quote anything (a header, a secret): status shows the type only.
         return f"unexpected {kind} in the transport's {call} (see the log)"
 
-    # ----------------------------------------------------------------- failing
-
     def _answer(self) -> OnFailureName:
-        """What `on_failure` says, "stop" when stopping. A callable is given the FAILED snapshot
-        before it is published, so that no reader sees "failed, nothing scheduled" while it
-        decides to retry; when it fails or answers something else, the answer is "stop"."""
+        """What `on_failure` says ("stop" when stopping, failing or answering nonsense). A callable
+        is given the FAILED snapshot before it is published: no reader sees "failed, nothing
+        scheduled" while it decides to retry."""
         policy = self.settings.on_failure
         answer: object = policy
         if callable(policy):
-            failed = replace(self.board.status, state=State.FAILED, next_attempt_at=None)
+            failed = replace(
+                self.board.status, state=State.FAILED, next_attempt_at=None, retrying=False
+            )
             try:
-                answer = policy(replace(failed, retrying=False))
+                answer = policy(failed)
             except Exception:
                 logger.exception("on_failure callable failed; staying failed")
                 answer = "stop"

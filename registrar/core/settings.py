@@ -1,14 +1,11 @@
-"""The registrar's settings: one frozen value per concern, each validated once, here, when it is
-made. `Registrar(url, payload, **options)` splits its options by these classes' fields. A
-surface that reads a value from a variable or a flag applies the same rules (`rules_of`) and
-names the variable instead of the field.
-
-Defaults live here and nowhere else: `--help` reads them from these classes.
+"""The registrar's settings: one frozen value per concern, validated once, here, when it is made
+(docs/architecture.md, "Settings and options"). Defaults live here and nowhere else.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import sys
@@ -22,26 +19,8 @@ from .clock import Clock, SystemClock
 from .status import Status
 from .transport import Timeout, Token
 
-__all__ = [
-    "DEFAULT_BACKOFF",
-    "DEFAULT_DIAGNOSE_AFTER",
-    "DEFAULT_MAX_PAYLOAD_BYTES",
-    "DEFAULT_WATCH_INTERVAL",
-    "EXIT_CODE",
-    "POLICIES",
-    "Hooks",
-    "HttpSettings",
-    "LoopSettings",
-    "OnFailure",
-    "OnFailureName",
-    "default_exit",
-    "default_of",
-    "rules_of",
-    "split_options",
-]
-
-DEFAULT_BACKOFF = Backoff(initial=1.0, multiplier=2.0, maximum=5.0, jitter=0.25)
-"""The upstream schedule capped at 5 s (see docs/benchmarks.md for the figures behind it)."""
+DEFAULT_BACKOFF = Backoff()
+"""The upstream schedule capped at 5 s (`Backoff`'s own defaults; docs/benchmarks.md)."""
 DEFAULT_WATCH_INTERVAL = 15.0
 """Seconds between route checks. A restart is noticed on the idle connection, not by this
 timer, which remains for what sends no close (a partition, a host that vanished): 15 s costs
@@ -94,11 +73,9 @@ def _token(value: object) -> Token | None:
     return rules.header_token(value)
 
 
-def _retry_after_cap(value: object) -> float:
-    try:
-        return rules.seconds_or_zero(value)
-    except rules.Invalid:
-        raise rules.Invalid("must be a number of seconds >= 0 (0 ignores Retry-After)") from None
+_retry_after_cap = rules.number_within(
+    lambda v: 0 <= v < math.inf, "must be a number of seconds >= 0 (0 ignores Retry-After)"
+)
 
 
 def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any]:

@@ -9,8 +9,6 @@ from typing import Any
 from .diagnosis import Diagnosis
 from .machine import State
 
-__all__ = ["Status", "iso_utc"]
-
 
 def iso_utc(timestamp: float | None) -> str | None:
     """An epoch timestamp as ISO 8601 UTC text (`2026-11-30T03:00:00.000Z`), or None."""
@@ -25,12 +23,9 @@ _TIMESTAMPS = ("since", "last_success_at", "next_attempt_at", "last_check_at", "
 
 @dataclass(frozen=True)
 class Status:
-    """One consistent view of a registrar, replaced whole on every change.
-
-    Timestamps are wall-clock epoch seconds; `to_dict()` renders them as ISO 8601 UTC.
-    `next_attempt_at` is None when no attempt is scheduled: while registered, while an attempt
-    is in flight, or after giving up for good.
-    """
+    """One consistent view of a registrar, replaced whole on every change. Timestamps are
+    wall-clock epoch seconds (ISO 8601 UTC in `to_dict()`); `next_attempt_at` is None when no
+    attempt is scheduled (registered, an attempt in flight, or given up for good)."""
 
     state: State
     since: float
@@ -59,23 +54,18 @@ class Status:
     """When the last request (registration or route check) ended: when `server_reachable` was
     read."""
     resolution: str | None = None
-    """What the resolver does to the server's host name when it matters, read live: "resolving
-    NAME (no answer for 3 s)" while a lookup is in flight past its first second (a stalled
-    resolver, not a silent server), or the last good address in use while it fails; None
-    while names resolve normally."""
+    """Read live: "resolving NAME (no answer for 3 s)" while a lookup stalls past its first
+    second, or the last good address in use while lookups fail; None while names resolve."""
     thread_died: bool = False
-    """No registrar thread will ever update this snapshot again: it ended on an unexpected
-    error, or this process is a fork of the one that runs it. `last_error` says which. Part of
-    the snapshot (not a separate flag) so a reader never sees "dead" without the reason."""
+    """No thread will update this snapshot again (an unexpected error, or this process is a
+    fork): in the snapshot so a reader never sees "dead" without the reason (`last_error`)."""
     diagnosis: Diagnosis | None = None
-    """What a probe saw after requests kept failing (a wrong port, a name that does not
-    resolve, ...): a code and a sentence; None while the server answers, or before the
-    threshold (`diagnose_after`)."""
+    """What a probe saw after requests kept failing for `diagnose_after` seconds (a wrong port,
+    a name that does not resolve, ...); None while the server answers."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready mapping of every field, named as in Python (snake_case). The HTTP
-        documents (`/health`) carry the same fields in camelCase, converted by one rule
-        (`attempts_total` -> `attemptsTotal`): Python names in Python, JSON names on the wire."""
+        """A JSON-ready mapping of every field, in snake_case (`/health` converts to camelCase
+        by one rule: Python names in Python, JSON names on the wire)."""
         data = asdict(self)
         data["state"] = self.state.value
         for key in _TIMESTAMPS:

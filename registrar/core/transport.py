@@ -1,15 +1,6 @@
-"""The transport contract: what the registrar's loop asks of a protocol, and nothing more.
-
-A transport registers a payload and, where its protocol allows, checks that the route is still
-there. It answers with outcome values and never raises on what a server says, so the loop is
-tested with a scripted fake and every protocol (generic HTTP, SGLang, etcd) plugs in by
-implementing `Transport`. The loop imports no protocol: one is chosen where the registrar is
-configured (`registrar.core.registry`).
-
-A transport may also implement `IdleWatcher`: between route checks the loop then waits inside
-the transport (on an idle kept-alive connection, a watch stream, ...), which can end the wait
-early when it sees a sign that the route may be gone. `Waker` is what lets such a wait end
-promptly on `stop()` or `report_route_missing()`: an event with a file descriptor to select on.
+"""The transport contract: what the registrar's loop asks of a protocol (`Transport`), the
+optional abilities it detects, and nothing more (docs/architecture.md, "Adding a protocol in
+one file"). A transport answers with outcome values and never raises on what a server says.
 """
 
 from __future__ import annotations
@@ -23,22 +14,6 @@ from . import rules
 from .errors import ConfigError
 from .outcome import RegisterOutcome, RouteCheck
 from .waker import Waker
-
-__all__ = [
-    "Abortable",
-    "FleetSized",
-    "Gated",
-    "IdleWatcher",
-    "Timeout",
-    "Token",
-    "TokenProvider",
-    "Transport",
-    "WatchBounded",
-    "connect_seconds",
-    "deadline_seconds",
-    "file_token",
-    "validate_url",
-]
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole request, or a (connect, read) pair."""
@@ -67,20 +42,16 @@ class Transport(Protocol):
     @property
     def display_url(self) -> str:
         """The server's URL with credentials redacted, for status and logs."""
-        ...
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         """Send the registration once; classify, never raise on what the server says."""
-        ...
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """Check once that the route is still there; None when the protocol cannot tell."""
-        ...
 
     def close(self) -> None:
         """Release connections (and anything held on the server's side, such as a lease);
         called once when the registrar's thread ends."""
-        ...
 
 
 @runtime_checkable
@@ -89,11 +60,8 @@ class IdleWatcher(Protocol):
     gone (the server closed the kept-alive connection, a watch reported the key deleted)."""
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait up to `timeout` seconds. True as soon as a sign of a lost route is seen (the
-        loop checks the route at once); False on timeout or when `waker` is set (return at once
-        then: the registrar is stopping or was asked to check). Never raises; a transport that
-        cannot watch right now simply waits (on `waker.wait(timeout)`)."""
-        ...
+        """Wait up to `timeout` seconds: True at once on a sign of a lost route, False on timeout
+        or as soon as `waker` is set. Never raises; one that cannot watch now waits on `waker`."""
 
 
 @runtime_checkable
@@ -103,7 +71,6 @@ class Abortable(Protocol):
 
     def abort(self) -> None:
         """End the request in flight now, if any (called from another thread; never raises)."""
-        ...
 
 
 @runtime_checkable
@@ -114,20 +81,16 @@ class Resolving(Protocol):
     def resolution(self) -> str | None:
         """ "resolving NAME ..." while its lookup stalls, the last good address in use while
         it fails, else None (called from any thread; never blocks on a request)."""
-        ...
 
 
 @runtime_checkable
 class FleetSized(Protocol):
-    """Optional: a transport that knows how many clients register with the same server at
-    once (SGLang: the size of the prefill topology, from the payload). The loop spreads a
-    fleet's first contact after a restart, and its probes while the server is down, over
-    `fleet_size / ACCEPT_RATE` seconds (`registrar.core.backoff`): only as much as that many
-    clients need. Without it the loop assumes a fleet of one."""
+    """Optional: a transport that knows how many clients register with the same server (SGLang:
+    the prefill topology's size), over which the loop spreads a fleet's first contact and
+    probes (`registrar.core.backoff`). Without it the loop assumes a fleet of one."""
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """How many clients (including this one) register with this server, at least 1."""
-        ...
 
 
 @runtime_checkable
@@ -138,34 +101,28 @@ class WatchBounded(Protocol):
     def fit_watch_interval(self, given: float | None) -> float:
         """The watch interval to use: `given`, or the longest when None; `ConfigError` for one
         longer than that."""
-        ...
 
 
 @runtime_checkable
 class Gated(Protocol):
-    """Optional: a transport whose registration may be offered only while something local
-    holds (the served process answers its readiness check). Before each attempt the loop asks
-    `not_ready()` and, while it names a reason, waits `ready_interval` seconds and asks again:
-    waiting is not a failed attempt and spends no startup budget. Withdrawing a registration
-    whose readiness was lost is the transport's own business (its `check` reports the route
-    missing once it has withdrawn it)."""
+    """Optional: a transport whose registration may be offered only while the served process is
+    ready. While `not_ready()` names a reason the loop waits `ready_interval` seconds and asks
+    again, spending no startup budget; withdrawing is the transport's business (`check` then
+    reports the route missing)."""
 
     @property
     def ready_interval(self) -> float:
         """Seconds between readiness checks while not ready."""
-        ...
 
     def not_ready(self) -> str | None:
         """None when the registration may be offered now; else why not, in one line. Never
         raises."""
-        ...
 
 
 def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:
-    """A provider reading the token from `path` before each request, so a rotated token (a
-    re-mounted secret) is sent from the next request on. `ConfigError` naming `name` when the
-    file cannot be read now or is empty; a file missing later (mid-rotation) fails that request
-    only, which is retried."""
+    """A provider reading the token from `path` before each request, so a rotated token is sent
+    from the next request on. `ConfigError` naming `name` when it cannot be read now or is
+    empty; a file missing later (mid-rotation) fails that request only, which is retried."""
     source = Path(path)
     try:
         first = source.read_text().strip()
@@ -181,7 +138,6 @@ def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenP
 
 
 def validate_url(url: object, option: str = "url") -> str:
-    """`url` without a trailing slash, or `ConfigError` naming `option` (the rule:
-    `registrar.core.rules.url`)."""
+    """`url` without a trailing slash, or `ConfigError` naming `option` (`rules.url`)."""
     kept: str = rules.applied(option, url, rules.url)
     return kept

@@ -1,12 +1,14 @@
-"""Reading JSON that someone else wrote (a server's answer, a payload file, a health document)
-without letting its shape end the reader: nesting is bounded and every failure is a
-`ValueError` naming what was wrong, never a `RecursionError` from deep inside the decoder."""
+"""JSON whose shape someone else chose: read (a server's answer, a payload file) with nesting
+bounded and every failure a `ValueError` naming what was wrong, never a `RecursionError`; and
+the payload, checked once at construction (one line saying what is wrong with it)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from .errors import ConfigError
 from .redact import clean
 
 MAX_DEPTH = 64
@@ -44,3 +46,29 @@ def load_json(text: str | bytes, limit: int = MAX_DEPTH) -> Any:
     if nesting_depth(value, limit) > limit:
         raise ValueError(f"JSON nested more than {limit} levels deep")
     return value
+
+
+def encode_payload(payload: object, limit: int) -> dict[str, Any]:
+    """A private JSON copy of `payload`, or ConfigError saying what is wrong with it."""
+    if not isinstance(payload, Mapping):
+        kind = type(payload).__name__
+        raise ConfigError(f"payload must be a mapping (a JSON object), got {kind}")
+    # Counted without recursion first: json.dumps would raise RecursionError, not a ConfigError.
+    if nesting_depth(dict(payload), MAX_DEPTH) > MAX_DEPTH:
+        raise ConfigError(
+            f"payload is nested more than {MAX_DEPTH} levels deep (or contains itself); "
+            "registration payloads are flat objects"
+        )
+    try:
+        encoded = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
+    size = len(encoded.encode())
+    if size > limit:
+        raise ConfigError(
+            f"payload is {size} bytes, over max_payload_bytes={limit}; "
+            "shrink it or raise max_payload_bytes"
+        )
+    # A private copy: later changes to the caller's mapping cannot reach the thread.
+    decoded: dict[str, Any] = json.loads(encoded)
+    return decoded
