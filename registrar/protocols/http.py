@@ -22,7 +22,6 @@ from __future__ import annotations
 import http.client
 import json as _json
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -61,7 +60,7 @@ from .httpvalues import (
     parse_retry_after,
     phrase,
 )
-from .idle import KEEPALIVE_WINDOW, IdleCloses, Prober, wait_readable
+from .idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
 from .probe import Answer, evidence_for
 from .resolver import Unresolved
 
@@ -133,7 +132,6 @@ class HttpTransport:
         self._last_end: float | None = None
         self._kept_alive = False
         self._refused = False  # the last exchange was refused: probe before the next request
-        self._prober = Prober(*self._address)
         self._closes = IdleCloses()
 
     @property
@@ -158,7 +156,7 @@ class HttpTransport:
     def close(self) -> None:
         self._link.discard_probe()
         self._link.close()
-        self._watchdog.close()
+        self._watchdog.end()
 
     def abort(self) -> None:
         """End the request in flight now, as if its deadline had passed (any thread)."""
@@ -167,7 +165,7 @@ class HttpTransport:
     def resolution(self) -> str | None:
         """The server's host name while its lookup stalls or fails ("resolving NAME"), for
         the status; None while it resolves normally (any thread)."""
-        return self._link.resolution()
+        return self._link.resolver.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle kept-alive connection: a server process that exits (restart, crash)
@@ -205,17 +203,6 @@ class HttpTransport:
                 learned,
             )
 
-    def _probe(self) -> ConnectionRefusedError | None:
-        """After a refusal, try a bare TCP connect first: another refusal costs a few tens of
-        µs of CPU instead of ~0.1 ms for a whole request. A connected socket is handed to the
-        next connection, so the server sees one connection either way."""
-        found = self._prober.connect(self._connect_timeout())
-        if isinstance(found, socket.socket):
-            self._link.discard_probe()
-            self._link.probe = found
-            return None
-        return found
-
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """A generic service has no route query; the SGLang transport overrides this."""
         return None
@@ -234,7 +221,7 @@ class HttpTransport:
         by default up to `max_answer_bytes` for a success and `EXCERPT_BYTES` otherwise.
         `headers` are added to this request only."""
         if self._refused:
-            refusal = self._probe()
+            refusal = self._link.probe_port(self._connect_timeout())
             if refusal is not None:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
