@@ -1,21 +1,6 @@
-"""The generic HTTP transport: the payload sent as JSON, classified by status.
-
-It implements `registrar.core.transport.Transport`; the SGLang protocol builds on it. It speaks
-HTTP/1.1 through urllib3's connection classes (`registrar.protocols.httpconn`) on one
-kept-alive connection, used by the registrar's thread only, which it opens, reuses and
-re-opens itself: a kept-alive connection the server dropped is evidence that the server process
-restarted, and this module sees every one. It does not go through a pool (`requests`'
-session, or urllib3's `HTTPConnectionPool`): a registration is two or three small requests,
-and those layers cost two to five times the CPU of the exchange itself, which a fleet of ranks
-in one process pays when a server appears and every rank registers at once
-(docs/benchmarks.md).
-
-Nothing a server does may hold the registrar's thread or its memory: every request has a
-wall-clock deadline (`registrar.protocols.deadline`), and an answer is read and decoded (gzip,
-deflate) up to a cap, by urllib3's bounded decoding. The idle connection is watched for the
-server closing it (`wait_idle`), and after a refusal a bare connect probes the port before a
-whole request is made.
-"""
+"""The generic HTTP transport: the payload sent as JSON, classified by status, on one kept-alive
+connection it opens itself (a pool would hide the re-opening that is evidence of a restart, and
+costs two to five times the CPU: docs/benchmarks.md). docs/architecture.md, "The layers"."""
 
 from __future__ import annotations
 
@@ -36,13 +21,12 @@ from ..core import rules
 from ..core.diagnosis import Evidence
 from ..core.errors import describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from ..core.redact import Secrets, clean, redact_url
+from ..core.redact import clean, redact_url
 from ..core.settings import HttpSettings
 from ..core.transport import Timeout, Token, connect_seconds, deadline_seconds
 from ..core.waker import Waker
 from .deadline import DeadlineExceeded
 from .deadline import Watchdog as _Watchdog
-from .httpauth import Credentials
 from .httpconn import (
     ConnectTimeout,
     Link,
@@ -55,6 +39,7 @@ from .httpconn import (
 )
 from .httpvalues import (
     DEFAULT_MAX_ANSWER_BYTES,
+    Credentials,
     HttpResult,
     TokenUnavailable,
     parse_retry_after,
@@ -68,25 +53,18 @@ logger = logging.getLogger(__name__)
 
 _RETRIED_4XX = frozenset({408, 429})
 _RETRY_AFTER_CODES = frozenset({429, 503})
-EXCERPT_BYTES = 1024
-"""An error answer is read up to this many bytes: its excerpt shows no more than that."""
-# Everything by which an exchange fails rather than answers. Anything else raised inside a
-# request is a bug, left to the registrar's loop to log and classify (see core/runner.py).
+EXCERPT_BYTES = 1024  # an error answer is read up to this many bytes
+# How an exchange fails rather than answers; anything else is a bug, left to the loop's log.
 _EXCHANGE_ERRORS = (HTTPError, http.client.HTTPException, OSError, ValueError)
 
 
 class HttpTransport:
     """Registers by sending the payload as JSON (`PUT {url}{path}` by default).
 
-    `verify` is True (system CAs), False, or the path of a CA bundle. Credentials in the URL are
-    sent as basic auth and never shown; the token is sent as `Authorization: Bearer` (one or the
-    other: both is a `ConfigError`, so a 401 can only blame the credential that was sent).
-    `token_source` names where the token came from, for messages (never the token itself).
-
-    `timeout` is the request's deadline: a float bounds the whole request (connect, TLS, headers
-    and body together) and each step within it; a (connect, read) pair bounds connecting and
-    each read, and the whole request by their sum. `max_answer_bytes` caps what is read and
-    decoded of a successful answer; an error answer is read up to `EXCERPT_BYTES`.
+    `timeout` is the request's deadline: a float bounds the whole request and each step within
+    it; a (connect, read) pair bounds connecting and each read, and the whole by their sum.
+    `token_source` names where the token came from, for messages; `max_answer_bytes` caps what
+    is read of a successful answer.
     """
 
     token_hint = "check the auth token"
@@ -118,20 +96,18 @@ class HttpTransport:
         self._watchdog = _Watchdog()
         default_port = 443 if parts.scheme == "https" else 80
         self._address = (parts.hostname or "", parts.port or default_port)
-        # A client certificate (mutual TLS) is for etcd; proxies from the environment are not
-        # followed (the bootstrap server is on the cluster's own network).
+        # Proxies from the environment are not followed: the server is on the cluster's network.
         tls = TlsFiles(settings.verify, cert) if parts.scheme == "https" else None
         self._link = Link(self._address[0], self._address[1], tls, self._watchdog)
         self._prefix = parts.path.rstrip("/")
         self._headers = {
             "User-Agent": f"registrar/{__version__}",
-            # Only what this module decodes, with a cap.
-            "Accept-Encoding": "gzip, deflate",
+            "Accept-Encoding": "gzip, deflate",  # only what httpconn decodes, with a cap
             **self._auth.fixed,
         }
         self._last_end: float | None = None
         self._kept_alive = False
-        self._refused = False  # the last exchange was refused: probe before the next request
+        self._refused = False  # the last exchange was refused: probe before the next
         self._closes = IdleCloses()
 
     @property
@@ -139,18 +115,11 @@ class HttpTransport:
         return self._display_url
 
     @property
-    def _secrets(self) -> Secrets:
-        """The token(s) and URL credentials kept out of every text."""
-        return self._auth.secrets
-
-    @property
     def endpoint(self) -> str:
-        """The registration URL, credentials redacted."""
         return f"{self._display_url}{self._path}"
 
     @property
     def deadline(self) -> float:
-        """Seconds one request may take in all."""
         return self._deadline
 
     def close(self) -> None:
@@ -163,22 +132,18 @@ class HttpTransport:
         self._watchdog.fire()
 
     def resolution(self) -> str | None:
-        """The server's host name while its lookup stalls or fails ("resolving NAME"), for
-        the status; None while it resolves normally (any thread)."""
+        """For the status: "resolving NAME" while the lookup stalls or fails (any thread)."""
         return self._link.resolver.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait on the idle kept-alive connection: a server process that exits (restart, crash)
-        closes it at once, which is read as a sign that the route may be gone (True), unless
-        `IdleCloses` learned that this server closes idle connections on its own (then the rest
-        of the wait is on the timer). A connection that was not kept alive (HTTP/1.0,
-        `Connection: close`) is not watched at all."""
+        """Wait on the idle kept-alive connection (module idle): True when the server closed it,
+        a sign that the route may be gone, unless `IdleCloses` takes it for the server's own
+        idle timeout. A connection not kept alive is not watched."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
         if not wait_readable(sock, timeout, waker):
             return False
-        # Readable while idle: the server closed (or reset, or wrote on) the connection; it
-        # cannot be reused either way.
+        # Readable while idle: closed, reset or written on; not reusable either way.
         age = time.monotonic() - (self._last_end if self._last_end is not None else 0.0)
         self._link.close()
         if self._closes.is_sign(age):
@@ -191,9 +156,8 @@ class HttpTransport:
         return False
 
     def settle_idle_signal(self, route_survived: bool) -> None:
-        """Say what the check after a `wait_idle` sign found. A route that survived means the
-        server closed the connection on its own after that much idle time (its idle timeout),
-        so later closes after as long are not taken as signs."""
+        """What the check after a `wait_idle` sign found (a route that survived: the close was
+        the server's idle timeout)."""
         learned = self._closes.settle(route_survived)
         if learned is not None:
             logger.info(
@@ -216,10 +180,8 @@ class HttpTransport:
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One request within the deadline; failures are returned, never raised. `path` may
-        carry a query (`with_query`). The body is read up to `limit` bytes whatever the status,
-        by default up to `max_answer_bytes` for a success and `EXCERPT_BYTES` otherwise.
-        `headers` are added to this request only."""
+        """One request within the deadline; failures are returned, never raised. The body is
+        read up to `limit` bytes, by default as `_cap` says."""
         if self._refused:
             refusal = self._link.probe_port(self._connect_timeout())
             if refusal is not None:
@@ -266,22 +228,20 @@ class HttpTransport:
             fired = self._watchdog.end()
         self._last_end = time.monotonic()
         self._refused = False
-        # Evidence whatever becomes of the request (one cut at its deadline must not lose it).
-        # An address that moved counts as the same evidence: a server replaced elsewhere.
+        # Evidence even of a request cut at its deadline; a moved address is a replaced server.
         reconnected = (
             was_alive and self._link.opened_count > opened_before
         ) or self._link.moves > moves_before
-        # A socket timeout as long as the deadline can end the request a moment before the
-        # deadline thread does (a busy machine): it ran out of the same time. A lookup that
-        # ran out of it says so itself ("could not resolve NAME within 1.0 s").
+        # A socket timeout as long as the deadline may beat the deadline thread: the same time
+        # ran out. A lookup says so itself ("could not resolve NAME within 1.0 s").
         unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
         timed_out = isinstance(error, TimeoutError) and self._last_end >= due
         if not unresolved and (fired or timed_out):
             return self._abandoned(reconnected)
         if error is not None or response is None:
             return self._failed(error, was_alive, reconnected)
-        # Only an answer read whole leaves its connection reusable: one cut at the cap is
-        # closed here, and re-opening it is our own doing, not evidence of a restart.
+        # Only an answer read whole leaves its connection reusable (re-opening one cut at the
+        # cap is our doing, not evidence).
         self._kept_alive = kept
         if not self._kept_alive:
             self._link.close()
@@ -293,8 +253,7 @@ class HttpTransport:
     def _prepare(
         self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
     ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
-        """The request's target, body and headers, or the result of a request that cannot be
-        made (a token provider that failed, a payload that is not JSON)."""
+        """The request's target, body and headers, or the result of one that cannot be made."""
         try:
             auth = self._auth.asked()
         except Exception as exc:  # a provider that fails fails this request, like the network
@@ -316,9 +275,8 @@ class HttpTransport:
         return f"{self._prefix}{path}", data, sent
 
     def _abandoned(self, reconnected: bool) -> HttpResult:
-        """The deadline (or a stop) ended the request: whatever the shutdown made the exchange
-        look like (an EOF inside the headers can even pass for a complete answer), it ran out
-        of time. `reconnected`: it re-opened the kept-alive connection first (evidence)."""
+        """The deadline (or a stop) ended the request, whatever the shutdown made the exchange
+        look like (an EOF inside the headers can pass for a complete answer)."""
         self._kept_alive = False
         self._link.close()
         exceeded = DeadlineExceeded(
@@ -342,8 +300,8 @@ class HttpTransport:
         return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
 
     def _cap(self, limit: int | None) -> Callable[[int], int]:
-        """How much of an answer to read by its status: `limit` when given, else up to
-        `max_answer_bytes` for a success and `EXCERPT_BYTES` otherwise."""
+        """How much of an answer to read by its status: `limit`, else `max_answer_bytes` for a
+        success and `EXCERPT_BYTES` otherwise."""
         if limit is not None:
             return lambda _: limit
         return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
@@ -353,15 +311,13 @@ class HttpTransport:
         return self.classify_registration(result)
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
-        """What a fresh probe of the URL sees, for a diagnosis (protocols/probe.py)."""
         return evidence_for(self._url, self.probe_path or self._path, payload, self.recognise)
 
-    probe_path: str | None = None
-    """What the probe GETs (None: the registration path)."""
+    probe_path: str | None = None  # what the probe GETs (None: the registration path)
 
     def recognise(self, answer: Answer) -> bool:
-        """Whether the probe's answer is this server's own: any but an HTML page (a generic
-        registration endpoint has no signature to look for)."""
+        """Whether the probe's answer is this server's own: a generic endpoint has no signature,
+        so any but an HTML page."""
         return answer.content_type != "text/html"
 
     def describe_error(self, exc: BaseException) -> str:
@@ -384,10 +340,10 @@ class HttpTransport:
             text = f"no answer within the read timeout of {self._read_timeout()} s"
         else:
             text = describe_exception(exc)
-        return clean(text, secrets=self._secrets)
+        return clean(text, secrets=self._auth.secrets)
 
     def unreachable(self, result: HttpResult) -> RouteCheck:
-        """The route check of an exchange that failed (no answer): unreachable, and why."""
+        """The route check of an exchange that failed (no answer)."""
         assert result.error is not None
         return RouteCheck(
             Route.UNREACHABLE,
@@ -396,25 +352,18 @@ class HttpTransport:
             broken=result.reconnected,
         )
 
-    def credentials_hint(self) -> str:
-        """What to check after a 401/403: the credential that was actually sent."""
-        return self._auth.hint(self.token_hint, self.token_how)
-
     def _connect_timeout(self) -> float:
         return connect_seconds(self._timeout)
 
     def _read_timeout(self) -> float:
         return self._timeout[1] if isinstance(self._timeout, tuple) else self._timeout
 
-    def excerpt(self, result: HttpResult | str, limit: int = 200) -> str:
+    def excerpt(self, result: HttpResult) -> str:
         """A short, single-line, escaped, secret-free piece of a response body."""
-        text = result if isinstance(result, str) else result.text
-        cut = not isinstance(result, str) and not result.complete
-        flat = " ".join(text.split())
-        return clean(flat, limit, self._secrets, cut=cut)
+        flat = " ".join(result.text.split())
+        return clean(flat, 200, self._auth.secrets, cut=not result.complete)
 
     def classify_registration(self, result: HttpResult) -> RegisterOutcome:
-        """Map one registration exchange to a verdict."""
         if result.error is not None:
             fatal = isinstance(result.error, TlsError | http.client.InvalidURL)
             return RegisterOutcome(
@@ -438,9 +387,9 @@ class HttpTransport:
                 Verdict.RETRY, status_code=code, error=detail, retry_after=retry_after
             )
         if code in (401, 403):
-            hint = self.credentials_hint()
+            hint = self._auth.hint(self.token_hint, self.token_how)
         elif 300 <= code < 400:
-            # Not even a redacted Location: its path or query may carry a token of its own.
+            # Not even a redacted Location: its query may carry a token of its own.
             hint = (
                 "redirected elsewhere (the Location is not shown: it may carry credentials); "
                 "point the URL at the bootstrap server itself"

@@ -348,7 +348,7 @@ class SGLangTransport(HttpTransport):
         if ip == payload["rank_ip"] and port == payload["rank_port"]:
             return RouteCheck(Route.PRESENT, 200, f"registered as {ours}")
         # The server's words, escaped and capped: a newline in them must not forge a log line.
-        theirs = clean(f"{ip}:{port}", 120, self._secrets)
+        theirs = clean(f"{ip}:{port}", 120, self._auth.secrets)
         return RouteCheck(Route.CONFLICT, 200, f"our rank is registered as {theirs}, not {ours}")
 
     def _classify_not_ready(self, body: str) -> RouteCheck:
