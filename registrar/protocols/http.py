@@ -46,7 +46,7 @@ from .httpvalues import (
     phrase,
 )
 from .idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
-from .probe import Answer, evidence_for
+from .probe import Answer, gather
 from .resolver import Unresolved
 
 logger = logging.getLogger(__name__)
@@ -311,7 +311,11 @@ class HttpTransport:
         return self.classify_registration(result)
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
-        return evidence_for(self._url, self.probe_path or self._path, payload, self.recognise)
+        """What a fresh probe sees, the rank's own HTTP port knocked on too when it has one."""
+        port = payload.get("prefill_http_port")
+        http_port = port if isinstance(port, int) and not isinstance(port, bool) else None
+        path = self.probe_path or self._path
+        return gather(self._url, path, self.recognise, http_port=http_port)
 
     probe_path: str | None = None  # what the probe GETs (None: the registration path)
 
