@@ -35,7 +35,6 @@ from .httpconn import (
     TlsError,
     TlsFiles,
     exchange,
-    reusable,
 )
 from .httpvalues import (
     DEFAULT_MAX_ANSWER_BYTES,
@@ -47,7 +46,7 @@ from .httpvalues import (
 )
 from .idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
 from .probe import Answer, gather
-from .resolver import Unresolved
+from .resolver import RESOLVER, Unresolved
 
 logger = logging.getLogger(__name__)
 
@@ -87,18 +86,19 @@ class HttpTransport:
         self._url = settings.url
         parts = urlsplit(self._url)
         self._auth = Credentials(self._url, settings.token, token_source)
-        self._display_url = redact_url(self._url)
+        self.display_url = redact_url(self._url)
         self._path = path if path.startswith("/") else f"/{path}"
         self._method = method
-        self._timeout = settings.timeout
-        self._deadline = deadline_seconds(self._timeout)
+        self.deadline = deadline_seconds(settings.timeout)  # seconds one request may take in all
+        self._connect_timeout = connect_seconds(settings.timeout)
+        read = settings.timeout
+        self._read_timeout = read[1] if isinstance(read, tuple) else read
         self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
         self._watchdog = _Watchdog()
-        default_port = 443 if parts.scheme == "https" else 80
-        self._address = (parts.hostname or "", parts.port or default_port)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         # Proxies from the environment are not followed: the server is on the cluster's network.
         tls = TlsFiles(settings.verify, cert) if parts.scheme == "https" else None
-        self._link = Link(self._address[0], self._address[1], tls, self._watchdog)
+        self._link = Link(parts.hostname or "", port, tls, self._watchdog)
         self._prefix = parts.path.rstrip("/")
         self._headers = {
             "User-Agent": f"registrar/{__version__}",
@@ -111,16 +111,8 @@ class HttpTransport:
         self._closes = IdleCloses()
 
     @property
-    def display_url(self) -> str:
-        return self._display_url
-
-    @property
     def endpoint(self) -> str:
-        return f"{self._display_url}{self._path}"
-
-    @property
-    def deadline(self) -> float:
-        return self._deadline
+        return f"{self.display_url}{self._path}"
 
     def close(self) -> None:
         self._link.discard_probe()
@@ -133,7 +125,7 @@ class HttpTransport:
 
     def resolution(self) -> str | None:
         """For the status: "resolving NAME" while the lookup stalls or fails (any thread)."""
-        return self._link.resolver.describe(self._link.host)
+        return RESOLVER.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle kept-alive connection (module idle): True when the server closed it,
@@ -163,7 +155,7 @@ class HttpTransport:
             logger.info(
                 "%s closes idle connections after about %.1f s; such closes no longer trigger "
                 "a route check",
-                self._display_url,
+                self.display_url,
                 learned,
             )
 
@@ -183,7 +175,7 @@ class HttpTransport:
         """One request within the deadline; failures are returned, never raised. The body is
         read up to `limit` bytes, by default as `_cap` says."""
         if self._refused:
-            refusal = self._link.probe_port(self._connect_timeout())
+            refusal = self._link.probe_port(self._connect_timeout)
             if refusal is not None:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
@@ -214,14 +206,14 @@ class HttpTransport:
         response: urllib3.BaseHTTPResponse | None = None
         error: BaseException | None = None
         body, complete = b"", False
-        due = self._watchdog.begin(self._deadline)
+        due = self._watchdog.begin(self.deadline)
         try:
-            conn = self._link.ensure(self._connect_timeout())
+            conn = self._link.ensure(self._connect_timeout)
             request = (method, target, data, sent)
-            response, body, complete = exchange(
-                conn, request, self._read_timeout(), self._cap(limit)
-            )
-            kept = complete and reusable(conn, response)
+            response, body, complete = exchange(conn, request, self._read_timeout, self._cap(limit))
+            # An HTTP/1.1 answer read whole that did not close it (`http.client` closes the
+            # connection of a `Connection: close` or HTTP/1.0 answer).
+            kept = complete and response.version == 11 and conn.sock is not None
         except _EXCHANGE_ERRORS as exc:
             error = exc
         finally:
@@ -282,7 +274,7 @@ class HttpTransport:
         exceeded = DeadlineExceeded(
             "request abandoned: stopping"
             if self._watchdog.by_abort
-            else f"no complete answer within the request deadline of {self._deadline:g} s"
+            else f"no complete answer within the request deadline of {self.deadline:g} s"
         )
         return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
 
@@ -339,9 +331,9 @@ class HttpTransport:
             else:
                 text = f"TLS failed with {self.endpoint}: {describe_exception(exc)}"
         elif isinstance(exc, ConnectTimeout):
-            text = f"connect timed out after {self._connect_timeout()} s"
+            text = f"connect timed out after {self._connect_timeout} s"
         elif isinstance(exc, ReadTimeout):
-            text = f"no answer within the read timeout of {self._read_timeout()} s"
+            text = f"no answer within the read timeout of {self._read_timeout} s"
         else:
             text = describe_exception(exc)
         return clean(text, secrets=self._auth.secrets)
@@ -355,12 +347,6 @@ class HttpTransport:
             refused=result.refused,
             broken=result.reconnected,
         )
-
-    def _connect_timeout(self) -> float:
-        return connect_seconds(self._timeout)
-
-    def _read_timeout(self) -> float:
-        return self._timeout[1] if isinstance(self._timeout, tuple) else self._timeout
 
     def excerpt(self, result: HttpResult) -> str:
         """A short, single-line, escaped, secret-free piece of a response body."""

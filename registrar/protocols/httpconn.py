@@ -13,18 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.exceptions import (
-    DecodeError,
-    HTTPError,
-    ReadTimeoutError,
-)
+from urllib3.exceptions import DecodeError, HTTPError, ReadTimeoutError
 from urllib3.exceptions import SSLError as Urllib3SSLError
 from urllib3.util.ssl_ import create_urllib3_context
 
 from ..core.errors import describe_exception
 from ..core.redact import clean
 from .deadline import Watchdog
-from .resolver import RESOLVER, Resolved, Resolver, connect
+from .resolver import RESOLVER, Resolved, connect
 
 __all__ = [
     "ConnectTimeout",
@@ -34,7 +30,6 @@ __all__ = [
     "TlsError",
     "TlsFiles",
     "exchange",
-    "reusable",
 ]
 
 _CHUNK = 16 * 1024
@@ -148,19 +143,11 @@ class Link:
     demand (on a probe's socket, when there is one), counted (re-opening a kept-alive one is
     evidence of a restart) and watched by the watchdog."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        tls: TlsFiles | None,
-        watchdog: Watchdog,
-        resolver: Resolver = RESOLVER,
-    ) -> None:
+    def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: Watchdog) -> None:
         self.host = host
         self.port = port
         self.tls = tls
         self.watchdog = watchdog
-        self.resolver = resolver
         self.conn: HTTPConnection | None = None
         self.watched: socket.socket | None = None
         self.opened_count = 0
@@ -213,7 +200,7 @@ class Link:
         """Resolve the host within the request's deadline (`Unresolved` when it has no address):
         an answer without the address in use closes the kept connection (and a probe's) and
         counts a move."""
-        resolved = self.resolver.resolve(self.host, self.port, timeout, self.watchdog)
+        resolved = RESOLVER.resolve(self.host, self.port, timeout, self.watchdog)
         if self.address is not None and self.address not in resolved.hosts:
             self.moves += 1
             self.address = None
@@ -252,7 +239,7 @@ class Link:
         whole request); a connected socket becomes the next connection's. The refusal, or None
         when it cannot tell (the request will meet the error and name it)."""
         try:
-            first = self.resolver.resolve(self.host, self.port, timeout).addresses[0]
+            first = RESOLVER.resolve(self.host, self.port, timeout).addresses[0]
             sock = connect(Resolved((first,)), timeout, options=_NODELAY)
         except ConnectionRefusedError as exc:
             return exc
@@ -353,10 +340,3 @@ def _read_capped(response: urllib3.BaseHTTPResponse, limit: int) -> tuple[bytes,
             return bytes(body[:limit]), False
         if name in ("", "identity") and response.length_remaining == 0:
             return bytes(body), True  # all its Content-Length: no read to find the end
-
-
-def reusable(conn: HTTPConnection, response: urllib3.BaseHTTPResponse) -> bool:
-    """Whether the connection may carry another request after this answer, read whole: an
-    HTTP/1.1 answer that did not close it (`http.client`, under urllib3, closes the connection
-    of an answer that ends it, `Connection: close` or HTTP/1.0)."""
-    return response.version == 11 and conn.sock is not None
