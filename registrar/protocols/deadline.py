@@ -13,8 +13,6 @@ import struct
 import threading
 import time
 
-__all__ = ["DEADLINES", "DeadlineExceeded", "Watchdog", "ready", "shutdown"]
-
 
 class DeadlineExceeded(TimeoutError):
     """No complete answer within the request's deadline (however slowly bytes came)."""

@@ -22,16 +22,6 @@ from ..core.redact import clean
 from .deadline import Watchdog
 from .resolver import RESOLVER, Resolved, connect
 
-__all__ = [
-    "ConnectTimeout",
-    "Link",
-    "LocalError",
-    "ReadTimeout",
-    "TlsError",
-    "TlsFiles",
-    "exchange",
-]
-
 _CHUNK = 16 * 1024
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 _RAW_SLACK = 4  # compressed bytes may exceed the cap this many times (empty gzip blocks)

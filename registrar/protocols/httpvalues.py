@@ -35,21 +35,14 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         if len(text.lstrip("0")) > len(str(int(RETRY_AFTER_CEILING))):
             return RETRY_AFTER_CEILING
         return min(float(int(text)), RETRY_AFTER_CEILING)
-    seconds = _seconds_until(text, now)
-    if seconds is None or not math.isfinite(seconds):
+    try:
+        moment = parsedate_tz(text)
+        seconds = float(mktime_tz(moment)) - now if moment is not None else math.nan
+    except (TypeError, ValueError, OverflowError, IndexError):  # a date that overflows
+        return None
+    if not math.isfinite(seconds):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CEILING)
-
-
-def _seconds_until(date: str, now: float) -> float | None:
-    """Seconds from `now` to an HTTP-date, None when it is not one (or overflows)."""
-    try:
-        moment = parsedate_tz(date)
-        if moment is None:
-            return None
-        return float(mktime_tz(moment)) - now
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,6 @@ import time
 from ..core.waker import Waker
 from .deadline import ready
 
-__all__ = ["KEEPALIVE_WINDOW", "MAX_HARMLESS_CLOSES", "IdleCloses", "wait_readable"]
-
 KEEPALIVE_WINDOW = 60.0
 """A connection idle for longer than this may have been closed by the server's own idle
 timeout (aiohttp: 75 s), so re-opening it then proves nothing about a restart."""

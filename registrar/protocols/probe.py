@@ -20,8 +20,6 @@ from ..core.redact import clean, redact_url
 from ..core.untrusted import load_json
 from .resolver import RESOLVER, Unresolved, is_ip_literal
 
-__all__ = ["Answer", "ProbeOptions", "Recognise", "fetch", "gather", "resolve"]
-
 PROBE_TIMEOUT = 2.0  # seconds for each step (resolve, connect, one answer)
 _HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
 
@@ -199,7 +197,8 @@ def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
     return Seen.OTHER, f"not HTTP: {why}"
 
 
-def _knock(address: str, port: int, label: str, host: str, timeout: float) -> Knock:
+def _knock(address: str, port: int, host: str, timeout: float) -> Knock:
+    label = "the prefill's HTTP port"
     refused, _ = _connect(address, port, timeout)
     if refused is not None:
         return Knock(port, label, listens=False, http=False)
@@ -217,7 +216,6 @@ def gather(
 ) -> Evidence:
     """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
     listens, knock on `http_port` (the rank's own HTTP port) on the same host."""
-    others = [(http_port, "the prefill's HTTP port")] if http_port else []
     timeout = options.timeout
     parts = urlsplit(url)
     host = parts.hostname or ""
@@ -236,7 +234,8 @@ def gather(
         seen, address = replace(seen, resolved=True), addresses[0]
     failed, why = _connect(address, port, timeout)
     if failed is not None:
-        knocks = tuple(_knock(address, p, label, host, timeout) for p, label in others if p != port)
+        own = http_port if http_port != port else None
+        knocks = (_knock(address, own, host, timeout),) if own else ()
         return replace(seen, seen=failed, detail=why, others=knocks)
     target = _Target(address, port, host, parts.path.rstrip("/"), parts.scheme == "https", options)
     kind, detail = _what_answers(target, path, recognise)

@@ -19,20 +19,6 @@ from ..core.errors import describe_exception
 from ..core.redact import clean
 from .deadline import Watchdog
 
-__all__ = [
-    "FRESH",
-    "RESOLVER",
-    "STALE_WAIT",
-    "STALLED_AFTER",
-    "Address",
-    "Resolved",
-    "Resolver",
-    "Unresolved",
-    "connect",
-    "is_ip_literal",
-    "seconds",
-]
-
 logger = logging.getLogger("registrar")
 
 FRESH = 0.5  # seconds an answer (or a failure) is reused: a fleet asks twice a second at most
@@ -173,9 +159,8 @@ class Resolver:
         if name.good is not None:
             in_flight = pending is not None and not pending.done
             started = pending.started if pending is not None else 0.0
-            if in_flight and self._monotonic() - started < STALLED_AFTER:
-                return Resolved(_with_port(name.good, port), stale=True)  # slow, not stalled
-            self._say_stale(name, host, "no answer" if in_flight else name.error)
+            if not in_flight or self._monotonic() - started >= STALLED_AFTER:  # not merely slow
+                self._say_stale(name, host, "no answer" if in_flight else name.error)
             return Resolved(_with_port(name.good, port), stale=True)
         if pending is None or pending.done:
             raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")

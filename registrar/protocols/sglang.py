@@ -4,7 +4,6 @@ server lifetime (docs/sglang.md, "How a missing route is detected")."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Mapping
@@ -32,8 +31,6 @@ __all__ = [
     "rank_of",
     "validate_payload",
 ]
-
-logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
 
