@@ -86,8 +86,8 @@ class Credentials:
 
     def __init__(self, url: str, token: Token | None, source: str) -> None:
         parts = urlsplit(url)
-        self.userinfo = parts.username is not None or parts.password is not None
-        if token and self.userinfo:
+        userinfo = parts.username is not None or parts.password is not None
+        if token and userinfo:
             raise ConfigError(
                 f"url carries credentials (user:password@) and {source} sets a bearer token; "
                 "give one of them (a request carries one Authorization header)"
@@ -96,10 +96,9 @@ class Credentials:
         self.has_token = bool(token)
         self._provider = token if callable(token) else None
         self._seen: set[str] = set() if callable(token) or not token else {token}
-        self._basic = (parts.username or "", parts.password or "") if self.userinfo else None
+        self._basic = (parts.username or "", parts.password or "") if userinfo else None
         self.secrets = Secrets.of(self._seen, basic=self._basic)
-        self.fixed: dict[str, str] = {}
-        """The Authorization header every request carries (a fixed token, or basic auth)."""
+        self.fixed: dict[str, str] = {}  # the Authorization every request carries
         if isinstance(token, str) and token:
             self.fixed["Authorization"] = f"Bearer {token}"
         elif self._basic is not None:
@@ -127,7 +126,7 @@ class Credentials:
         """What to check after a 401/403: the credential that was actually sent."""
         if self.has_token:
             return f"{token_hint} (from {self.source})"
-        if self.userinfo:
+        if self._basic is not None:
             return "check the user name and password in the URL (sent as basic auth)"
         return f"the server wants credentials and none were sent; {token_how}"
 

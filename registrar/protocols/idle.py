@@ -14,8 +14,7 @@ KEEPALIVE_WINDOW = 60.0
 """A connection idle for longer than this may have been closed by the server's own idle
 timeout (aiohttp: 75 s), so re-opening it then proves nothing about a restart."""
 MAX_HARMLESS_CLOSES = 2
-"""Closes of the idle connection that a check showed harmless, after which this server's
-closes are no longer taken as signs of a restart (the watch interval remains)."""
+"""Closes a check showed harmless, after which this server's closes are no longer signs."""
 
 
 def wait_readable(sock: socket.socket | None, timeout: float, waker: Waker) -> bool:
@@ -47,11 +46,8 @@ class IdleCloses:
     closes at once, where idle times are too short to tell apart)."""
 
     def __init__(self) -> None:
-        self._signal_age: float | None = None
-        """Idle seconds at which the server closed our connection, while the check it
-        triggered has not yet said whether the route survived."""
-        self._closes_idle_after: float | None = None
-        """Idle seconds after which this server closes connections on its own (learned)."""
+        self._signal_age: float | None = None  # idle seconds of the close a check is to settle
+        self._closes_idle_after: float | None = None  # this server's own idle timeout, learned
         self._harmless = 0
 
     def is_sign(self, age: float) -> bool:
