@@ -64,8 +64,7 @@ class _Deadlines:
 
 
 DEADLINES = _Deadlines()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=DEADLINES._reset)
+os.register_at_fork(after_in_child=DEADLINES._reset)  # the parent's thread is not in the child
 
 
 class Watchdog:
@@ -75,8 +74,7 @@ class Watchdog:
     def __init__(self) -> None:
         self.at: float | None = None  # when the request in flight is due; None between requests
         self._fired = False
-        self.by_abort = False
-        """The request's end came from `fire()` (a stop), not from its deadline."""
+        self.by_abort = False  # the request's end came from `fire()` (a stop), not its deadline
         self._sockets: set[socket.socket] = set()
         self._wakes: set[threading.Event] = set()  # its waits not on a socket (a name lookup)
 

@@ -259,8 +259,7 @@ class Resolver:
 
 
 RESOLVER = Resolver()  # the process's: every transport's lookups go through it
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=RESOLVER._reset)
+os.register_at_fork(after_in_child=RESOLVER._reset)
 
 
 def connect(
