@@ -206,13 +206,9 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_hostile.py", "test_hostile_answers.py", "test_security.py"),
         "urllib3 under the HTTP transport: hostile answers, TLS",
     ),
-    "registrar.protocols.httpauth": (
-        ("test_token_provider.py", "test_security.py"),
-        "the HTTP transport's credentials: the token, its provider, basic auth",
-    ),
     "registrar.protocols.httpvalues": (
-        ("test_hostile_answers.py", "test_token_provider.py"),
-        "the HTTP transport's values: Retry-After, results, tokens",
+        ("test_hostile_answers.py", "test_token_provider.py", "test_security.py"),
+        "the HTTP transport's values: Retry-After, results, the token, its provider, basic auth",
     ),
     "registrar.protocols.idle": (
         ("test_fast_recovery.py", "test_many_descriptors.py"),

@@ -1,8 +1,5 @@
-"""The protocols registrar speaks, side by side, and the factories of the built-in ones
-(`"sglang"`, `"http"`, `"etcd"`, `"smg"`), each built from its settings value. Importing this
-package registers nothing: `registrar.core.registry` finds a protocol by name through the
-`registrar.protocols` entry-point group (the built-in ones are declared there too, and known to
-the registry by name should the package's metadata be missing)."""
+"""The factories of the built-in protocols, each built from its settings value; importing this
+registers nothing: the registry finds them by entry point (docs/index.md, "Package layout")."""
 
 from __future__ import annotations
 

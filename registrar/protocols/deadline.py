@@ -1,12 +1,5 @@
-"""The wall-clock deadline of a request, and the socket-level helpers it needs.
-
-A socket timeout bounds each read, not their sum: a server sending one byte every 400 ms, an
-endless chunked body or endless `100 Continue` answers would hold a request for ever. No HTTP
-library bounds the whole exchange, so this module does: a `Watchdog` per transport is armed for
-each request, and one helper thread for the process shuts the request's sockets down when it is
-due, which wakes a blocked connect, TLS handshake or read at once (and a wait for a name lookup,
-`registrar.protocols.resolver`).
-"""
+"""The wall-clock deadline of a whole request, which no HTTP library bounds (a socket timeout
+bounds each read, not their sum): docs/reliability.md, "Hostile servers"."""
 
 from __future__ import annotations
 
@@ -20,21 +13,15 @@ import struct
 import threading
 import time
 
-__all__ = ["DEADLINES", "DeadlineExceeded", "Watchdog", "ready", "shutdown"]
-
 
 class DeadlineExceeded(TimeoutError):
     """No complete answer within the request's deadline (however slowly bytes came)."""
 
 
 class _Deadlines:
-    """One helper thread for the whole process that ends requests past their deadline.
-
-    Each transport's `Watchdog` arms it per request. A thread per transport cost a thread
-    per registrar and a wake-up of it per request (about a tenth of a registration's CPU in a
-    fleet of 200); this one sleeps until the earliest deadline and is woken only when a sooner
-    one is armed. Entries of requests that ended are dropped when they come due. After a fork
-    the child starts afresh (the parent's thread does not exist there)."""
+    """One helper thread for the whole process that ends requests past their deadline: a thread
+    per transport cost a thread per registrar and a wake-up per request. Entries of requests
+    that ended are dropped when they come due."""
 
     def __init__(self) -> None:
         self._reset()
@@ -77,28 +64,19 @@ class _Deadlines:
 
 
 DEADLINES = _Deadlines()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=DEADLINES._reset)
+os.register_at_fork(after_in_child=DEADLINES._reset)  # the parent's thread is not in the child
 
 
 class Watchdog:
-    """Bounds each request of one transport in wall-clock time.
-
-    When the request in flight outlives its deadline, the process's deadline thread
-    (`_Deadlines`) shuts the transport's sockets down: that wakes a blocked connect, TLS
-    handshake or read at once, where a socket timeout would wait again after every byte.
-    Sockets are the connections' own (a TLS socket is handed over before its handshake), so
-    the shutdown reaches a handshake too."""
+    """Bounds each request of one transport: past its deadline, the deadline thread shuts the
+    transport's sockets down, which wakes a blocked connect, TLS handshake or read at once."""
 
     def __init__(self) -> None:
-        self.at: float | None = None
-        """When the request in flight is due to end; None between requests."""
+        self.at: float | None = None  # when the request in flight is due; None between requests
         self._fired = False
-        self.by_abort = False
-        """The request's end came from `fire()` (a stop), not from its deadline."""
+        self.by_abort = False  # the request's end came from `fire()` (a stop), not its deadline
         self._sockets: set[socket.socket] = set()
-        self._wakes: set[threading.Event] = set()
-        """Waits of the request that are not on a socket (a name lookup), ended with it."""
+        self._wakes: set[threading.Event] = set()  # its waits not on a socket (a name lookup)
 
     def begin(self, seconds: float) -> float:
         """Arm for a request of at most `seconds`; when it is due (monotonic)."""
@@ -156,16 +134,10 @@ class Watchdog:
         with DEADLINES.cond:
             self._wakes.discard(wake)
 
-    def close(self) -> None:
-        """Nothing to end: the deadline thread is the process's, and holds no socket of a
-        transport between its requests."""
-        self.end()
-
 
 def ready(fds: list[int], timeout: float, write: bool = False) -> set[int]:
-    """The descriptors among `fds` ready to read (or to write) within `timeout` seconds, or
-    closed, reset or in error. `poll()`, not `select()`: a fleet of registrars in one process
-    holds thousands of descriptors, and `select()` refuses any numbered 1024 or above."""
+    """The descriptors among `fds` ready to read (or to write) within `timeout`, or closed or in
+    error. `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's)."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLOUT if write else select.POLLIN)

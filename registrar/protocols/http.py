@@ -1,28 +1,12 @@
-"""The generic HTTP transport: the payload sent as JSON, classified by status.
-
-It implements `registrar.core.transport.Transport`; the SGLang protocol builds on it. It speaks
-HTTP/1.1 through urllib3's connection classes (`registrar.protocols.httpconn`) on one
-kept-alive connection, used by the registrar's thread only, which it opens, reuses and
-re-opens itself: a kept-alive connection the server dropped is evidence that the server process
-restarted, and this module sees every one. It does not go through a pool (`requests`'
-session, or urllib3's `HTTPConnectionPool`): a registration is two or three small requests,
-and those layers cost two to five times the CPU of the exchange itself, which a fleet of ranks
-in one process pays when a server appears and every rank registers at once
-(docs/benchmarks.md).
-
-Nothing a server does may hold the registrar's thread or its memory: every request has a
-wall-clock deadline (`registrar.protocols.deadline`), and an answer is read and decoded (gzip,
-deflate) up to a cap, by urllib3's bounded decoding. The idle connection is watched for the
-server closing it (`wait_idle`), and after a refusal a bare connect probes the port before a
-whole request is made.
-"""
+"""The generic HTTP transport: the payload sent as JSON, classified by status, on one kept-alive
+connection it opens itself (a pool would hide the re-opening that is evidence of a restart, and
+costs two to five times the CPU: docs/benchmarks.md). docs/architecture.md, "The layers"."""
 
 from __future__ import annotations
 
 import http.client
 import json as _json
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -37,13 +21,12 @@ from ..core import rules
 from ..core.diagnosis import Evidence
 from ..core.errors import describe_exception, root_cause
 from ..core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from ..core.redact import Secrets, clean, redact_url
+from ..core.redact import clean, redact_url
 from ..core.settings import HttpSettings
 from ..core.transport import Timeout, Token, connect_seconds, deadline_seconds
 from ..core.waker import Waker
 from .deadline import DeadlineExceeded
 from .deadline import Watchdog as _Watchdog
-from .httpauth import Credentials
 from .httpconn import (
     ConnectTimeout,
     Link,
@@ -52,42 +35,35 @@ from .httpconn import (
     TlsError,
     TlsFiles,
     exchange,
-    reusable,
 )
 from .httpvalues import (
     DEFAULT_MAX_ANSWER_BYTES,
+    Credentials,
     HttpResult,
     TokenUnavailable,
     parse_retry_after,
     phrase,
 )
-from .idle import KEEPALIVE_WINDOW, IdleCloses, Prober, wait_readable
-from .probe import Answer, evidence_for
-from .resolver import Unresolved
+from .idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
+from .probe import Answer, gather
+from .resolver import RESOLVER, Unresolved
 
 logger = logging.getLogger(__name__)
 
 _RETRIED_4XX = frozenset({408, 429})
 _RETRY_AFTER_CODES = frozenset({429, 503})
-EXCERPT_BYTES = 1024
-"""An error answer is read up to this many bytes: its excerpt shows no more than that."""
-# Everything by which an exchange fails rather than answers. Anything else raised inside a
-# request is a bug, left to the registrar's loop to log and classify (see core/runner.py).
+EXCERPT_BYTES = 1024  # an error answer is read up to this many bytes
+# How an exchange fails rather than answers; anything else is a bug, left to the loop's log.
 _EXCHANGE_ERRORS = (HTTPError, http.client.HTTPException, OSError, ValueError)
 
 
 class HttpTransport:
     """Registers by sending the payload as JSON (`PUT {url}{path}` by default).
 
-    `verify` is True (system CAs), False, or the path of a CA bundle. Credentials in the URL are
-    sent as basic auth and never shown; the token is sent as `Authorization: Bearer` (one or the
-    other: both is a `ConfigError`, so a 401 can only blame the credential that was sent).
-    `token_source` names where the token came from, for messages (never the token itself).
-
-    `timeout` is the request's deadline: a float bounds the whole request (connect, TLS, headers
-    and body together) and each step within it; a (connect, read) pair bounds connecting and
-    each read, and the whole request by their sum. `max_answer_bytes` caps what is read and
-    decoded of a successful answer; an error answer is read up to `EXCERPT_BYTES`.
+    `timeout` is the request's deadline: a float bounds the whole request and each step within
+    it; a (connect, read) pair bounds connecting and each read, and the whole by their sum.
+    `token_source` names where the token came from, for messages; `max_answer_bytes` caps what
+    is read of a successful answer.
     """
 
     token_hint = "check the auth token"
@@ -110,77 +86,56 @@ class HttpTransport:
         self._url = settings.url
         parts = urlsplit(self._url)
         self._auth = Credentials(self._url, settings.token, token_source)
-        self._display_url = redact_url(self._url)
+        self.display_url = redact_url(self._url)
         self._path = path if path.startswith("/") else f"/{path}"
         self._method = method
-        self._timeout = settings.timeout
-        self._deadline = deadline_seconds(self._timeout)
+        self.deadline = deadline_seconds(settings.timeout)  # seconds one request may take in all
+        self._connect_timeout = connect_seconds(settings.timeout)
+        read = settings.timeout
+        self._read_timeout = read[1] if isinstance(read, tuple) else read
         self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
         self._watchdog = _Watchdog()
-        default_port = 443 if parts.scheme == "https" else 80
-        self._address = (parts.hostname or "", parts.port or default_port)
-        # A client certificate (mutual TLS) is for etcd; proxies from the environment are not
-        # followed (the bootstrap server is on the cluster's own network).
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        # Proxies from the environment are not followed: the server is on the cluster's network.
         tls = TlsFiles(settings.verify, cert) if parts.scheme == "https" else None
-        self._link = Link(self._address[0], self._address[1], tls, self._watchdog)
+        self._link = Link(parts.hostname or "", port, tls, self._watchdog)
         self._prefix = parts.path.rstrip("/")
         self._headers = {
             "User-Agent": f"registrar/{__version__}",
-            # Only what this module decodes, with a cap.
-            "Accept-Encoding": "gzip, deflate",
+            "Accept-Encoding": "gzip, deflate",  # only what httpconn decodes, with a cap
             **self._auth.fixed,
         }
         self._last_end: float | None = None
         self._kept_alive = False
-        self._refused = False  # the last exchange was refused: probe before the next request
-        self._prober = Prober(*self._address)
+        self._refused = False  # the last exchange was refused: probe before the next
         self._closes = IdleCloses()
 
     @property
-    def display_url(self) -> str:
-        return self._display_url
-
-    @property
-    def _secrets(self) -> Secrets:
-        """The token(s) and URL credentials kept out of every text."""
-        return self._auth.secrets
-
-    @property
     def endpoint(self) -> str:
-        """The registration URL, credentials redacted."""
-        return f"{self._display_url}{self._path}"
-
-    @property
-    def deadline(self) -> float:
-        """Seconds one request may take in all."""
-        return self._deadline
+        return f"{self.display_url}{self._path}"
 
     def close(self) -> None:
         self._link.discard_probe()
         self._link.close()
-        self._watchdog.close()
+        self._watchdog.end()
 
     def abort(self) -> None:
         """End the request in flight now, as if its deadline had passed (any thread)."""
         self._watchdog.fire()
 
     def resolution(self) -> str | None:
-        """The server's host name while its lookup stalls or fails ("resolving NAME"), for
-        the status; None while it resolves normally (any thread)."""
-        return self._link.resolution()
+        """For the status: "resolving NAME" while the lookup stalls or fails (any thread)."""
+        return RESOLVER.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait on the idle kept-alive connection: a server process that exits (restart, crash)
-        closes it at once, which is read as a sign that the route may be gone (True), unless
-        `IdleCloses` learned that this server closes idle connections on its own (then the rest
-        of the wait is on the timer). A connection that was not kept alive (HTTP/1.0,
-        `Connection: close`) is not watched at all."""
+        """Wait on the idle kept-alive connection (module idle): True when the server closed it,
+        a sign that the route may be gone, unless `IdleCloses` takes it for the server's own
+        idle timeout. A connection not kept alive is not watched."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
         if not wait_readable(sock, timeout, waker):
             return False
-        # Readable while idle: the server closed (or reset, or wrote on) the connection; it
-        # cannot be reused either way.
+        # Readable while idle: closed, reset or written on; not reusable either way.
         age = time.monotonic() - (self._last_end if self._last_end is not None else 0.0)
         self._link.close()
         if self._closes.is_sign(age):
@@ -193,28 +148,16 @@ class HttpTransport:
         return False
 
     def settle_idle_signal(self, route_survived: bool) -> None:
-        """Say what the check after a `wait_idle` sign found. A route that survived means the
-        server closed the connection on its own after that much idle time (its idle timeout),
-        so later closes after as long are not taken as signs."""
+        """What the check after a `wait_idle` sign found (a route that survived: the close was
+        the server's idle timeout)."""
         learned = self._closes.settle(route_survived)
         if learned is not None:
             logger.info(
                 "%s closes idle connections after about %.1f s; such closes no longer trigger "
                 "a route check",
-                self._display_url,
+                self.display_url,
                 learned,
             )
-
-    def _probe(self) -> ConnectionRefusedError | None:
-        """After a refusal, try a bare TCP connect first: another refusal costs a few tens of
-        µs of CPU instead of ~0.1 ms for a whole request. A connected socket is handed to the
-        next connection, so the server sees one connection either way."""
-        found = self._prober.connect(self._connect_timeout())
-        if isinstance(found, socket.socket):
-            self._link.discard_probe()
-            self._link.probe = found
-            return None
-        return found
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """A generic service has no route query; the SGLang transport overrides this."""
@@ -229,12 +172,10 @@ class HttpTransport:
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One request within the deadline; failures are returned, never raised. `path` may
-        carry a query (`with_query`). The body is read up to `limit` bytes whatever the status,
-        by default up to `max_answer_bytes` for a success and `EXCERPT_BYTES` otherwise.
-        `headers` are added to this request only."""
+        """One request within the deadline; failures are returned, never raised. The body is
+        read up to `limit` bytes, by default as `_cap` says."""
         if self._refused:
-            refusal = self._probe()
+            refusal = self._link.probe_port(self._connect_timeout)
             if refusal is not None:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
@@ -265,36 +206,34 @@ class HttpTransport:
         response: urllib3.BaseHTTPResponse | None = None
         error: BaseException | None = None
         body, complete = b"", False
-        due = self._watchdog.begin(self._deadline)
+        due = self._watchdog.begin(self.deadline)
         try:
-            conn = self._link.ensure(self._connect_timeout())
+            conn = self._link.ensure(self._connect_timeout)
             request = (method, target, data, sent)
-            response, body, complete = exchange(
-                conn, request, self._read_timeout(), self._cap(limit)
-            )
-            kept = complete and reusable(conn, response)
+            response, body, complete = exchange(conn, request, self._read_timeout, self._cap(limit))
+            # An HTTP/1.1 answer read whole that did not close it (`http.client` closes the
+            # connection of a `Connection: close` or HTTP/1.0 answer).
+            kept = complete and response.version == 11 and conn.sock is not None
         except _EXCHANGE_ERRORS as exc:
             error = exc
         finally:
             fired = self._watchdog.end()
         self._last_end = time.monotonic()
         self._refused = False
-        # Evidence whatever becomes of the request (one cut at its deadline must not lose it).
-        # An address that moved counts as the same evidence: a server replaced elsewhere.
+        # Evidence even of a request cut at its deadline; a moved address is a replaced server.
         reconnected = (
             was_alive and self._link.opened_count > opened_before
         ) or self._link.moves > moves_before
-        # A socket timeout as long as the deadline can end the request a moment before the
-        # deadline thread does (a busy machine): it ran out of the same time. A lookup that
-        # ran out of it says so itself ("could not resolve NAME within 1.0 s").
+        # A socket timeout as long as the deadline may beat the deadline thread: the same time
+        # ran out. A lookup says so itself ("could not resolve NAME within 1.0 s").
         unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
         timed_out = isinstance(error, TimeoutError) and self._last_end >= due
         if not unresolved and (fired or timed_out):
             return self._abandoned(reconnected)
         if error is not None or response is None:
             return self._failed(error, was_alive, reconnected)
-        # Only an answer read whole leaves its connection reusable: one cut at the cap is
-        # closed here, and re-opening it is our own doing, not evidence of a restart.
+        # Only an answer read whole leaves its connection reusable (re-opening one cut at the
+        # cap is our doing, not evidence).
         self._kept_alive = kept
         if not self._kept_alive:
             self._link.close()
@@ -306,8 +245,7 @@ class HttpTransport:
     def _prepare(
         self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
     ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
-        """The request's target, body and headers, or the result of a request that cannot be
-        made (a token provider that failed, a payload that is not JSON)."""
+        """The request's target, body and headers, or the result of one that cannot be made."""
         try:
             auth = self._auth.asked()
         except Exception as exc:  # a provider that fails fails this request, like the network
@@ -329,15 +267,14 @@ class HttpTransport:
         return f"{self._prefix}{path}", data, sent
 
     def _abandoned(self, reconnected: bool) -> HttpResult:
-        """The deadline (or a stop) ended the request: whatever the shutdown made the exchange
-        look like (an EOF inside the headers can even pass for a complete answer), it ran out
-        of time. `reconnected`: it re-opened the kept-alive connection first (evidence)."""
+        """The deadline (or a stop) ended the request, whatever the shutdown made the exchange
+        look like (an EOF inside the headers can pass for a complete answer)."""
         self._kept_alive = False
         self._link.close()
         exceeded = DeadlineExceeded(
             "request abandoned: stopping"
             if self._watchdog.by_abort
-            else f"no complete answer within the request deadline of {self._deadline:g} s"
+            else f"no complete answer within the request deadline of {self.deadline:g} s"
         )
         return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
 
@@ -355,8 +292,8 @@ class HttpTransport:
         return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
 
     def _cap(self, limit: int | None) -> Callable[[int], int]:
-        """How much of an answer to read by its status: `limit` when given, else up to
-        `max_answer_bytes` for a success and `EXCERPT_BYTES` otherwise."""
+        """How much of an answer to read by its status: `limit`, else `max_answer_bytes` for a
+        success and `EXCERPT_BYTES` otherwise."""
         if limit is not None:
             return lambda _: limit
         return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
@@ -366,15 +303,17 @@ class HttpTransport:
         return self.classify_registration(result)
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
-        """What a fresh probe of the URL sees, for a diagnosis (protocols/probe.py)."""
-        return evidence_for(self._url, self.probe_path or self._path, payload, self.recognise)
+        """What a fresh probe sees, the rank's own HTTP port knocked on too when it has one."""
+        port = payload.get("prefill_http_port")
+        http_port = port if isinstance(port, int) and not isinstance(port, bool) else None
+        path = self.probe_path or self._path
+        return gather(self._url, path, self.recognise, http_port=http_port)
 
-    probe_path: str | None = None
-    """What the probe GETs (None: the registration path)."""
+    probe_path: str | None = None  # what the probe GETs (None: the registration path)
 
     def recognise(self, answer: Answer) -> bool:
-        """Whether the probe's answer is this server's own: any but an HTML page (a generic
-        registration endpoint has no signature to look for)."""
+        """Whether the probe's answer is this server's own: a generic endpoint has no signature,
+        so any but an HTML page."""
         return answer.content_type != "text/html"
 
     def describe_error(self, exc: BaseException) -> str:
@@ -392,15 +331,15 @@ class HttpTransport:
             else:
                 text = f"TLS failed with {self.endpoint}: {describe_exception(exc)}"
         elif isinstance(exc, ConnectTimeout):
-            text = f"connect timed out after {self._connect_timeout()} s"
+            text = f"connect timed out after {self._connect_timeout} s"
         elif isinstance(exc, ReadTimeout):
-            text = f"no answer within the read timeout of {self._read_timeout()} s"
+            text = f"no answer within the read timeout of {self._read_timeout} s"
         else:
             text = describe_exception(exc)
-        return clean(text, secrets=self._secrets)
+        return clean(text, secrets=self._auth.secrets)
 
     def unreachable(self, result: HttpResult) -> RouteCheck:
-        """The route check of an exchange that failed (no answer): unreachable, and why."""
+        """The route check of an exchange that failed (no answer)."""
         assert result.error is not None
         return RouteCheck(
             Route.UNREACHABLE,
@@ -409,25 +348,12 @@ class HttpTransport:
             broken=result.reconnected,
         )
 
-    def credentials_hint(self) -> str:
-        """What to check after a 401/403: the credential that was actually sent."""
-        return self._auth.hint(self.token_hint, self.token_how)
-
-    def _connect_timeout(self) -> float:
-        return connect_seconds(self._timeout)
-
-    def _read_timeout(self) -> float:
-        return self._timeout[1] if isinstance(self._timeout, tuple) else self._timeout
-
-    def excerpt(self, result: HttpResult | str, limit: int = 200) -> str:
+    def excerpt(self, result: HttpResult) -> str:
         """A short, single-line, escaped, secret-free piece of a response body."""
-        text = result if isinstance(result, str) else result.text
-        cut = not isinstance(result, str) and not result.complete
-        flat = " ".join(text.split())
-        return clean(flat, limit, self._secrets, cut=cut)
+        flat = " ".join(result.text.split())
+        return clean(flat, 200, self._auth.secrets, cut=not result.complete)
 
     def classify_registration(self, result: HttpResult) -> RegisterOutcome:
-        """Map one registration exchange to a verdict."""
         if result.error is not None:
             fatal = isinstance(result.error, TlsError | http.client.InvalidURL)
             return RegisterOutcome(
@@ -451,9 +377,9 @@ class HttpTransport:
                 Verdict.RETRY, status_code=code, error=detail, retry_after=retry_after
             )
         if code in (401, 403):
-            hint = self.credentials_hint()
+            hint = self._auth.hint(self.token_hint, self.token_how)
         elif 300 <= code < 400:
-            # Not even a redacted Location: its path or query may carry a token of its own.
+            # Not even a redacted Location: its query may carry a token of its own.
             hint = (
                 "redirected elsewhere (the Location is not shown: it may carry credentials); "
                 "point the URL at the bootstrap server itself"

@@ -1,17 +1,6 @@
-"""One kept-alive HTTP/1.1 connection on urllib3, and one exchange on it read up to a cap.
-
-urllib3 does the HTTP: its connection classes (`urllib3.connection.HTTPConnection` and
-`HTTPSConnection`, without a pool: the transport keeps one connection, used by one thread, and
-must see every time it is opened again), its TLS context (`create_urllib3_context`), its
-Content-Length enforcement and its decoding, bounded as it inflates
-(`HTTPResponse.read(amt, decode_content=True)`). Its exceptions are mapped here to the ones
-the transport classifies. What no library offers is kept: the connection's socket goes to the
-transport's `Watchdog` before anything is sent or shaken on it, a socket a bare connect
-probe already opened becomes the next connection's, and the host name is resolved inside the
-request's deadline (`registrar.protocols.resolver`, in place of the `getaddrinfo` that urllib3's
-`create_connection` makes outside it), looked up again before each request: an address that
-moved closes the kept connection, as a restarted server would.
-"""
+"""One kept-alive HTTP/1.1 connection on urllib3's connection classes (no pool: the transport
+must see every time it is opened again), and one exchange on it read up to a cap; urllib3's
+exceptions mapped to the transport's. docs/architecture.md, "The layers"."""
 
 from __future__ import annotations
 
@@ -20,44 +9,25 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.exceptions import (
-    ConnectTimeoutError,
-    DecodeError,
-    HTTPError,
-    NewConnectionError,
-    ReadTimeoutError,
-)
+from urllib3.exceptions import DecodeError, HTTPError, ReadTimeoutError
 from urllib3.exceptions import SSLError as Urllib3SSLError
 from urllib3.util.ssl_ import create_urllib3_context
 
 from ..core.errors import describe_exception
 from ..core.redact import clean
 from .deadline import Watchdog
-from .resolver import RESOLVER, Resolved, Resolver, connect
-
-__all__ = [
-    "ConnectTimeout",
-    "Link",
-    "LocalError",
-    "ReadTimeout",
-    "TlsError",
-    "TlsFiles",
-    "exchange",
-    "reusable",
-]
+from .resolver import RESOLVER, Resolved, connect
 
 _CHUNK = 16 * 1024
-_RAW_SLACK = 4
-"""Compressed bytes read may exceed the decoded cap this many times over (a gzip stream of
-empty blocks inflates to nothing), plus one chunk."""
+_NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
+_RAW_SLACK = 4  # compressed bytes may exceed the cap this many times (empty gzip blocks)
 _DECODED = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
-"""The Content-Encodings asked for (`Accept-Encoding: gzip, deflate`): urllib3 would pass an
-unknown one through undecoded, and decodes brotli or zstd when their packages happen to be
-installed; an answer in any other is an error, not garbage."""
+"""The encodings asked for: urllib3 would pass an unknown one through undecoded (and decodes
+brotli or zstd when installed); an answer in any other is an error, not garbage."""
 
 
 class ConnectTimeout(TimeoutError):
@@ -69,24 +39,20 @@ class ReadTimeout(TimeoutError):
 
 
 class TlsError(ConnectionError):
-    """TLS refused the exchange: the server's certificate failed verification, the handshake
-    failed, or the server's TLS layer answered with an alert (say, about our certificate).
-    Retrying does not fix it: the registration fails with what to change."""
+    """TLS refused the exchange (verification, handshake, an alert): retrying does not fix it."""
 
 
 class LocalError(OSError):
-    """A file this side needs (CA bundle, client certificate) could not be read: the attempt
-    fails and is retried (it may be mid-rotation); it says nothing of the server."""
+    """A file this side needs (CA bundle, client certificate) is unreadable: retried (it may be
+    mid-rotation); it says nothing of the server."""
 
 
-_HANDSHAKING = threading.local()
-"""The watchdog of the connection this thread is opening, if any."""
+_HANDSHAKING = threading.local()  # the watch of the connection this thread is opening
 
 
 class _WatchedSSLSocket(ssl.SSLSocket):
-    """The TLS socket `SSLContext.wrap_socket` makes for our contexts (`sslsocket_class`):
-    handed to the opening connection's watchdog before its handshake, since the plain socket
-    the watchdog held is detached by the wrap, so a deadline reaches a handshake too."""
+    """Our contexts' TLS socket, handed to the watchdog before its handshake (the wrap detaches
+    the plain socket it held), so a deadline reaches a handshake too."""
 
     def do_handshake(self, block: bool = False) -> None:
         watch: Callable[[socket.socket], None] | None = getattr(_HANDSHAKING, "watch", None)
@@ -96,12 +62,9 @@ class _WatchedSSLSocket(ssl.SSLSocket):
 
 
 class TlsFiles:
-    """The TLS context for `verify` (True: the system's CAs; False: no verification; a path:
-    that CA bundle or folder) and an optional client certificate (`cert`: certificate file,
-    key file), built by urllib3 (`create_urllib3_context`: TLS 1.2 at least, its ciphers).
-    `context()` builds it when a connection opens and keeps it while those files are
-    unchanged: a rotated CA bundle or certificate is read again, and one missing for now fails
-    that connection (`OSError`, retried) instead of the registrar."""
+    """The TLS context for `verify` (True: the system's CAs; False: none; a path: that bundle or
+    folder) and a client `cert` (certificate file, key file), built by urllib3. Kept while those
+    files are unchanged: a rotated one is read again, a missing one fails that connection."""
 
     def __init__(self, verify: bool | str, cert: tuple[str, str] | None) -> None:
         self._verify = verify
@@ -153,71 +116,36 @@ class TlsFiles:
 
 
 class _Http(HTTPConnection):
-    """urllib3's connection, on the socket the link gives it."""
+    """urllib3's connection, on the socket its link opens (`Link.opened`)."""
 
-    def __init__(self, link: Link) -> None:
-        super().__init__(link.host, link.port)
-        self._link = link
+    link: Link
 
     def _new_conn(self) -> socket.socket:
-        return self._link.opened(lambda: _dial(self, self._link), self.timeout)
+        return self.link.opened(self.socket_options or ())
 
 
-class _Https(HTTPSConnection):
-    """urllib3's TLS connection, on the socket the link gives it (the certificate is checked
-    against the host name, whatever address it resolved to)."""
-
-    def __init__(self, link: Link, context: ssl.SSLContext) -> None:
-        super().__init__(link.host, link.port, ssl_context=context)
-        self._link = link
-
-    def _new_conn(self) -> socket.socket:
-        return self._link.opened(lambda: _dial(self, self._link), self.timeout)
-
-
-def _dial(conn: HTTPConnection, link: Link) -> socket.socket:
-    """What urllib3's `_new_conn` does, on the addresses the link resolved within the deadline
-    (urllib3's own `create_connection` would call `getaddrinfo` outside it)."""
-    timeout = conn.timeout if isinstance(conn.timeout, int | float) else None
-    try:
-        return connect(link.answer(timeout), timeout, link.address, conn.socket_options or ())
-    except TimeoutError as exc:
-        raise ConnectTimeoutError(
-            conn, f"Connection to {conn.host} timed out. (connect timeout={timeout})"
-        ) from exc
+class _Https(HTTPSConnection, _Http):
+    """The same over TLS (the certificate is checked against the host name, not the address)."""
 
 
 class Link:
-    """The transport's one connection to the server, used by one thread at a time.
+    """The transport's one connection to the server, used by one thread at a time: opened on
+    demand (on a probe's socket, when there is one), counted (re-opening a kept-alive one is
+    evidence of a restart) and watched by the watchdog."""
 
-    Opened on demand (on the socket a probe already connected, when there is one), counted
-    (a kept-alive connection that had to be opened again is evidence that the server
-    restarted), and watched: its socket goes to the watchdog, whose shutdown then reaches it
-    even inside a TLS handshake."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        tls: TlsFiles | None,
-        watchdog: Watchdog,
-        resolver: Resolver = RESOLVER,
-    ) -> None:
+    def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: Watchdog) -> None:
         self.host = host
         self.port = port
         self.tls = tls
         self.watchdog = watchdog
-        self.resolver = resolver
         self.conn: HTTPConnection | None = None
         self.watched: socket.socket | None = None
         self.opened_count = 0
         self.probe: socket.socket | None = None
-        self.address: str | None = None
-        """The address the last connection went to (kept while the name still has it)."""
-        self.moves = 0
-        """Times the name's answer no longer had that address: evidence, as a re-opened
-        connection is, that the server process was replaced."""
-        self._resolved: Resolved | None = None
+        self.address: str | None = None  # the last connection's, kept while the name has it
+        self.moves = 0  # times the name lost that address: evidence of a replaced server
+        self._resolved = Resolved(())
+        self._timeout = 0.0
 
     @property
     def sock(self) -> socket.socket | None:
@@ -236,16 +164,20 @@ class Link:
                 pass
         self.close()
         self.opened_count += 1
-        conn = _Http(self) if self.tls is None else _Https(self, self.tls.context())
+        conn: _Http
+        if self.tls is None:
+            conn = _Http(self.host, self.port)
+        else:
+            conn = _Https(self.host, self.port, ssl_context=self.tls.context())
+        conn.link = self
         conn.timeout = connect_timeout
+        self._timeout = connect_timeout
         self.conn = conn
         _HANDSHAKING.watch = self.watch
         try:
             conn.connect()
-        except ConnectTimeoutError as exc:
-            if isinstance(exc, NewConnectionError) and isinstance(exc.__cause__, OSError):
-                raise exc.__cause__ from None  # refused, unreachable: the OS's own words
-            raise ConnectTimeout(f"connect timed out after {connect_timeout:g} s") from exc
+        except ConnectTimeout:
+            raise
         except OSError as exc:
             raise _connect_error(exc, connect_timeout) from exc
         finally:
@@ -258,7 +190,7 @@ class Link:
         """Resolve the host within the request's deadline (`Unresolved` when it has no address):
         an answer without the address in use closes the kept connection (and a probe's) and
         counts a move."""
-        resolved = self.resolver.resolve(self.host, self.port, timeout, self.watchdog)
+        resolved = RESOLVER.resolve(self.host, self.port, timeout, self.watchdog)
         if self.address is not None and self.address not in resolved.hosts:
             self.moves += 1
             self.address = None
@@ -266,28 +198,21 @@ class Link:
             self.close()
         self._resolved = resolved
 
-    def answer(self, timeout: float | None) -> Resolved:
-        """The addresses `look()` found for this request (resolved now without one)."""
-        if self._resolved is None:
-            self.look(timeout if timeout is not None else 5.0)
-        assert self._resolved is not None
-        return self._resolved
-
-    def opened(self, connect: Callable[[], socket.socket], timeout: float | None) -> socket.socket:
-        """The new connection's socket (the probe's, or `connect()`'s), watched from now on."""
+    def opened(self, options: Sequence[tuple[int, int, int | bytes]]) -> socket.socket:
+        """The new connection's socket, watched from now on: the probe's, or one connected to
+        the addresses `look()` found (urllib3 would call `getaddrinfo` outside the deadline)."""
         sock = self.take_probe()
         if sock is None:
-            sock = connect()
+            try:
+                sock = connect(self._resolved, self._timeout, self.address, options)
+            except TimeoutError as exc:
+                raise ConnectTimeout(f"connect timed out after {self._timeout:g} s") from exc
         else:
-            sock.settimeout(timeout)
+            sock.settimeout(self._timeout)
         with contextlib.suppress(OSError):
             self.address = str(sock.getpeername()[0])
         self.watch(sock)
         return sock
-
-    def resolution(self) -> str | None:
-        """What the resolver does to this host, when it matters (for the status)."""
-        return self.resolver.describe(self.host)
 
     def watch(self, sock: socket.socket) -> None:
         """Hand the connection's own socket to the watchdog (no duplicate: one descriptor
@@ -298,6 +223,21 @@ class Link:
             self.watchdog.untrack(self.watched)
         self.watched = sock
         self.watchdog.track(sock)
+
+    def probe_port(self, timeout: float) -> ConnectionRefusedError | None:
+        """After a refusal, a bare connect first (another refusal costs tens of µs of CPU, not a
+        whole request); a connected socket becomes the next connection's. The refusal, or None
+        when it cannot tell (the request will meet the error and name it)."""
+        try:
+            first = RESOLVER.resolve(self.host, self.port, timeout).addresses[0]
+            sock = connect(Resolved((first,)), timeout, options=_NODELAY)
+        except ConnectionRefusedError as exc:
+            return exc
+        except OSError:
+            return None
+        self.discard_probe()
+        self.probe = sock
+        return None
 
     def take_probe(self) -> socket.socket | None:
         sock, self.probe = self.probe, None
@@ -390,10 +330,3 @@ def _read_capped(response: urllib3.BaseHTTPResponse, limit: int) -> tuple[bytes,
             return bytes(body[:limit]), False
         if name in ("", "identity") and response.length_remaining == 0:
             return bytes(body), True  # all its Content-Length: no read to find the end
-
-
-def reusable(conn: HTTPConnection, response: urllib3.BaseHTTPResponse) -> bool:
-    """Whether the connection may carry another request after this answer, read whole: an
-    HTTP/1.1 answer that did not close it (`http.client`, under urllib3, closes the connection
-    of an answer that ends it, `Connection: close` or HTTP/1.0)."""
-    return response.version == 11 and conn.sock is not None

@@ -1,11 +1,6 @@
-"""The cheap probe behind a diagnosis: resolve the name, connect to the port, see what speaks
-there (a bootstrap server, TLS, plain HTTP, an HTML page, a gateway), and knock on other ports
-of the same host the caller knows of. Each step has a short timeout and never raises: what
-failed is part of the evidence (`core.diagnosis.Evidence`).
-
-Its own fresh connections, never the transport's kept-alive one: a probe must not disturb the
-evidence of a server restart that the transport keeps. No credential is ever sent.
-"""
+"""The cheap probe behind a diagnosis: resolve, connect, see what speaks there, knock on the
+rank's own port. Each step has a short timeout and never raises (what failed is evidence). Its
+own fresh connections, never the transport's (whose re-opening is evidence); no credential."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 from urllib.parse import urlsplit
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -26,10 +20,7 @@ from ..core.redact import clean, redact_url
 from ..core.untrusted import load_json
 from .resolver import RESOLVER, Unresolved, is_ip_literal
 
-__all__ = ["Answer", "ProbeOptions", "Recognise", "evidence_for", "fetch", "gather", "resolve"]
-
-PROBE_TIMEOUT = 2.0
-"""Seconds for each step of a probe (resolve, connect, one answer)."""
+PROBE_TIMEOUT = 2.0  # seconds for each step (resolve, connect, one answer)
 _HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
 
 
@@ -52,9 +43,8 @@ Recognise = Callable[[Answer], bool]
 
 
 def resolve(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], str]:
-    """The addresses `host` resolves to, and why none (the resolver's words, or a timeout).
-    The lookup is the transports' own (`RESOLVER`: one in flight per name, abandoned at
-    `timeout`), so a probe under a stalled resolver costs no thread of its own."""
+    """The addresses `host` resolves to, and why none. The transports' own lookup (`RESOLVER`),
+    so a probe under a stalled resolver costs no thread of its own."""
     try:
         resolved = RESOLVER.resolve(host, port, timeout)
     except Unresolved as exc:
@@ -76,7 +66,7 @@ def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]
 
 
 def _tls_context() -> ssl.SSLContext:
-    # Only to see whether TLS answers: nothing secret is sent, so nothing is verified.
+    """Only to see whether TLS answers: nothing secret is sent, so nothing is verified."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -97,7 +87,7 @@ def speaks_tls(address: str, port: int, host: str, timeout: float) -> tuple[bool
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """How a probe asks: each step's timeout, and headers for every GET (a gateway's key)."""
+    """Each step's timeout, and headers for every GET (a gateway's key)."""
 
     timeout: float = PROBE_TIMEOUT
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -160,10 +150,6 @@ class _Target:
     tls: bool
     options: ProbeOptions
 
-    @property
-    def timeout(self) -> float:
-        return self.options.timeout
-
     def get(self, path: str, tls: bool | None = None) -> Answer | str:
         use = self.tls if tls is None else tls
         return fetch(
@@ -196,7 +182,8 @@ def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[See
 def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
     """No HTTP answer on the scheme the URL names: try the other one (unless the server went
     away meanwhile: then that is what was seen)."""
-    gone, how = _connect(target.address, target.port, target.timeout)
+    timeout = target.options.timeout
+    gone, how = _connect(target.address, target.port, timeout)
     if gone is not None:
         return gone, how
     if target.tls:
@@ -204,13 +191,14 @@ def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
         if isinstance(plain, Answer):
             return Seen.PLAIN, f"TLS: {why}; plain GET / answered {plain.status}"
         return Seen.TLS_FAILED, why
-    shaken, how = speaks_tls(target.address, target.port, target.host, target.timeout)
+    shaken, how = speaks_tls(target.address, target.port, target.host, timeout)
     if shaken:
         return Seen.TLS, f"plain HTTP: {why}; {how}"
     return Seen.OTHER, f"not HTTP: {why}"
 
 
-def _knock(address: str, port: int, label: str, host: str, timeout: float) -> Knock:
+def _knock(address: str, port: int, host: str, timeout: float) -> Knock:
+    label = "the prefill's HTTP port"
     refused, _ = _connect(address, port, timeout)
     if refused is not None:
         return Knock(port, label, listens=False, http=False)
@@ -227,8 +215,7 @@ def gather(
     options: ProbeOptions = ProbeOptions(),
 ) -> Evidence:
     """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
-    listens, knock on `http_port` (the rank's own HTTP port) on the same host. Never raises."""
-    others = [(http_port, "the prefill's HTTP port")] if http_port else []
+    listens, knock on `http_port` (the rank's own HTTP port) on the same host."""
     timeout = options.timeout
     parts = urlsplit(url)
     host = parts.hostname or ""
@@ -247,16 +234,9 @@ def gather(
         seen, address = replace(seen, resolved=True), addresses[0]
     failed, why = _connect(address, port, timeout)
     if failed is not None:
-        knocks = tuple(_knock(address, p, label, host, timeout) for p, label in others if p != port)
+        own = http_port if http_port != port else None
+        knocks = (_knock(address, own, host, timeout),) if own else ()
         return replace(seen, seen=failed, detail=why, others=knocks)
     target = _Target(address, port, host, parts.path.rstrip("/"), parts.scheme == "https", options)
     kind, detail = _what_answers(target, path, recognise)
     return replace(seen, seen=kind, detail=detail)
-
-
-def evidence_for(url: str, path: str, payload: Mapping[str, Any], recognise: Recognise) -> Evidence:
-    """`gather` for a transport: the rank's own HTTP port (`prefill_http_port` in the payload),
-    when there is one, is knocked on too and compared with the URL's port."""
-    port = payload.get("prefill_http_port")
-    http_port = port if isinstance(port, int) and not isinstance(port, bool) else None
-    return gather(url, path, recognise, http_port=http_port)

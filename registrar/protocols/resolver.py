@@ -1,19 +1,6 @@
-"""Host names resolved inside a request's deadline, and the last good address kept.
-
-`socket.getaddrinfo` blocks and cannot be interrupted (urllib3 and `socket.create_connection`
-call it outside any deadline a caller sets): a stalled resolver would hold a registrar, its
-`stop()` and a drain for as long as it stalls. Only a lookup the caller can abandon keeps a
-deadline true, so every lookup runs on a worker thread that its callers wait for only within
-their own deadlines. At most one lookup per name is in flight: later callers wait on the same
-one, so a stalled resolver costs one thread per name, never one per attempt.
-
-A name that resolved once keeps its last good answer: while the resolver fails or stalls, that
-answer is used (said once in the log, and in the status), as resolver caches do (nscd, Envoy's
-DNS cache); the next answer the resolver gives replaces it at once. An answer is reused without
-asking again for `FRESH` seconds, so a fleet of registrars on one name asks twice a second at
-most, and a check interval of that or longer sees a moved answer at its next check. An IP
-literal is never looked up.
-"""
+"""Host names resolved inside a request's deadline (`getaddrinfo` cannot be interrupted, so it
+runs on a worker thread, one in flight per name), and the last good address kept while the
+resolver fails or stalls: docs/reliability.md, "A resolver that stalls, fails or moves"."""
 
 from __future__ import annotations
 
@@ -26,58 +13,26 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..core.errors import describe_exception
 from ..core.redact import clean
-
-__all__ = [
-    "FRESH",
-    "RESOLVER",
-    "STALE_WAIT",
-    "STALLED_AFTER",
-    "Abandon",
-    "Address",
-    "Resolved",
-    "Resolver",
-    "Unresolved",
-    "connect",
-    "is_ip_literal",
-    "seconds",
-]
+from .deadline import Watchdog
 
 logger = logging.getLogger("registrar")
 
-FRESH = 0.5
-"""Seconds an answer (or a failure) is reused before the resolver is asked again."""
+FRESH = 0.5  # seconds an answer (or a failure) is reused: a fleet asks twice a second at most
 STALE_WAIT = 0.5
-"""With a last good answer, how long a caller waits for a lookup in flight before using it: a
-resolver that answers in time is followed at once, a stalled one costs one caller this long."""
-STALLED_AFTER = 1.0
-"""A lookup in flight longer than this shows in the status ("resolving NAME")."""
+"""With a last good answer, how long a caller waits for a lookup in flight before using it."""
+STALLED_AFTER = 1.0  # a lookup in flight longer shows in the status ("resolving NAME")
+QUIET = 60.0  # after a warning about a name, its next outage is logged at DEBUG this long
 
-QUIET = 60.0
-"""Seconds after a warning about a name during which its next outage is logged at DEBUG."""
-
-Address = tuple[int, int, int, tuple[Any, ...]]
-"""What `socket.socket()` and `connect()` take: family, type, protocol and socket address."""
-Lookup = Callable[..., Sequence[tuple[Any, ...]]]
-"""`socket.getaddrinfo`'s signature (a fake one in tests)."""
+Address = tuple[int, int, int, tuple[Any, ...]]  # family, type, protocol, socket address
+Lookup = Callable[..., Sequence[tuple[Any, ...]]]  # `socket.getaddrinfo`'s (a fake in tests)
 
 
 class Unresolved(OSError):
-    """The name had no address within the deadline, or the resolver said it has none: the
-    attempt fails and is retried like a connection that failed."""
-
-
-class Abandon(Protocol):
-    """What ends a wait early (a request's `Watchdog`: its deadline, or a stop)."""
-
-    def attach(self, wake: threading.Event) -> bool:
-        """Set `wake` when the request ends; False when it has already ended."""
-        ...
-
-    def detach(self, wake: threading.Event) -> None: ...
+    """No address within the deadline, or none at all: retried like a failed connection."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +40,7 @@ class Resolved:
     """The addresses to connect to, in the resolver's order."""
 
     addresses: tuple[Address, ...]
-    stale: bool = False
-    """The last good answer, used because the resolver fails or stalls."""
+    stale: bool = False  # the last good answer, used because the resolver fails or stalls
 
     @property
     def hosts(self) -> frozenset[str]:
@@ -95,7 +49,7 @@ class Resolved:
 
 @dataclass
 class _Pending:
-    """One lookup in flight, and the events of those waiting on it."""
+    """One lookup in flight, and its waiters' events."""
 
     started: float
     waiters: set[threading.Event] = field(default_factory=set)
@@ -106,16 +60,11 @@ class _Pending:
 class _Name:
     """What is known of one name."""
 
-    good: tuple[Address, ...] | None = None
-    """The last good answer (port 0)."""
-    asked_at: float | None = None
-    """When the last lookup ended (answered or failed)."""
-    error: str | None = None
-    """Why the last lookup failed; None after an answer."""
+    good: tuple[Address, ...] | None = None  # the last good answer (port 0)
+    asked_at: float | None = None  # when the last lookup ended
+    error: str | None = None  # why the last lookup failed; None after an answer
     pending: _Pending | None = None
-    stale_said: int = 0
-    """The log level at which the last good answer was said to be in use in this outage
-    (0: not said); "resolves again" is said at INFO after a warning, else at DEBUG."""
+    stale_said: int = 0  # the level the stale answer was logged at in this outage (0: not)
     warned_at: float | None = None
 
 
@@ -136,7 +85,7 @@ def is_ip_literal(host: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _numeric(host: str, port: int) -> Resolved:
-    """An IP literal's address, without a lookup (kept: a request to one asks every time)."""
+    """An IP literal's address, without a lookup (cached: a request to one asks every time)."""
     answer = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
     return Resolved(tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer))
 
@@ -155,8 +104,7 @@ class Resolver:
     def __init__(
         self, lookup: Lookup | None = None, monotonic: Callable[[], float] = time.monotonic
     ) -> None:
-        self._lookup = lookup
-        """None: `socket.getaddrinfo`, looked up at each call (a test may replace it)."""
+        self._lookup = lookup  # None: `socket.getaddrinfo`, looked up at each call
         self._monotonic = monotonic
         self._reset()
 
@@ -170,11 +118,10 @@ class Resolver:
         self._names = names
 
     def resolve(
-        self, host: str, port: int, timeout: float, abandon: Abandon | None = None
+        self, host: str, port: int, timeout: float, abandon: Watchdog | None = None
     ) -> Resolved:
-        """The addresses of `host`, or `Unresolved` when it has none within `timeout` seconds
-        (or before `abandon` ends the wait): the last good answer when the resolver fails or
-        stalls, else its error."""
+        """The addresses of `host` within `timeout` (or before `abandon`'s request ends): the
+        last good answer when the resolver fails or stalls, else `Unresolved`."""
         host = host.strip("[]")
         if is_ip_literal(host):
             return _numeric(host, port)
@@ -212,17 +159,15 @@ class Resolver:
         if name.good is not None:
             in_flight = pending is not None and not pending.done
             started = pending.started if pending is not None else 0.0
-            if in_flight and self._monotonic() - started < STALLED_AFTER:
-                return Resolved(_with_port(name.good, port), stale=True)  # slow, not stalled
-            self._say_stale(name, host, "no answer" if in_flight else name.error)
+            if not in_flight or self._monotonic() - started >= STALLED_AFTER:  # not merely slow
+                self._say_stale(name, host, "no answer" if in_flight else name.error)
             return Resolved(_with_port(name.good, port), stale=True)
         if pending is None or pending.done:
             raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")
         raise Unresolved(f"could not resolve {clean(host, 200)} within {seconds(timeout)} s")
 
     def _say_stale(self, name: _Name, host: str, why: str | None) -> None:
-        """Log once per outage (and once a minute at most) that the last good answer is in
-        use: a resolver that is merely slow must not write a line per check."""
+        """Log once per outage (a minute apart at most) that the last good answer is in use."""
         if name.stale_said:
             return
         now = self._monotonic()
@@ -290,8 +235,8 @@ class Resolver:
         name.good = found
 
     def describe(self, host: str) -> str | None:
-        """For the status: a lookup in flight past its first second ("resolving NAME"), or the
-        last good address in use; None while the name resolves normally."""
+        """For the status: a lookup stalled ("resolving NAME"), or the last good address in use;
+        None while the name resolves normally."""
         key = host.strip("[]").rstrip(".").lower()
         with self._lock:
             name = self._names.get(key)
@@ -308,15 +253,13 @@ class Resolver:
         return None
 
     def in_flight(self) -> int:
-        """Lookups in flight (each on its own thread)."""
+        """Lookups in flight (a thread each)."""
         with self._lock:
             return sum(1 for name in self._names.values() if name.pending is not None)
 
 
-RESOLVER = Resolver()
-"""The process's resolver: every transport's lookups go through it."""
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=RESOLVER._reset)
+RESOLVER = Resolver()  # the process's: every transport's lookups go through it
+os.register_at_fork(after_in_child=RESOLVER._reset)
 
 
 def connect(
@@ -325,9 +268,8 @@ def connect(
     prefer: str | None = None,
     options: Sequence[tuple[int, int, int | bytes]] = (),
 ) -> socket.socket:
-    """A socket connected to one of `resolved`'s addresses, tried in turn (`prefer` first,
-    when it is among them: the address in use is kept while the name still has it); the last
-    error when none connects. `timeout` bounds each connect."""
+    """A socket connected to one of `resolved`'s addresses, tried in turn (`prefer`, the address
+    in use, first), each within `timeout`; the last error when none connects."""
     addresses = sorted(resolved.addresses, key=lambda a: a[3][0] != prefer)
     error: OSError = OSError("no address to connect to")
     for family, kind, proto, address in addresses:

@@ -1,23 +1,9 @@
 """SGLang's bootstrap protocol: payload validation, the rank a payload occupies, and a route
-check that tells a server that forgot us from one that is merely not ready.
-
-The real bootstrap server counts every accepted PUT, even for a rank already present, so
-re-sending a present route can make a half-registered topology look ready. Registration is
-therefore never repeated blindly: the route is checked, and only a route shown missing is sent
-again. A `503 ... (N workers registered)` alone is ambiguous (other ranks may be the missing
-ones), so the transport keeps evidence per server lifetime, reset at each accepted PUT, and
-reads a 503 as *missing* when any of these holds (see docs/sglang.md for why each is needed):
-
-- the count is 0;
-- the topology was seen ready (a 200) since our PUT;
-- the count is below the highest seen since our PUT;
-- a connection was refused since our PUT;
-- the kept-alive connection had to be re-opened since our PUT (a restarted process drops it).
-"""
+check that tells a server that forgot us from one merely not ready, by the evidence kept per
+server lifetime (docs/sglang.md, "How a missing route is detected")."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Mapping
@@ -34,7 +20,6 @@ from .httpvalues import HttpResult, validate_token, with_query
 from .probe import Answer
 
 __all__ = [
-    "OPTIONAL_FIELDS",
     "PROBE_PATH",
     "REQUIRED_FIELDS",
     "TOKEN_ENV",
@@ -46,8 +31,6 @@ __all__ = [
     "rank_of",
     "validate_payload",
 ]
-
-logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
 
@@ -69,16 +52,6 @@ REQUIRED_FIELDS: Mapping[str, type] = {
 }
 """Fields the real server reads; a missing one makes it answer a bare 500."""
 
-OPTIONAL_FIELDS = (
-    "kv_layout",
-    "dsv41_spec_layout",
-    "load_balance_method",
-    "enable_dsa_cache_layer_split",
-    "enable_kv_cache_sharding",
-    "prefill_http_port",
-    "decode_allocation_policy",
-)
-
 _SIZE_RANK = (
     ("attn_tp_size", "attn_tp_rank"),
     ("attn_cp_size", "attn_cp_rank"),
@@ -97,8 +70,8 @@ def count_in(text: str) -> int | None:
 
 
 def is_bootstrap_answer(answer: Answer) -> bool:
-    """Whether a GET of the all-`-1` route query was answered by an SGLang bootstrap server:
-    its server info (200, with the topology's sizes), or 503 "(N workers registered)"."""
+    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's: its server info (200,
+    with the topology's sizes), or 503 "(N workers registered)"."""
     if answer.status == 503:
         return count_in(answer.text) is not None
     if answer.status != 200:
@@ -120,7 +93,6 @@ class Rank:
     pp: int
 
     def query(self) -> dict[str, int]:
-        """The route query parameters for this rank."""
         return {
             "prefill_dp_rank": self.dp,
             "prefill_cp_rank": self.cp,
@@ -145,8 +117,8 @@ def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as d
     kv_cache_dtype: str = "auto",
     **fields: Any,
 ) -> dict[str, Any]:
-    """A complete payload for one rank, every required field filled with a single-rank default
-    unless given (any field, optional ones included, may be passed as a keyword)."""
+    """A complete payload for one rank: every required field a single-rank default unless given
+    (any other field too may be passed as a keyword)."""
     payload: dict[str, Any] = {
         "attn_tp_size": attn_tp_size,
         "attn_tp_rank": attn_tp_rank,
@@ -184,7 +156,6 @@ def validate_payload(payload: object) -> dict[str, Any]:
 
 
 def _field_problems(payload: Mapping[str, Any]) -> list[str]:
-    """Required fields missing or of the wrong type."""
     problems: list[str] = []
     missing = [name for name in REQUIRED_FIELDS if name not in payload]
     if missing:
@@ -228,26 +199,25 @@ def rank_of(payload: Mapping[str, Any]) -> Rank:
 
 
 def token_from_env(token: Token | None) -> Token | None:
-    """The explicit token (or token provider), else the one SGLang reads from its
-    environment."""
+    """The explicit token (or provider), else the one SGLang reads from its environment."""
     if token is not None:
         return token or None
     return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV)
 
 
 def token_source(token: Token | None) -> str:
-    """Where `token_from_env(token)` takes the token from, for messages."""
+    """Where `token_from_env(token)` takes it from, for messages."""
     return "token" if token else TOKEN_ENV
 
 
+@dataclass
 class _Evidence:
     """What has been seen of the server since our last accepted PUT."""
 
-    def __init__(self) -> None:
-        self.seen_ready = False
-        self.highest_count = 0
-        self.refused = False
-        self.reconnected = False
+    seen_ready: bool = False
+    highest_count: int = 0
+    refused: bool = False
+    reconnected: bool = False
 
     def reasons_forgotten(self, count: int) -> list[str]:
         reasons = []
@@ -271,8 +241,7 @@ class SGLangTransport(HttpTransport):
     token_how = f"pass one with token= or {TOKEN_ENV}"
 
     def __init__(self, url: str, **options: Any) -> None:
-        """`options` are `HttpTransport`'s (token, token_source, timeout, verify); the path is
-        SGLang's."""
+        """`options` are `HttpTransport`'s; the path is SGLang's."""
         super().__init__(url, path="/route", **options)
         self._evidence = _Evidence()
 
@@ -298,14 +267,10 @@ class SGLangTransport(HttpTransport):
         return check
 
     probe_path = PROBE_PATH
-
-    def recognise(self, answer: Answer) -> bool:
-        """SGLang's answer to the all-`-1` query: its server info (200), or 503 "(N workers
-        registered)" before every rank is in."""
-        return is_bootstrap_answer(answer)
+    recognise = staticmethod(is_bootstrap_answer)
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
-        """The ranks of the topology, which all register with this one server."""
+        """The ranks of the topology: all register with this one server."""
         dp = payload["system_dp_size"] if payload["system_dp_size"] > 1 else payload["attn_dp_size"]
         size = dp * payload["attn_cp_size"] * payload["attn_tp_size"] * payload["pp_size"]
         return max(1, int(size))
@@ -348,7 +313,7 @@ class SGLangTransport(HttpTransport):
         if ip == payload["rank_ip"] and port == payload["rank_port"]:
             return RouteCheck(Route.PRESENT, 200, f"registered as {ours}")
         # The server's words, escaped and capped: a newline in them must not forge a log line.
-        theirs = clean(f"{ip}:{port}", 120, self._secrets)
+        theirs = clean(f"{ip}:{port}", 120, self._auth.secrets)
         return RouteCheck(Route.CONFLICT, 200, f"our rank is registered as {theirs}, not {ours}")
 
     def _classify_not_ready(self, body: str) -> RouteCheck:
