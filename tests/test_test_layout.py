@@ -142,10 +142,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_sglang_plugin.py", "test_sglang_registrar.py"),
         "a rank's registrars inside SGLang",
     ),
-    "registrar.integrations.sglang.status": (
-        ("test_sglang_plugin.py", "test_sglang_gateway_plugin.py"),
-        "the /server_info fields",
-    ),
     "registrar.integrations.sglang.tables": (
         ("test_sglang_plugin.py", "test_sglang_capture.py"),
         "the bootstrap table, readiness and the /ready route",

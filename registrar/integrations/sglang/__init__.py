@@ -1,10 +1,5 @@
-"""registrar inside SGLang, through SGLang's plugin system: no change to SGLang's source.
-
-`pip install sglang-registrar` into SGLang's environment registers the entry point
-`registrar = registrar.integrations.sglang:load` in the `sglang.srt.plugins` group; SGLang's
-`load_plugins()` then loads it in every process it starts (the launcher, each scheduler, ...),
-filtered by `SGLANG_PLUGINS` like any plugin. See docs/sglang.md.
-
+"""registrar inside SGLang, through SGLang's plugin system (entry point
+`registrar = registrar.integrations.sglang:load` in `sglang.srt.plugins`; docs/sglang.md).
 Importing this package imports no SGLang: only `load()` (called by SGLang) does.
 """
 

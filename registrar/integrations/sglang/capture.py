@@ -1,12 +1,8 @@
-"""Registration where SGLang has no `_register_topology_row` (0.5.11-0.5.19).
-
-There `CommonKVManager.register_to_bootstrap` builds the URL and payload and sends them itself
-with the module-level `requests.put(url, json=payload, timeout=5)`, inside a blocking loop of 5
-tries (one try on 0.5.11). The AROUND hook lets SGLang build everything, as the REPLACE does on
-0.5.20+: for the call's duration, the module's `requests` is a proxy whose `put`, on the calling
-thread only, records `(url, json)` and answers 200, so SGLang's loop ends at its first try; every
-other thread and every other attribute reaches the real `requests`. Then each recorded row
-starts the same registrar the REPLACE starts.
+"""Registration where SGLang has no `_register_topology_row` (0.5.11-0.5.19): there
+`register_to_bootstrap` sends its PUT itself with the module-level `requests`, in a blocking
+loop. For the call's duration that `requests` is a proxy whose `put`, on the calling thread
+only, records `(url, json)` and answers 200, so SGLang builds everything and its loop ends at
+its first try; each recorded row then starts the registrar the REPLACE starts on 0.5.20+.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Accepted", "CapturingRequests", "around_register_to_bootstrap", "capturing"]
+from .rows import register_row
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +94,12 @@ def around_register_to_bootstrap(
     original: Callable[..., Any],
     manager: Any,
     *args: Any,
-    register: Callable[[Any, str, dict[str, Any]], None],
+    register: Callable[[Any, str, dict[str, Any]], None] = register_row,
     **kwargs: Any,
 ) -> Any:
-    """AROUND `register_to_bootstrap`: SGLang builds and "sends" its rows, captured; each then
-    starts a registrar (`register`, the REPLACE's function). A row whose registrar cannot start
-    is sent once as SGLang would (its own URL and payload), so the rank is never left
-    unregistered by the plugin."""
+    """AROUND `register_to_bootstrap`: each captured row starts a registrar (`register`). A row
+    whose registrar cannot start is sent once as SGLang would, so the plugin never leaves the
+    rank unregistered."""
     namespace = inspect.unwrap(original).__globals__
     with capturing(namespace) as rows:
         result = original(manager, *args, **kwargs)

@@ -1,7 +1,6 @@
-"""What the plugin will do in this environment's SGLang, read without starting any of it: the
-version, whether SGLang has its plugin system (0.5.11+), which targets its source has, and the
-upgrade advice. Behind `registrar sglang` (surfaces/cli/sglang.py), for where the plugin itself
-cannot speak: below 0.5.11 SGLang never loads it."""
+"""What the plugin will do in this environment's SGLang, read without starting any of it, behind
+`registrar sglang`: below 0.5.11 SGLang never loads the plugin, so it cannot speak for itself.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ from typing import Any
 
 from .probe import SourceProbe, sglang_root
 from .targets import NEWEST_KNOWN, OLDEST_WITH_PLUGINS, Plan, parse_release, plan, release_text
-
-__all__ = ["describe", "installed_report"]
 
 _FULL = (0, 5, 22)
 """The first release with every target."""

@@ -1,7 +1,6 @@
 """A prefill rank's registrations inside SGLang: one `Registrar` per topology row, kept on the
-KV manager, started from SGLang's own URL and payload (by the REPLACE of
-`_register_topology_row` on 0.5.20+, by the capture of `register_to_bootstrap` below it), and
-stopped at a role switch or at process exit."""
+KV manager, started from SGLang's own URL and payload, stopped at a role switch or process exit.
+"""
 
 from __future__ import annotations
 
@@ -20,16 +19,6 @@ from ...protocols.sglang import rank_of
 from ...surfaces.verbose import make_verbose
 from .settings import PluginConfig, read_config
 from .stale_prefill import close_checks
-
-__all__ = [
-    "DISTRIBUTION",
-    "before_teardown",
-    "configure",
-    "current_config",
-    "rank_summary",
-    "register_row",
-    "stop_rows",
-]
 
 logger = logging.getLogger(__name__)
 
