@@ -228,8 +228,10 @@ def test_server_info_shows_the_gateway_beside_the_bootstrap(calls: list[str]) ->
 
 
 def test_the_new_targets_are_hooked() -> None:
-    assert plugin.HTTP_SERVER_START in plugin.TARGETS
-    assert plugin.SIGTERM_WATCHDOG in plugin.TARGETS
+    assert "sglang.srt.entrypoints.http_server._setup_and_run_http_server" in plugin.TARGETS
+    assert (
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog" in plugin.TARGETS
+    )
 
 
 def test_before_0_5_20_the_gateway_reads_the_plugins_readiness(

@@ -126,10 +126,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the plugin's variables",
     ),
-    "registrar.integrations.sglang.guard": (
-        ("test_sglang_capture.py",),
-        "the guards around every hook kind, beside the capture they protect",
-    ),
     "registrar.integrations.sglang.probe": (
         ("test_sglang_targets.py",),
         "the source reader, with the target table it answers for",
@@ -139,8 +135,8 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "what `registrar sglang` prints",
     ),
     "registrar.integrations.sglang.rows": (
-        ("test_sglang_plugin.py", "test_sglang_registrar.py"),
-        "a rank's registrars inside SGLang",
+        ("test_sglang_plugin.py", "test_sglang_registrar.py", "test_sglang_capture.py"),
+        "a rank's registrars inside SGLang, and the capture of SGLang's own PUT before 0.5.20",
     ),
     "registrar.integrations.sglang.tables": (
         ("test_sglang_plugin.py", "test_sglang_capture.py"),

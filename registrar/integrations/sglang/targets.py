@@ -125,24 +125,19 @@ class Feature:
         return [t for t in self.candidates if t.covers(release)]
 
 
-_CONN = "sglang.srt.disaggregation.common.conn"
-_MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
+_KV = "sglang.srt.disaggregation.common.conn.CommonKVManager"
+_MOONCAKE = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
-_HTTP = "sglang.srt.entrypoints.http_server"
+_HTTP_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
         "registration",
         "prefill ranks register in the background, looked-first and counted once",
         (
+            Target(f"{_KV}._register_topology_row", "REPLACE", "register_row", (0, 5, 20)),
             Target(
-                f"{_CONN}.CommonKVManager._register_topology_row",
-                "REPLACE",
-                "register_row",
-                (0, 5, 20),
-            ),
-            Target(
-                f"{_CONN}.CommonKVManager.register_to_bootstrap",
+                f"{_KV}.register_to_bootstrap",
                 "AROUND",
                 "capture_registration",
                 (0, 5, 11),
@@ -158,13 +153,7 @@ FEATURES: tuple[Feature, ...] = (
         "/ready is false until the node-0 bootstrap server holds every row",
         (
             Target(f"{_TM}.is_ready", "AROUND", "around_is_ready", (0, 5, 20)),
-            Target(
-                f"{_HTTP}._setup_and_run_http_server",
-                "BEFORE",
-                "add_ready_route",
-                (0, 5, 11),
-                (0, 5, 19),
-            ),
+            Target(_HTTP_START, "BEFORE", "add_ready_route", (0, 5, 11), (0, 5, 19)),
         ),
         "no /ready gated on the table",
     ),
@@ -221,14 +210,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "decode check",
         "a decode drops a restarted prefill's stale cached addresses",
-        (
-            Target(
-                f"{_CONN}.CommonKVManager._on_heartbeat_success",
-                "AFTER",
-                "after_heartbeat_success",
-                (0, 5, 13),
-            ),
-        ),
+        (Target(f"{_KV}._on_heartbeat_success", "AFTER", "after_heartbeat_success", (0, 5, 13)),),
         "no decode-side restart check: this release has no heartbeat hook",
     ),
     Feature(
@@ -236,7 +218,7 @@ FEATURES: tuple[Feature, ...] = (
         "the same check where Mooncake overrides the heartbeat hook without super()",
         (
             Target(
-                f"{_MOONCAKE}.MooncakeKVManager._on_heartbeat_success",
+                f"{_MOONCAKE}._on_heartbeat_success",
                 "AFTER",
                 "after_heartbeat_success",
                 (0, 5, 13),
@@ -250,7 +232,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "gateway",
         "with REGISTRAR_GATEWAY, node 0 keeps the server listed by smg once /ready holds",
-        (Target(f"{_HTTP}._setup_and_run_http_server", "BEFORE", "start_gateway", (0, 5, 10)),),
+        (Target(_HTTP_START, "BEFORE", "start_gateway", (0, 5, 10)),),
         "REGISTRAR_GATEWAY has no effect",
     ),
     Feature(
