@@ -295,11 +295,7 @@ def _log_active(current: Plan, version: str) -> None:
     taken = len(_registered)
     register = next(c.target for c in current.choices if c.feature.name == "registration")
     how = "captured from register_to_bootstrap" if register and register.kind == "AROUND" else ""
-    cannot = [
-        f"{c.feature.name} ({c.reason})"
-        for c in current.unavailable()
-        if c.expected and c.feature.loss
-    ]
+    cannot = [f"{c.feature.name} ({c.reason})" for c in current.lost()]
     logger.info(
         "%s %s (pid %d): %d of %d targets this sglang has applied, prefill ranks register in "
         "the background%s%s (tested on sglang %s)",

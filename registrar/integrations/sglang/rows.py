@@ -181,12 +181,8 @@ class CapturingRequests:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
-    def rows(self) -> list[Row] | None:
-        found: list[Row] | None = getattr(self._local, "rows", None)
-        return found
-
     def put(self, url: Any, *args: Any, **kwargs: Any) -> Any:
-        rows = self.rows()
+        rows: list[Row] | None = getattr(self._local, "rows", None)
         payload = kwargs.get("json")
         if rows is None or args or not isinstance(url, str) or not isinstance(payload, dict):
             return self.real.put(url, *args, **kwargs)  # not the call we capture: SGLang's own

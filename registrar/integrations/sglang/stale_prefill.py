@@ -17,6 +17,7 @@ from ...core.redact import clean
 from ...core.untrusted import load_json
 from ...protocols.http import HttpTransport
 from ...protocols.httpvalues import with_query
+from ...protocols.sglang import Rank
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,9 @@ _TIMEOUT = (2.0, 3.0)
 
 
 @dataclass(frozen=True)
-class CachedRow:
+class CachedRow(Rank):
     """One prefill rank's address as the decode cached it."""
 
-    dp: int
-    cp: int
-    tp: int
-    pp: int
     ip: str
     port: int
 
@@ -136,13 +133,7 @@ class _Watch:
         self.pending: str | None = None
 
     def ask(self, row: CachedRow) -> RowAnswer:
-        query = {
-            "prefill_dp_rank": row.dp,
-            "prefill_cp_rank": row.cp,
-            "target_tp_rank": row.tp,
-            "target_pp_rank": row.pp,
-        }
-        result = self.transport.send("GET", with_query("/route", query))
+        result = self.transport.send("GET", with_query("/route", row.query()))
         if result.error is not None or result.status_code is None:
             return RowAnswer(None, reconnected=result.reconnected)
         ip = port = None

@@ -271,6 +271,10 @@ class Plan:
     def unexpected(self) -> list[Choice]:
         return [c for c in self.unavailable() if not c.expected]
 
+    def lost(self) -> list[Choice]:
+        """What this release cannot do and a newer one can (the ACTIVE line and the report)."""
+        return [c for c in self.unavailable() if c.expected and c.feature.loss]
+
     def newer(self) -> bool:
         return self.release is not None and self.release > NEWEST_KNOWN
 
