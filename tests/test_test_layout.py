@@ -126,6 +126,10 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the plugin's variables",
     ),
+    "registrar.integrations.sglang.guard": (
+        ("test_sglang_capture.py",),
+        "the guards around every hook kind, beside the capture they protect",
+    ),
     "registrar.integrations.sglang.probe": (
         ("test_sglang_targets.py",),
         "the source reader, with the target table it answers for",

@@ -1,37 +1,30 @@
 """The plugin SGLang loads from the `sglang.srt.plugins` entry-point group: it installs, through
-SGLang's own `HookRegistry`, the targets of targets.py this release has, then checks that each
-took and logs the `ACTIVE` line or one ERROR naming what did not (docs/sglang.md "What changes
-in SGLang", "Is it active?"). It also holds the `/server_info` hooks.
-
-No hook may raise into SGLang's code (`guarded`): an unexpected exception is logged once per
-target, with its traceback, and SGLang's own behaviour goes on as if the plugin were not there.
-BEFORE/AFTER skip the hook's effect; REPLACE calls SGLang's original; AROUND calls SGLang's
-function if the hook failed before calling it, else returns its result, and lets SGLang's own
-exception through. `SystemExit` passes: it is the plugin refusing a bad setting on purpose.
+SGLang's own `HookRegistry`, the targets of targets.py this release has, each guarded (guard.py),
+then checks that each took and logs the `ACTIVE` line or one ERROR naming what did not
+(docs/sglang.md "What changes in SGLang", "Is it active?"). It also holds the `/server_info`
+hooks.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
-import inspect
 import logging
 import os
 import pkgutil
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..._version import __version__
 from ...core.errors import ConfigError
 from .gateway import around_sigterm_watchdog, gateway_summary, start_gateway
+from .guard import guarded
 from .probe import ImportProbe
 from .rows import (
     DISTRIBUTION,
-    around_register_to_bootstrap,
     before_teardown,
+    capture_registration,
     configure,
     current_config,
     rank_summary,
@@ -64,106 +57,6 @@ ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"
 TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
 """Every target of every release (which this SGLang has: `plan`)."""
 
-_reported: set[str] = set()
-_reported_lock = threading.Lock()
-
-
-def _report(target: str) -> None:
-    with _reported_lock:
-        first = target not in _reported
-        _reported.add(target)
-    if first:
-        logger.exception(
-            "sglang-registrar: the hook on %s failed; SGLang's own behaviour goes on there "
-            "(logged once)",
-            target,
-        )
-
-
-class _Original:
-    """SGLang's function as an AROUND hook sees it, remembering whether it ran and its result."""
-
-    def __init__(self, original: Callable[..., Any]) -> None:
-        self.original = original
-        self.__wrapped__ = original  # inspect.unwrap reaches SGLang's function through it
-        self.called = False
-        self.raised = False
-        self.result: Any = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.called = True
-        try:
-            self.result = self.original(*args, **kwargs)
-        except BaseException:
-            self.raised = True
-            raise
-        if inspect.isawaitable(self.result):
-            return self._awaited(self.result)
-        return self.result
-
-    async def _awaited(self, pending: Any) -> Any:
-        try:
-            self.result = await pending
-        except BaseException:
-            self.raised = True
-            raise
-        return self.result
-
-
-def guarded(
-    hook: Callable[..., Any],
-    kind: str,
-    target: str,
-    original: Callable[..., Any] | None = None,
-) -> Callable[..., Any]:
-    """`hook` as registered at `target`, never raising an unexpected exception into SGLang.
-    `original`: SGLang's function, needed for a REPLACE."""
-    if kind == "AROUND":
-        return _around(hook, target)
-    if kind == "REPLACE" and original is None:
-        raise ValueError(f"a REPLACE on {target} needs SGLang's original function")
-
-    @functools.wraps(hook)
-    def safe(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return hook(*args, **kwargs)
-        except Exception:
-            _report(target)
-        # REPLACE: SGLang's own function; BEFORE: its own arguments; AFTER: its own result
-        return original(*args, **kwargs) if original is not None else None
-
-    return safe
-
-
-def _around(hook: Callable[..., Any], target: str) -> Callable[..., Any]:
-    if inspect.iscoroutinefunction(hook):
-
-        @functools.wraps(hook)
-        async def safe_async(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            tracked = _Original(original)
-            try:
-                return await hook(tracked, *args, **kwargs)
-            except Exception:
-                if tracked.raised:
-                    raise
-                _report(target)
-                return tracked.result if tracked.called else await original(*args, **kwargs)
-
-        return safe_async
-
-    @functools.wraps(hook)
-    def safe(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        tracked = _Original(original)
-        try:
-            return hook(tracked, *args, **kwargs)
-        except Exception:
-            if tracked.raised:
-                raise
-            _report(target)
-            return tracked.result if tracked.called else original(*args, **kwargs)
-
-    return safe
-
 
 def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER `get_internal_state`, of the internal-state controller (0.5.22+, which holds the
@@ -193,7 +86,7 @@ def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
 
 HOOKS: dict[str, Callable[..., Any]] = {
     "register_row": register_row,
-    "capture_registration": around_register_to_bootstrap,
+    "capture_registration": capture_registration,
     "around_is_ready": around_is_ready,
     "add_ready_route": add_ready_route,
     "before_teardown": before_teardown,

@@ -220,7 +220,7 @@ def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
                 namespace["requests"] = proxy.real
 
 
-def around_register_to_bootstrap(
+def capture_registration(
     original: Callable[..., Any],
     manager: Any,
     *args: Any,
