@@ -18,7 +18,7 @@ import requests
 from support import sglang_payload
 
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.integrations.sglang import capture, tables
+from registrar.integrations.sglang import rows, tables
 from registrar.integrations.sglang.guard import guarded
 
 # What SGLang 0.5.12-0.5.19's register_to_bootstrap does with the module-level `requests`:
@@ -53,7 +53,7 @@ def test_sglangs_put_is_captured_on_its_thread_and_answered_as_a_success(
     namespace = sglang_module()
     manager = SimpleNamespace(url=server.url, payload=sglang_payload(tp_rank=1, tp_size=2))
     started: list[tuple[str, dict[str, Any]]] = []
-    capture.around_register_to_bootstrap(
+    rows.capture_registration(
         namespace["register_to_bootstrap"],
         manager,
         register=lambda m, url, payload: started.append((url, payload)),
@@ -88,14 +88,14 @@ def test_other_threads_reach_the_real_requests_meanwhile(server: BootstrapServer
     thread = threading.Thread(target=other)
     thread.start()
     manager = SimpleNamespace(url=server.url, payload=sglang_payload(tp_rank=1, tp_size=2))
-    rows: list[Any] = []
-    capture.around_register_to_bootstrap(
-        namespace["slow"], manager, register=lambda m, url, payload: rows.append(payload)
+    captured: list[Any] = []
+    rows.capture_registration(
+        namespace["slow"], manager, register=lambda m, url, payload: captured.append(payload)
     )
     thread.join(10)
     assert answers == [200]
     assert server.registered_count == 1  # the other thread's PUT, sent for real
-    assert len(rows) == 1
+    assert len(captured) == 1
     assert namespace["requests"] is requests
 
 
@@ -109,9 +109,7 @@ def test_a_row_whose_registrar_cannot_start_is_sent_as_sglang_would(
         raise RuntimeError("cannot start")
 
     with caplog.at_level(logging.ERROR):
-        capture.around_register_to_bootstrap(
-            namespace["register_to_bootstrap"], manager, register=broken
-        )
+        rows.capture_registration(namespace["register_to_bootstrap"], manager, register=broken)
     assert server.registered_count == 1  # SGLang's own PUT, once
     assert "sending SGLang's PUT once instead" in caplog.text
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from registrar import ConfigError
-from registrar.integrations.sglang import gateway, plugin, status
-from registrar.integrations.sglang.settings import read_config
+from registrar.integrations.sglang import gateway, plugin, rows
+from registrar.integrations.sglang.settings import PluginConfig, read_config
 
 
 def _args(mode: str = "null", host: str = "127.0.0.1", port: int = 30001, **kw: Any) -> Any:
@@ -25,6 +25,11 @@ def _args(mode: str = "null", host: str = "127.0.0.1", port: int = 30001, **kw: 
         ssl_certfile=None,
         **kw,
     )
+
+
+def _configure(monkeypatch: pytest.MonkeyPatch, config: gateway.GatewayConfig) -> None:
+    """The plugin's configuration as `load()` leaves it, with this gateway."""
+    monkeypatch.setattr(rows, "_config", PluginConfig(registrar={}, gateway=config))
 
 
 class FakeGroup:
@@ -94,11 +99,11 @@ def test_a_wildcard_host_needs_the_worker_url(host: str) -> None:
         gateway.worker_of(_args(host=host))
 
 
-def test_a_wildcard_host_stops_the_server_in_one_line() -> None:
-    config = gateway.GatewayConfig(gateways=("http://127.0.0.1:1",))
+def test_a_wildcard_host_stops_the_server_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    _configure(monkeypatch, gateway.GatewayConfig(gateways=("http://127.0.0.1:1",)))
     manager = SimpleNamespace(is_ready=lambda: True)
     with pytest.raises(SystemExit, match=r"REGISTRAR_GATEWAY: --host 0\.0\.0\.0 is no address"):
-        gateway.before_http_server(config, _args(host="0.0.0.0"), manager)
+        gateway.start_gateway(_args(host="0.0.0.0"), manager)
 
 
 def test_the_gateway_variables_are_read(tmp_path: Any) -> None:
@@ -217,14 +222,16 @@ def test_without_a_gateway_sglang_s_watchdog_runs_unchanged() -> None:
 
 
 def test_server_info_shows_the_gateway_beside_the_bootstrap(calls: list[str]) -> None:
-    assert status.after_server_info({}) == {}
+    assert plugin.after_server_info({}) == {}
     _start(calls, gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",)), _args())
-    assert status.after_server_info({}) == {"registrar_gateway": []}
+    assert plugin.after_server_info({}) == {"registrar_gateway": []}
 
 
 def test_the_new_targets_are_hooked() -> None:
-    assert plugin.HTTP_SERVER_START in plugin.TARGETS
-    assert plugin.SIGTERM_WATCHDOG in plugin.TARGETS
+    assert "sglang.srt.entrypoints.http_server._setup_and_run_http_server" in plugin.TARGETS
+    assert (
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog" in plugin.TARGETS
+    )
 
 
 def test_before_0_5_20_the_gateway_reads_the_plugins_readiness(
@@ -237,8 +244,8 @@ def test_before_0_5_20_the_gateway_reads_the_plugins_readiness(
     manager = SimpleNamespace(
         is_pause=False, gracefully_exit=False, server_status=SimpleNamespace(name="Starting")
     )
-    config = gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",))
-    gateway.before_http_server(config, _args("decode"), manager)
+    _configure(monkeypatch, gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",)))
+    gateway.start_gateway(_args("decode"), manager)
     [ready] = given
     assert ready() is False
     manager.server_status = SimpleNamespace(name="Up")

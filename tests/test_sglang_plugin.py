@@ -13,7 +13,7 @@ import pytest
 from support import ScriptedTransport, accepted, sglang_payload
 
 from registrar import ConfigError, Registrar, State, __version__
-from registrar.integrations.sglang import plugin, rows, status
+from registrar.integrations.sglang import plugin, rows
 from registrar.integrations.sglang.plugin import SUPPORTED_VERSIONS, TARGETS
 from registrar.integrations.sglang.settings import (
     HONOURED,
@@ -140,7 +140,7 @@ def test_a_patch_that_cannot_apply_names_its_cause(caplog: pytest.LogCaptureFixt
     # No SGLang in this environment: no registration hook, with the ImportError named.
     with caplog.at_level("INFO", logger="registrar"):
         missing = plugin.verify(strict=False)
-    assert plugin.REGISTER_ROW in missing
+    assert "sglang.srt.disaggregation.common.conn.CommonKVManager._register_topology_row" in missing
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     line = record.getMessage()
     assert line.startswith(f"sglang-registrar {__version__} could not patch ")
@@ -218,7 +218,7 @@ def test_server_info_gets_the_ranks_registrations(registrars: list) -> None:
         )
     )
     result = SimpleNamespace(internal_state={"world_size": 2})
-    assert status.after_internal_state(result, controller, None) is result
+    assert plugin.after_internal_state(result, controller, None) is result
     [row] = result.internal_state["registrar"]["rows"]
     assert row["rank"] == {"dp": 0, "cp": 0, "tp": 1, "pp": 0}
     assert (row["state"], row["registrations"], row["running"]) == ("registered", 1, True)

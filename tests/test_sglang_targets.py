@@ -224,6 +224,7 @@ def test_every_feature_names_its_hooks_and_releases() -> None:
     for feature in FEATURES:
         for target in feature.candidates:
             assert target.hook in plugin.HOOKS, target
+            assert plugin.HOOKS[target.hook].__name__ == target.hook, target  # as logs name it
             assert target.until is None or target.since <= target.until
     assert sum(f.required for f in FEATURES) == 1
 

@@ -127,12 +127,8 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "what `registrar sglang` prints",
     ),
     "registrar.integrations.sglang.rows": (
-        ("test_sglang_plugin.py", "test_sglang_registrar.py"),
-        "a rank's registrars inside SGLang",
-    ),
-    "registrar.integrations.sglang.status": (
-        ("test_sglang_plugin.py", "test_sglang_gateway_plugin.py"),
-        "the /server_info fields",
+        ("test_sglang_plugin.py", "test_sglang_registrar.py", "test_sglang_capture.py"),
+        "a rank's registrars inside SGLang, and the capture of SGLang's own PUT before 0.5.20",
     ),
     "registrar.integrations.sglang.tables": (
         ("test_sglang_plugin.py", "test_sglang_capture.py"),

@@ -1,19 +1,6 @@
-"""The SGLang server keeps itself listed by the smg gateway(s) named in `REGISTRAR_GATEWAY`.
-
-Node 0's HTTP process (the one that holds the `TokenizerManager` and runs uvicorn) starts one
-`smg_registrar` per gateway just before it starts serving (BEFORE `_setup_and_run_http_server`),
-with what the server itself says: the worker type from `--disaggregation-mode`, its URL from
-`--host`/`--port` (or `REGISTRAR_WORKER_URL`), a prefill's `--disaggregation-bootstrap-port`, and
-its own readiness (`TokenizerManager.is_ready`, the `/ready` the plugin already gates on every
-bootstrap row; before 0.5.20, which has no `is_ready`, the same readiness computed by the plugin,
-tables.readiness): the worker is offered only once that holds.
-
-Drain: SGLang's SIGTERM handler only sets `gracefully_exit`; `TokenizerManager.sigterm_watchdog`
-then waits for the requests in flight, stops the schedulers and last stops uvicorn. The AROUND
-hook on that coroutine runs the drain first (DELETE, then wait within `REGISTRAR_DRAIN_TIMEOUT`
-until the gateway no longer lists the worker) while uvicorn still serves, so the gateway stops
-sending before the server goes away, and SGLang's own drain then finishes what was sent. A
-process that ends any other way drains at exit (atexit), when the HTTP server may be gone.
+"""The SGLang server keeps itself listed by the smg gateway(s) named in `REGISTRAR_GATEWAY`,
+from node 0's HTTP process, gated on the server's own readiness, and drains from them at
+SIGTERM while uvicorn still serves (docs/sglang.md "The smg gateway").
 """
 
 from __future__ import annotations
@@ -24,24 +11,15 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.group import RegistrarGroup
 from ...core.transport import validate_url
+from .rows import current_config
+from .settings import GatewayConfig
 from .tables import readiness
-
-__all__ = [
-    "GatewayConfig",
-    "around_sigterm_watchdog",
-    "before_http_server",
-    "drain",
-    "gateway_summary",
-    "start",
-    "worker_of",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -52,21 +30,6 @@ _SIGNAL_POLL = 0.25
 _PASSED = ("timeout", "verify", "backoff", "max_retry_after", "watch_interval")
 """The shared `Registrar` options that also shape the gateway registrations (the bootstrap
 token and the failure policy are a prefill rank's, not the gateway's)."""
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    """What the plugin reads for the gateway (`REGISTRAR_GATEWAY` and its companions)."""
-
-    gateways: tuple[str, ...]
-    worker_url: str | None = None
-    """Overrides the URL built from `--host`/`--port` (needed when the host is a wildcard)."""
-    key_file: str | None = None
-    grace: float | None = None
-    drain_timeout: float | None = None
-    options: Mapping[str, Any] | None = None
-    """`Registrar` options shared with the bootstrap registrations (see `_PASSED`)."""
-
 
 _group: RegistrarGroup | None = None
 _lock = threading.Lock()
@@ -190,15 +153,10 @@ def _worker_id(registrar: Any) -> str | None:
     return found if isinstance(found, str) else None
 
 
-# ------------------------------------------------------------------------ the hooks
-
-
-def before_http_server(
-    config: GatewayConfig | None, server_args: Any, tokenizer_manager: Any
-) -> None:
-    """BEFORE `_setup_and_run_http_server(server_args, tokenizer_manager, ...)`: start the
-    registrations, gated on the server's own readiness. A bad worker address stops the server
-    with one line (it starts nothing that could be served unlisted)."""
+def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE `_setup_and_run_http_server`: with `REGISTRAR_GATEWAY`, start the registrations.
+    A bad worker address stops the server with one line (nothing is served unlisted)."""
+    config = current_config().gateway
     if config is None or tokenizer_manager is None:
         return
     try:

@@ -1,13 +1,7 @@
-"""No hook may raise into SGLang's code: each is wrapped so that an unexpected exception is
-logged (once per target, with its traceback) and SGLang's own behaviour goes on as if the
-plugin were not there.
-
-- BEFORE / AFTER: the hook's effect is skipped (SGLang's arguments, SGLang's result).
-- AROUND: if the hook failed before calling SGLang's function, that function is called; if it
-  failed after, SGLang's result is returned; an exception raised by SGLang's own function
-  passes through untouched, as it would without the plugin.
-- REPLACE: SGLang's original function (resolved before the hooks were applied) is called.
-
+"""No hook may raise into SGLang's code: an unexpected exception is logged once per target, with
+its traceback, and SGLang's own behaviour goes on as if the plugin were not there. BEFORE/AFTER
+skip the hook's effect; REPLACE calls SGLang's original; AROUND calls SGLang's function if the
+hook failed before calling it, else returns its result, and lets SGLang's own exception through.
 `SystemExit` passes: it is the plugin refusing a bad setting on purpose, with one line.
 """
 
@@ -19,8 +13,6 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import Any
-
-__all__ = ["guarded"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +49,13 @@ class _Original:
         except BaseException:
             self.raised = True
             raise
+        if inspect.isawaitable(self.result):
+            return self._awaited(self.result)
         return self.result
 
-
-class _AsyncOriginal(_Original):
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.called = True
+    async def _awaited(self, pending: Any) -> Any:
         try:
-            self.result = await self.original(*args, **kwargs)
+            self.result = await pending
         except BaseException:
             self.raised = True
             raise
@@ -81,10 +72,8 @@ def guarded(
     `original`: SGLang's function, needed for a REPLACE."""
     if kind == "AROUND":
         return _around(hook, target)
-    if kind == "REPLACE":
-        if original is None:
-            raise ValueError(f"a REPLACE on {target} needs SGLang's original function")
-        return _replace(hook, target, original)
+    if kind == "REPLACE" and original is None:
+        raise ValueError(f"a REPLACE on {target} needs SGLang's original function")
 
     @functools.wraps(hook)
     def safe(*args: Any, **kwargs: Any) -> Any:
@@ -92,21 +81,8 @@ def guarded(
             return hook(*args, **kwargs)
         except Exception:
             _report(target)
-            return None  # BEFORE: SGLang's own arguments; AFTER: SGLang's own result
-
-    return safe
-
-
-def _replace(
-    hook: Callable[..., Any], target: str, original: Callable[..., Any]
-) -> Callable[..., Any]:
-    @functools.wraps(hook)
-    def safe(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return hook(*args, **kwargs)
-        except Exception:
-            _report(target)
-        return original(*args, **kwargs)
+        # REPLACE: SGLang's own function; BEFORE: its own arguments; AFTER: its own result
+        return original(*args, **kwargs) if original is not None else None
 
     return safe
 
@@ -116,16 +92,14 @@ def _around(hook: Callable[..., Any], target: str) -> Callable[..., Any]:
 
         @functools.wraps(hook)
         async def safe_async(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            tracked = _AsyncOriginal(original)
+            tracked = _Original(original)
             try:
                 return await hook(tracked, *args, **kwargs)
             except Exception:
                 if tracked.raised:
                     raise
                 _report(target)
-                if tracked.called:
-                    return tracked.result
-                return await original(*args, **kwargs)
+                return tracked.result if tracked.called else await original(*args, **kwargs)
 
         return safe_async
 
@@ -138,8 +112,6 @@ def _around(hook: Callable[..., Any], target: str) -> Callable[..., Any]:
             if tracked.raised:
                 raise
             _report(target)
-            if tracked.called:
-                return tracked.result
-            return original(*args, **kwargs)
+            return tracked.result if tracked.called else original(*args, **kwargs)
 
     return safe

@@ -1,27 +1,8 @@
-"""The plugin SGLang loads from the `sglang.srt.plugins` entry-point group.
-
-What it hooks, through SGLang's own `HookRegistry` (no change to SGLang's source), depends on
-the release: targets.py holds, per feature, the targets each release range has and what stands
-in for them elsewhere (docs/sglang.md "Supported releases" is generated from it):
-
-- registration: REPLACE `CommonKVManager._register_topology_row(self, url, payload)` (0.5.20+),
-  or AROUND `register_to_bootstrap` capturing SGLang's own PUT (0.5.11-0.5.19, capture.py):
-  SGLang keeps building the URL and payload; each row starts a `Registrar` kept on the manager
-  (rows.py), and the rank's init returns at once instead of blocking in SGLang's retry loop;
-- `/ready` false until the node-0 bootstrap server holds every row: AROUND
-  `TokenizerManager.is_ready` (0.5.20+), or a `/ready` route the plugin adds (tables.py);
-- a role switch stops the rank's registrars (BEFORE `teardown_disaggregation`, 0.5.21+);
-- `/server_info` fields (status.py); the decode-side check of a restarted prefill (AFTER
-  `_on_heartbeat_success`, also on Mooncake's override where it has one, stale_prefill.py);
-- with `REGISTRAR_GATEWAY`, the smg gateway registration and its drain at SIGTERM (gateway.py).
-
-Each hook is guarded (guard.py): an unexpected exception is logged once and SGLang's own
-behaviour goes on. `HookRegistry` only logs a patch that failed, so after SGLang applies the
-hooks the plugin checks each one it registered: all applied, it logs the one line that proves it
-is active (`ACTIVE`), naming what this release cannot do and why; a target this SGLang has that
-did not take, or no registration hook at all, is one ERROR (with `REGISTRAR_STRICT=1`, the
-process stops with that line); a target a release should have and lacks (an unknown newer
-release, say) is one WARNING.
+"""The plugin SGLang loads from the `sglang.srt.plugins` entry-point group: it installs, through
+SGLang's own `HookRegistry`, the targets of targets.py this release has, each guarded (guard.py),
+then checks that each took and logs the `ACTIVE` line or one ERROR naming what did not
+(docs/sglang.md "What changes in SGLang", "Is it active?"). It also holds the `/server_info`
+hooks.
 """
 
 from __future__ import annotations
@@ -31,29 +12,38 @@ import importlib.util
 import logging
 import os
 import pkgutil
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..._version import __version__
 from ...core.errors import ConfigError
-from .capture import around_register_to_bootstrap
-from .gateway import around_sigterm_watchdog, before_http_server
+from .gateway import around_sigterm_watchdog, gateway_summary, start_gateway
 from .guard import guarded
 from .probe import ImportProbe
 from .rows import (
     DISTRIBUTION,
     before_teardown,
+    capture_registration,
     configure,
     current_config,
+    rank_summary,
     register_row,
 )
 from .settings import read_config
 from .stale_prefill import after_heartbeat_success
-from .status import after_internal_state, after_server_info
-from .tables import add_ready_route, around_is_ready
-from .targets import FEATURES, NEWEST_KNOWN, Plan, Target, parse_release, plan, release_text
-
-__all__ = ["ACTIVE", "SUPPORTED_VERSIONS", "TARGETS", "load", "verify"]
+from .tables import HTTP_SERVER, add_ready_route, around_is_ready, bootstrap_summary
+from .targets import (
+    FEATURES,
+    NEWEST_KNOWN,
+    Choice,
+    Plan,
+    Target,
+    installed_version,
+    parse_release,
+    plan,
+    release_text,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,22 +54,34 @@ table (targets.py), read from its wheel."""
 ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"
 """The start of the one INFO line, per process, that proves the plugin is active (grep it)."""
 
-REGISTER_ROW = "sglang.srt.disaggregation.common.conn.CommonKVManager._register_topology_row"
-HTTP_SERVER_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
-SIGTERM_WATCHDOG = "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog"
 TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
 """Every target of every release (which this SGLang has: `plan`)."""
 
 
-def capture_registration(original: Callable[..., Any], manager: Any, *a: Any, **k: Any) -> Any:
-    """AROUND `register_to_bootstrap` (0.5.11-0.5.19): SGLang's rows start registrars."""
-    return around_register_to_bootstrap(original, manager, *a, register=register_row, **k)
+def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER `get_internal_state`, of the internal-state controller (0.5.22+, which holds the
+    scheduler) or of the scheduler itself (before): add this rank's registration summary."""
+    state = getattr(result, "internal_state", None)
+    scheduler = getattr(owner, "scheduler", owner)
+    queue = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
+    manager = getattr(queue, "kv_manager", None)
+    if isinstance(state, dict) and manager is not None:
+        state["registrar"] = rank_summary(manager)
+    return result
 
 
-def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE `_setup_and_run_http_server`: with `REGISTRAR_GATEWAY`, start keeping this server
-    listed by the gateway(s) (gateway.py)."""
-    before_http_server(current_config().gateway, server_args, tokenizer_manager)
+def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server,
+    /server_info also says which rows the server is missing, and the gateway registrations."""
+    state = getattr(sys.modules.get(HTTP_SERVER), "_global_state", None)
+    manager = getattr(state, "tokenizer_manager", None)
+    server = getattr(manager, "bootstrap_server", None)
+    if isinstance(result, dict) and hasattr(server, "prefill_port_table"):
+        result["registrar_bootstrap"] = bootstrap_summary(server)
+    gateways = gateway_summary()
+    if isinstance(result, dict) and gateways is not None:
+        result["registrar_gateway"] = gateways
+    return result
 
 
 HOOKS: dict[str, Callable[..., Any]] = {
@@ -152,23 +154,16 @@ def _cause(target: str, registered: bool = True) -> str:
     return f"ModuleNotFoundError: No module named {parts[0]!r}"
 
 
-def _current_plan(version: str) -> Plan:
-    return _plan if _plan is not None else plan(ImportProbe(), parse_release(version))
-
-
 def verify(strict: bool | None = None) -> list[str]:
-    """Check each hook this process registered took effect, and log what this SGLang gets: the
-    `ACTIVE` line (with what this release cannot do, and why), or one ERROR when a target this
-    SGLang has did not take or registration has no hook (with `strict`, `REGISTRAR_STRICT=1`:
-    `SystemExit` with that line); one WARNING naming targets a release should have and lacks.
-    The targets missing or not applied."""
+    """Check each hook this process registered took effect and log what this SGLang gets (an
+    ERROR is `SystemExit` with `strict`, `REGISTRAR_STRICT=1`); the targets missing or unapplied."""
     if strict is None:
         strict = current_config().strict if _plan is not None else False
     version = _sglang_version()
-    current = _current_plan(version)
+    current = _plan if _plan is not None else plan(ImportProbe(), parse_release(version))
     failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
     lacking = [c for c in current.unavailable() if c.feature.required]
-    absent = [t.path for c in lacking for t in c.feature.candidates if t.covers(current.release)]
+    absent = [t.path for c in lacking for t in c.feature.covering(current.release)]
     if failed or absent:
         causes = "; ".join(
             [f"{path} ({_cause(path)})" for path in failed]
@@ -185,12 +180,7 @@ def verify(strict: bool | None = None) -> list[str]:
     else:
         _log_active(current, version)
     _warn_unexpected(current, version)
-    unexpected = [
-        t.path
-        for c in current.unexpected()
-        for t in c.feature.candidates
-        if t.covers(current.release)
-    ]
+    unexpected = [t.path for c in current.unexpected() for t in c.feature.covering(current.release)]
     return list(dict.fromkeys(failed + unexpected))
 
 
@@ -198,11 +188,7 @@ def _log_active(current: Plan, version: str) -> None:
     taken = len(_registered)
     register = next(c.target for c in current.choices if c.feature.name == "registration")
     how = "captured from register_to_bootstrap" if register and register.kind == "AROUND" else ""
-    cannot = [
-        f"{c.feature.name} ({c.reason})"
-        for c in current.unavailable()
-        if c.expected and c.feature.loss
-    ]
+    cannot = [f"{c.feature.name} ({c.reason})" for c in current.lost()]
     logger.info(
         "%s %s (pid %d): %d of %d targets this sglang has applied, prefill ranks register in "
         "the background%s%s (tested on sglang %s)",
@@ -237,25 +223,19 @@ def _warn_unexpected(current: Plan, version: str) -> None:
     )
 
 
-def _why(choice: Any, current: Plan) -> str:
+def _why(choice: Choice, current: Plan) -> str:
     """Each target a release should have for `choice`'s feature, and why it is not usable."""
-    covering = [t for t in choice.feature.candidates if t.covers(current.release)]
+    covering = choice.feature.covering(current.release)
     return ", ".join(f"{t.path} ({_cause(t.path, registered=False)})" for t in covering)
 
 
 def _sglang_version() -> str:
-    try:
-        from importlib.metadata import version  # noqa: PLC0415
-
-        return version("sglang")
-    except Exception:
-        return "unknown"
+    return installed_version() or "unknown"
 
 
 def load() -> None:
-    """The entry point: validate the configuration, register the hooks this SGLang has, and
-    check them once SGLang has applied them. A bad or refused variable ends the process with
-    one line naming it (SystemExit's message, printed once by the interpreter)."""
+    """The entry point. A bad or refused variable ends the process with one line naming it
+    (SystemExit's message, printed once by the interpreter)."""
     global _plan
     try:
         config = read_config()

@@ -1,7 +1,7 @@
-"""Two ways to learn what the installed SGLang has (targets.Probe): by importing it, inside
-SGLang's processes (the plugin, where the modules are imported anyway when the hooks are
-applied), or by reading its source, without running any of it (the `registrar sglang` command,
-which must work where SGLang's own dependencies are missing or heavy)."""
+"""What the installed SGLang has (targets.Probe): by importing it, inside SGLang's processes, or
+by reading its source without running any of it (`registrar sglang`, which must work where
+SGLang's own dependencies are missing or heavy).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import pkgutil
 from functools import cache
 from pathlib import Path
 from typing import Any
-
-__all__ = ["ImportProbe", "SourceProbe", "sglang_root"]
 
 
 class ImportProbe:

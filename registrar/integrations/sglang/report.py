@@ -1,29 +1,28 @@
-"""What the plugin will do in this environment's SGLang, read without starting any of it: the
-version, whether SGLang has its plugin system (0.5.11+), which targets its source has, and the
-upgrade advice. Behind `registrar sglang` (surfaces/cli/sglang.py), for where the plugin itself
-cannot speak: below 0.5.11 SGLang never loads it."""
+"""What the plugin will do in this environment's SGLang, read without starting any of it, behind
+`registrar sglang`: below 0.5.11 SGLang never loads the plugin, so it cannot speak for itself.
+"""
 
 from __future__ import annotations
 
 import sys
-from importlib.metadata import PackageNotFoundError, entry_points, version
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from .probe import SourceProbe, sglang_root
-from .targets import NEWEST_KNOWN, OLDEST_WITH_PLUGINS, Plan, parse_release, plan, release_text
-
-__all__ = ["describe", "installed_report"]
+from .targets import (
+    NEWEST_KNOWN,
+    OLDEST_WITH_PLUGINS,
+    Choice,
+    Plan,
+    installed_version,
+    parse_release,
+    plan,
+    release_text,
+)
 
 _FULL = (0, 5, 22)
 """The first release with every target."""
-
-
-def _installed_version() -> str | None:
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return None
 
 
 def _entry_point() -> bool:
@@ -34,7 +33,7 @@ def _entry_point() -> bool:
 def installed_report(root: Path | None = None, found_version: str | None = None) -> dict[str, Any]:
     """The report as a JSON-able dict (`registrar sglang --json`)."""
     root = root if root is not None else sglang_root()
-    found_version = found_version if found_version is not None else _installed_version()
+    found_version = found_version if found_version is not None else installed_version()
     report: dict[str, Any] = {
         "python": sys.executable,
         "sglang": found_version,
@@ -56,7 +55,7 @@ def installed_report(root: Path | None = None, found_version: str | None = None)
     return report
 
 
-def _feature(choice: Any) -> dict[str, Any]:
+def _feature(choice: Choice) -> dict[str, Any]:
     target = choice.target
     return {
         "feature": choice.feature.name,
@@ -84,8 +83,8 @@ def _advice(current: Plan | None, has_plugins: bool = True) -> str:
             "feature (0.5.13 or later for background registration, /ready and the decode "
             "check), or run `registrar register` as a sidecar (docs/sglang.md)"
         )
-    missing = [c for c in current.unavailable() if not c.expected]
-    lost = [c.feature.name for c in current.unavailable() if c.expected and c.feature.loss]
+    missing = current.unexpected()
+    lost = [c.feature.name for c in current.lost()]
     if any(c.feature.required for c in missing):
         return "no registration hook found in this SGLang: the plugin would change nothing"
     if current.newer():

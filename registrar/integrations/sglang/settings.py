@@ -1,12 +1,7 @@
-"""What the SGLang plugin reads from the environment, and what it refuses.
-
-Inside SGLang the plugin honours the rows of the options table
-(`registrar.surfaces.options.OPTIONS`) that give no reason to refuse them (the `Registrar`
-options, the token, `REGISTRAR_VERBOSE`, the gateway's), and its own variables below. Every other
-row means something only to `registrar register` (SGLang builds the URL and payload, and reports
-registration on `/ready` and `/server_info`): set, it stops the process with one line naming it,
-rather than being ignored while the operator believes it works. A `REGISTRAR_*` name close to a
-known one (a typo) gets a WARNING.
+"""What the SGLang plugin reads from the environment, and what it refuses: a row of the options
+table that means something only to `registrar register` stops the process with one line naming
+it, rather than being ignored while the operator believes it works (docs/sglang.md
+"Configuration").
 """
 
 from __future__ import annotations
@@ -27,18 +22,6 @@ from ...surfaces.options import ENV_PREFIX
 from ...surfaces.options import OPTIONS as ENV_VARS
 from ...surfaces.options import Option as EnvVar
 from ...surfaces.parsers import parse_flag, parse_seconds_or_zero
-from .gateway import GatewayConfig
-
-__all__ = [
-    "HONOURED",
-    "PLUGIN_ENV_VARS",
-    "REFUSED",
-    "PluginConfig",
-    "describe_plugin_env",
-    "near_misses",
-    "plugin_env_table",
-    "read_config",
-]
 
 PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
@@ -85,6 +68,20 @@ def plugin_env_table() -> tuple[EnvVar, ...]:
 def describe_plugin_env(prefix: str = ENV_PREFIX) -> str:
     """One line per variable the plugin reads (what docs/sglang.md lists)."""
     return describe_env(prefix, plugin_env_table())
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What the plugin reads for the gateway (`REGISTRAR_GATEWAY` and its companions)."""
+
+    gateways: tuple[str, ...]
+    worker_url: str | None = None
+    """Overrides the URL built from `--host`/`--port` (needed when the host is a wildcard)."""
+    key_file: str | None = None
+    grace: float | None = None
+    drain_timeout: float | None = None
+    options: Mapping[str, Any] | None = None
+    """`Registrar` options shared with the bootstrap registrations (gateway.py picks those)."""
 
 
 @dataclass(frozen=True)

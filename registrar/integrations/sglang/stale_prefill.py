@@ -1,28 +1,8 @@
-"""The decode side: a prefill that restarted leaves stale addresses cached on the decode.
-
-SGLang's decode caches, per prefill bootstrap address, the prefill's parallel info
-(`prefill_info_table`) and each rank's address (`connection_pool`, keyed `{addr}_{dp}_{cp}_{tp}`),
-and sends its own KV buffers to each prefill rank once, when it first caches that rank. It drops
-them only after `SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE` (2) failed `GET /health` in a row,
-`SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL` (5 s) apart. A relaunched prefill's bootstrap server
-answers `/health` again within seconds (long before its model is loaded), so the dead process is
-often never dropped: the decode keeps sending to its ports, and the new prefill never learns the
-decode's buffers. Every request through that pair fails until the decode is restarted.
-
-`/health` cannot tell a restarted server from the old one. The route answers can, the same way
-registrar's prefill side tells that a server forgot it (docs/sglang.md). After each successful
-heartbeat (AFTER `CommonKVManager._on_heartbeat_success`, on SGLang's heartbeat thread), the
-decode asks the bootstrap server for every row it has cached, and drops the prefill through
-SGLang's own `_handle_node_failure` (the path a failed heartbeat takes) when:
-
-- a cached rank is now registered at another address;
-- a cached rank is missing from a ready server (404);
-- the server showed a new lifetime (a 503: the decode cached from a ready server, and the count
-  only grows while a server lives; or our kept-alive connection to it was re-opened between two
-  checks of the same cache) and the rows are back at the same addresses: a prefill relaunched
-  on the same ports has not received the decode's buffers either.
-
-No answer at all is left to SGLang's heartbeat.
+"""The decode side: a prefill that restarted leaves stale addresses cached on the decode, which
+SGLang's `/health` heartbeat cannot tell from the old ones. After each successful heartbeat the
+decode asks the bootstrap server for every row it cached and drops the prefill through SGLang's
+own `_handle_node_failure` when the answers show a new server (docs/sglang.md "The decode side:
+a relaunched prefill"). No answer at all is left to SGLang's heartbeat.
 """
 
 from __future__ import annotations
@@ -37,17 +17,7 @@ from ...core.redact import clean
 from ...core.untrusted import load_json
 from ...protocols.http import HttpTransport
 from ...protocols.httpvalues import with_query
-
-__all__ = [
-    "CachedRow",
-    "Decision",
-    "RowAnswer",
-    "after_heartbeat_success",
-    "cached_rows",
-    "check_prefill",
-    "close_checks",
-    "decide",
-]
+from ...protocols.sglang import Rank
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +28,9 @@ _TIMEOUT = (2.0, 3.0)
 
 
 @dataclass(frozen=True)
-class CachedRow:
+class CachedRow(Rank):
     """One prefill rank's address as the decode cached it."""
 
-    dp: int
-    cp: int
-    tp: int
-    pp: int
     ip: str
     port: int
 
@@ -167,13 +133,7 @@ class _Watch:
         self.pending: str | None = None
 
     def ask(self, row: CachedRow) -> RowAnswer:
-        query = {
-            "prefill_dp_rank": row.dp,
-            "prefill_cp_rank": row.cp,
-            "target_tp_rank": row.tp,
-            "target_pp_rank": row.pp,
-        }
-        result = self.transport.send("GET", with_query("/route", query))
+        result = self.transport.send("GET", with_query("/route", row.query()))
         if result.error is not None or result.status_code is None:
             return RowAnswer(None, reconnected=result.reconnected)
         ip = port = None

@@ -9,15 +9,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = [
-    "add_ready_route",
-    "around_is_ready",
-    "bootstrap_summary",
-    "readiness",
-    "server_ready",
-    "table_complete",
-]
-
 logger = logging.getLogger(__name__)
 
 _SIZES = ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")

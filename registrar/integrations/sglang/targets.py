@@ -1,16 +1,10 @@
 """Which SGLang releases have each target the plugin hooks, and what stands in elsewhere.
 
-SGLang's hook points moved release by release (read from the released wheels; the research is
-in docs/sglang.md "Supported releases"): `_register_topology_row` and `/ready` arrived in 0.5.20,
-the role switch in 0.5.21, `build_server_info` and the internal-state controller in 0.5.22. One
-fixed list of targets would make every release but the newest report "missing" and, with
+One fixed list of targets would make every release but the newest report "missing" and, with
 `REGISTRAR_STRICT=1`, refuse to start. So each *feature* lists its candidates, best first, with
-the releases that have each; at load the plugin takes, per feature, the first candidate this
-SGLang actually has (`plan`). What is taken is what "active" and `REGISTRAR_STRICT` count; a
-feature with no candidate is named in the log with the reason (expected below its release, a
-WARNING when a release that should have it does not).
-
-This module imports no SGLang: a `Probe` answers what the installed SGLang has (probe.py).
+the releases that have each (read from the released wheels); at load the plugin takes, per
+feature, the first candidate this SGLang has (`plan`). This module imports no SGLang: a `Probe`
+answers what the installed SGLang has (probe.py). docs/sglang.md "Supported releases".
 """
 
 from __future__ import annotations
@@ -19,24 +13,6 @@ import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Literal, Protocol
-
-__all__ = [
-    "FEATURES",
-    "NEWEST_KNOWN",
-    "OLDEST_WITH_PLUGINS",
-    "Choice",
-    "Feature",
-    "Plan",
-    "Probe",
-    "Release",
-    "Target",
-    "expected",
-    "installed_release",
-    "parse_release",
-    "plan",
-    "release_text",
-    "support_table",
-]
 
 Release = tuple[int, int, int]
 """A release as (major, minor, patch); `.postN`, `rcN` and local parts are ignored."""
@@ -59,12 +35,16 @@ def parse_release(text: str | None) -> Release | None:
     return int(major), int(minor), int(patch or 0)
 
 
-def installed_release() -> Release | None:
-    """The installed SGLang's release, from its package metadata (None: not installed)."""
+def installed_version() -> str | None:
+    """The installed SGLang's version, from its package metadata (None: not installed)."""
     try:
-        return parse_release(version("sglang"))
+        return version("sglang")
     except PackageNotFoundError:
         return None
+
+
+def installed_release() -> Release | None:
+    return parse_release(installed_version())
 
 
 def release_text(release: Release) -> str:
@@ -140,25 +120,24 @@ class Feature:
     loss: bool = True
     """False where a release without the targets needs nothing done (no role switch there)."""
 
+    def covering(self, release: Release | None) -> list[Target]:
+        """The candidates the table says `release` has."""
+        return [t for t in self.candidates if t.covers(release)]
 
-_CONN = "sglang.srt.disaggregation.common.conn"
-_MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
+
+_KV = "sglang.srt.disaggregation.common.conn.CommonKVManager"
+_MOONCAKE = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
-_HTTP = "sglang.srt.entrypoints.http_server"
+_HTTP_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
         "registration",
         "prefill ranks register in the background, looked-first and counted once",
         (
+            Target(f"{_KV}._register_topology_row", "REPLACE", "register_row", (0, 5, 20)),
             Target(
-                f"{_CONN}.CommonKVManager._register_topology_row",
-                "REPLACE",
-                "register_row",
-                (0, 5, 20),
-            ),
-            Target(
-                f"{_CONN}.CommonKVManager.register_to_bootstrap",
+                f"{_KV}.register_to_bootstrap",
                 "AROUND",
                 "capture_registration",
                 (0, 5, 11),
@@ -174,13 +153,7 @@ FEATURES: tuple[Feature, ...] = (
         "/ready is false until the node-0 bootstrap server holds every row",
         (
             Target(f"{_TM}.is_ready", "AROUND", "around_is_ready", (0, 5, 20)),
-            Target(
-                f"{_HTTP}._setup_and_run_http_server",
-                "BEFORE",
-                "add_ready_route",
-                (0, 5, 11),
-                (0, 5, 19),
-            ),
+            Target(_HTTP_START, "BEFORE", "add_ready_route", (0, 5, 11), (0, 5, 19)),
         ),
         "no /ready gated on the table",
     ),
@@ -237,14 +210,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "decode check",
         "a decode drops a restarted prefill's stale cached addresses",
-        (
-            Target(
-                f"{_CONN}.CommonKVManager._on_heartbeat_success",
-                "AFTER",
-                "after_heartbeat_success",
-                (0, 5, 13),
-            ),
-        ),
+        (Target(f"{_KV}._on_heartbeat_success", "AFTER", "after_heartbeat_success", (0, 5, 13)),),
         "no decode-side restart check: this release has no heartbeat hook",
     ),
     Feature(
@@ -252,7 +218,7 @@ FEATURES: tuple[Feature, ...] = (
         "the same check where Mooncake overrides the heartbeat hook without super()",
         (
             Target(
-                f"{_MOONCAKE}.MooncakeKVManager._on_heartbeat_success",
+                f"{_MOONCAKE}._on_heartbeat_success",
                 "AFTER",
                 "after_heartbeat_success",
                 (0, 5, 13),
@@ -266,7 +232,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "gateway",
         "with REGISTRAR_GATEWAY, node 0 keeps the server listed by smg once /ready holds",
-        (Target(f"{_HTTP}._setup_and_run_http_server", "BEFORE", "start_gateway", (0, 5, 10)),),
+        (Target(_HTTP_START, "BEFORE", "start_gateway", (0, 5, 10)),),
         "REGISTRAR_GATEWAY has no effect",
     ),
     Feature(
@@ -305,6 +271,10 @@ class Plan:
     def unexpected(self) -> list[Choice]:
         return [c for c in self.unavailable() if not c.expected]
 
+    def lost(self) -> list[Choice]:
+        """What this release cannot do and a newer one can (the ACTIVE line and the report)."""
+        return [c for c in self.unavailable() if c.expected and c.feature.loss]
+
     def newer(self) -> bool:
         return self.release is not None and self.release > NEWEST_KNOWN
 
@@ -318,7 +288,7 @@ def plan(probe: Probe, release: Release | None) -> Plan:
         if found is not None:
             choices.append(Choice(feature, found))
             continue
-        covering = [t for t in feature.candidates if t.covers(release)]
+        covering = feature.covering(release)
         if covering:
             names = ", ".join(t.path for t in covering)
             reason = f"{feature.without}: {names} not found"
@@ -330,7 +300,7 @@ def plan(probe: Probe, release: Release | None) -> Plan:
 
 def expected(release: Release) -> list[Target | None]:
     """Per feature, the target the table says `release` has (None: none)."""
-    return [next((t for t in f.candidates if t.covers(release)), None) for f in FEATURES]
+    return [next(iter(f.covering(release)), None) for f in FEATURES]
 
 
 def _by_release() -> list[str]:
