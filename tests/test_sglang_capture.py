@@ -129,6 +129,27 @@ def test_a_failing_before_or_after_hook_leaves_sglangs_call_alone(
     assert caplog.text.count(f"the hook on sglang.x.{kind} failed") == 1  # logged once
 
 
+def test_two_hooks_failing_on_one_target_are_each_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """0.5.11-0.5.19: the stand-in /ready and the gateway both run before SGLang's HTTP start;
+    the second to fail was never logged when the guard kept one line per target."""
+
+    def add_ready_route(*args: Any) -> None:
+        raise RuntimeError("ready")
+
+    def start_gateway(*args: Any) -> None:
+        raise RuntimeError("gateway")
+
+    hooks = [guarded(h, "BEFORE", "sglang.http.start") for h in (add_ready_route, start_gateway)]
+    with caplog.at_level(logging.ERROR):
+        for _ in range(2):
+            for hook in hooks:
+                assert hook() is None
+    for name in ("add_ready_route", "start_gateway"):
+        assert caplog.text.count(f"the hook on sglang.http.start failed ({name})") == 1
+
+
 def test_a_failing_around_hook_calls_sglang_once() -> None:
     calls: list[int] = []
 

@@ -1,5 +1,5 @@
-"""No hook may raise into SGLang's code: an unexpected exception is logged once per target, with
-its traceback, and SGLang's own behaviour goes on as if the plugin were not there. BEFORE/AFTER
+"""No hook may raise into SGLang's code: an unexpected exception is logged once per hook and
+target, with its traceback, and SGLang's own behaviour goes on as if the plugin were not there. BEFORE/AFTER
 skip the hook's effect; REPLACE calls SGLang's original; AROUND calls SGLang's function if the
 hook failed before calling it, else returns its result, and lets SGLang's own exception through.
 `SystemExit` passes: it is the plugin refusing a bad setting on purpose, with one line.
@@ -16,19 +16,22 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_reported: set[str] = set()
+# Keyed by hook and target: two hooks on one target (the stand-in /ready and the gateway both
+# run before `_setup_and_run_http_server` on 0.5.11-0.5.19) each get their line.
+_reported: set[tuple[str, str]] = set()
 _reported_lock = threading.Lock()
 
 
-def _report(target: str) -> None:
+def _report(hook: str, target: str) -> None:
     with _reported_lock:
-        first = target not in _reported
-        _reported.add(target)
+        first = (hook, target) not in _reported
+        _reported.add((hook, target))
     if first:
         logger.exception(
-            "sglang-registrar: the hook on %s failed; SGLang's own behaviour goes on there "
+            "sglang-registrar: the hook on %s failed (%s); SGLang's own behaviour goes on there "
             "(logged once)",
             target,
+            hook,
         )
 
 
@@ -80,7 +83,7 @@ def guarded(
         try:
             return hook(*args, **kwargs)
         except Exception:
-            _report(target)
+            _report(hook.__name__, target)
         # REPLACE: SGLang's own function; BEFORE: its own arguments; AFTER: its own result
         return original(*args, **kwargs) if original is not None else None
 
@@ -98,7 +101,7 @@ def _around(hook: Callable[..., Any], target: str) -> Callable[..., Any]:
             except Exception:
                 if tracked.raised:
                     raise
-                _report(target)
+                _report(hook.__name__, target)
                 return tracked.result if tracked.called else await original(*args, **kwargs)
 
         return safe_async
@@ -111,7 +114,7 @@ def _around(hook: Callable[..., Any], target: str) -> Callable[..., Any]:
         except Exception:
             if tracked.raised:
                 raise
-            _report(target)
+            _report(hook.__name__, target)
             return tracked.result if tracked.called else original(*args, **kwargs)
 
     return safe
