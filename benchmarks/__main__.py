@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from registrar.core.backoff import ACCEPT_RATE
-from registrar.core.settings import DEFAULT_BACKOFF, DEFAULT_WATCH_INTERVAL
+from registrar.core._backoff import ACCEPT_RATE
+from registrar.core._settings import DEFAULT_BACKOFF, DEFAULT_WATCH_INTERVAL
 
 from . import race, sim
 from .report import write_report

@@ -3,7 +3,7 @@
 N connections (default 1000), each sending one route query and kept open, are opened at
 uniform random moments within W seconds, for several W, from one thread of non-blocking
 sockets; printed per W: the listen-queue overflows the server's namespace counted and the
-answer latencies. This is the measurement behind `registrar.core.backoff.ACCEPT_RATE` and the
+answer latencies. This is the measurement behind `registrar.core._backoff.ACCEPT_RATE` and the
 simulation's `ACCEPT_RATE_MEASURED` (docs/benchmarks.md).
 """
 

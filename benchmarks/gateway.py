@@ -30,7 +30,7 @@ from typing import Any
 import requests
 
 from registrar import Registrar, State, smg_registrar
-from registrar.protocols.smg.transport import SmgTransport
+from registrar.protocols._smg.transport import SmgTransport
 from tests.gateway_lab import Gateway, StandInWorker
 
 REPO = Path(__file__).resolve().parent.parent

@@ -55,7 +55,7 @@ def _sender(who: str, url: str, sent: dict[str, Any]) -> Any:
     host, port = url.removeprefix("http://").split(":")
     if who == "transport":
         from registrar import HttpTransport  # noqa: PLC0415
-        from registrar.protocols.httpvalues import with_query  # noqa: PLC0415
+        from registrar.protocols._httpvalues import with_query  # noqa: PLC0415
 
         transport = HttpTransport(url, timeout=5.0)
 

@@ -1,5 +1,5 @@
 """A discrete-event simulation of a fleet on a virtual clock, driven by registrar's own timing
-functions (`registrar.core.backoff`), for fleets too large to run for real (N = 1000).
+functions (`registrar.core._backoff`), for fleets too large to run for real (N = 1000).
 
 Requests take no time. The server's listen queue is modelled: every new connection joins a
 queue of `BACKLOG` (128, aiohttp's) served at `accept_rate` connections per second; a
@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from registrar.core.backoff import (
+from registrar.core._backoff import (
     Backoff,
     contact_delay,
     first_watch_delay,

@@ -8,21 +8,21 @@ Start it in the background, never block on it, and ask it where it stands::
 
 from __future__ import annotations
 
+from ._assembly import etcd_registrar, smg_registrar, smg_registrars
 from ._version import __version__
-from .assembly import etcd_registrar, smg_registrar, smg_registrars
-from .core.aio import in_loop
-from .core.backoff import Backoff
-from .core.errors import ConfigError, RegistrarError, StateError
-from .core.group import RegistrarGroup
-from .core.machine import State
-from .core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from .core.registrar import Registrar
-from .core.registry import register_protocol
-from .core.settings import HttpSettings
-from .core.status import Status
-from .core.transport import Transport
-from .protocols.http import HttpTransport
-from .protocols.sglang import make_payload
+from .core._aio import in_loop
+from .core._backoff import Backoff
+from .core._errors import ConfigError, RegistrarError, StateError
+from .core._group import RegistrarGroup
+from .core._machine import State
+from .core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from .core._registrar import Registrar
+from .core._registry import register_protocol
+from .core._settings import HttpSettings
+from .core._status import Status
+from .core._transport import Transport
+from .protocols._http import HttpTransport
+from .protocols._sglang import make_payload
 
 __all__ = [
     "Backoff",

@@ -11,8 +11,8 @@ import pytest
 from _pytest.terminal import TerminalReporter
 from support import CLI_ENV, FakeClock, Ports
 
-from registrar.core import registry
-from registrar.core.runner import UNEXPECTED
+from registrar.core import _registry as registry
+from registrar.core._runner import UNEXPECTED
 from registrar.devtools.bootstrap_server import BootstrapServer
 
 

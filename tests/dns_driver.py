@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from support import sglang_payload
 
 from registrar import Backoff, Registrar, etcd_registrar, smg_registrar
-from registrar.core.board import RequestEvent
-from registrar.protocols.resolver import RESOLVER
+from registrar.core._board import RequestEvent
+from registrar.protocols._resolver import RESOLVER
 
 
 def build(spec: dict[str, Any], kind: str, url: str, number: int) -> Registrar:

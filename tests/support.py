@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from registrar import RegisterOutcome, Route, RouteCheck, Verdict
-from registrar.protocols.sglang import SGLangTransport, make_payload
+from registrar.protocols._sglang import SGLangTransport, make_payload
 
 LOOPBACK = "127.0.0.1"
 

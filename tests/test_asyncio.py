@@ -10,7 +10,7 @@ from typing import Any
 from support import FakeClock, ScriptedTransport, accepted, retry, sglang_payload
 
 from registrar import Backoff, Registrar, State, Status, in_loop
-from registrar.core import aio
+from registrar.core import _aio as aio
 from registrar.devtools.bootstrap_server import BootstrapServer
 
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registrar import Backoff, ConfigError
-from registrar.core.backoff import (
+from registrar.core._backoff import (
     ACCEPT_RATE,
     PROBE_PERIOD,
     contact_delay,
@@ -18,7 +18,7 @@ from registrar.core.backoff import (
     retry_delay,
     watch_delay,
 )
-from registrar.core.settings import DEFAULT_BACKOFF
+from registrar.core._settings import DEFAULT_BACKOFF
 
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)
 

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 from docs.hooks.envdoc import configuration_page
-from registrar.integrations.sglang.settings import plugin_env_table
-from registrar.surfaces.options import ENV_PREFIX
-from registrar.surfaces.options import OPTIONS as ENV_VARS
+from registrar.integrations.sglang._settings import plugin_env_table
+from registrar.surfaces._options import ENV_PREFIX
+from registrar.surfaces._options import OPTIONS as ENV_VARS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -31,13 +31,13 @@ from hostile_server import (
 from support import sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.core.outcome import Route, Verdict
-from registrar.protocols.deadline import DeadlineExceeded
-from registrar.protocols.deadline import Watchdog as _Watchdog
-from registrar.protocols.http import EXCERPT_BYTES, HttpTransport
-from registrar.protocols.httpconn import ReadTimeout
-from registrar.protocols.httpvalues import DEFAULT_MAX_ANSWER_BYTES
-from registrar.protocols.sglang import SGLangTransport
+from registrar.core._outcome import Route, Verdict
+from registrar.protocols._deadline import DeadlineExceeded
+from registrar.protocols._deadline import Watchdog as _Watchdog
+from registrar.protocols._http import EXCERPT_BYTES, HttpTransport
+from registrar.protocols._httpconn import ReadTimeout
+from registrar.protocols._httpvalues import DEFAULT_MAX_ANSWER_BYTES
+from registrar.protocols._sglang import SGLangTransport
 
 DEADLINE = 1.0
 HANG = 25.0

@@ -11,9 +11,9 @@ server"):
   rank's PUTs (a second registrar of the same topology, driven by the same function), and the
   server restarting between any two steps.
 
-The REAL `registrar.core.decide.decide` is driven through every interleaving of those steps up
+The REAL `registrar.core._decide.decide` is driven through every interleaving of those steps up
 to a bound (breadth first), with the SGLang transport's evidence of a forgotten route
-(`registrar.protocols.sglang._Evidence`, the transport's own class) deciding what a 503 means.
+(`registrar.protocols._sglang._Evidence`, the transport's own class) deciding what a 503 means.
 Checked in every state reached:
 
 1. never a PUT while our row is in the server's table (the count would be wrong for ever);
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from registrar.core.actions import (
+from registrar.core._actions import (
     Action,
     Answered,
     Check,
@@ -52,13 +52,13 @@ from registrar.core.actions import (
     Waited,
     WaitKind,
 )
-from registrar.core.backoff import Backoff
-from registrar.core.decide import Decision, decide
-from registrar.core.machine import TRANSITIONS, State
-from registrar.core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from registrar.core.settings import LoopSettings
-from registrar.core.status import Status
-from registrar.protocols.sglang import _Evidence
+from registrar.core._backoff import Backoff
+from registrar.core._decide import Decision, decide
+from registrar.core._machine import TRANSITIONS, State
+from registrar.core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from registrar.core._settings import LoopSettings
+from registrar.core._status import Status
+from registrar.protocols._sglang import _Evidence
 
 TOPOLOGY = 2
 """Ranks in the topology: the server is ready once it counted this many PUTs."""

@@ -13,7 +13,7 @@ import pytest
 from support import FakeClock, ScriptedTransport, accepted, route, wait_until
 
 from registrar import Registrar, State
-from registrar.core.diagnosis import (
+from registrar.core._diagnosis import (
     Code,
     Evidence,
     Knock,
@@ -22,8 +22,8 @@ from registrar.core.diagnosis import (
     port_problem,
     port_text,
 )
-from registrar.core.outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from registrar.core.settings import DEFAULT_DIAGNOSE_AFTER, LoopSettings
+from registrar.core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from registrar.core._settings import DEFAULT_DIAGNOSE_AFTER, LoopSettings
 
 HOST = "10.0.0.5"
 

@@ -18,8 +18,8 @@ from support import Ports, sglang_payload, wait_until
 from test_cli import run
 
 from registrar import Backoff, Registrar, State
-from registrar.core.diagnosis import Code
-from registrar.core.errors import ConfigError
+from registrar.core._diagnosis import Code
+from registrar.core._errors import ConfigError
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.cli import main
 from registrar.surfaces.health import render_health, start_health_server

@@ -4,8 +4,8 @@ import pytest
 import requests
 from support import Ports
 
-from registrar.core.errors import describe_exception, root_cause
-from registrar.core.redact import Secrets, redact_url
+from registrar.core._errors import describe_exception, root_cause
+from registrar.core._redact import Secrets, redact_url
 
 
 def test_refused_connection_names_errno_not_urllib3_wrapper(ports: Ports) -> None:

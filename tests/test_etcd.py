@@ -21,9 +21,9 @@ from etcd_support import EtcdCluster, Tls, b64, etcd_binary, etcd_cluster, make_
 from support import wait_until
 
 from registrar import Registrar, State
-from registrar.assembly import etcd_registrar
-from registrar.core.backoff import Backoff
-from registrar.protocols.etcd.transport import EtcdTransport
+from registrar._assembly import etcd_registrar
+from registrar.core._backoff import Backoff
+from registrar.protocols._etcd.transport import EtcdTransport
 from registrar.surfaces.health import start_health_server
 
 pytestmark = [

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from registrar import ConfigError
-from registrar.assembly import etcd_registrar
-from registrar.protocols.etcd.client import parse_answer
-from registrar.protocols.etcd.settings import EtcdSettings
-from registrar.protocols.etcd.transport import EtcdTransport, watch_interval_for
-from registrar.protocols.etcd.watch import ChunkedLines, StreamError, watch_change
-from registrar.protocols.httpconn import TlsError
-from registrar.protocols.httpvalues import HttpResult
+from registrar._assembly import etcd_registrar
+from registrar.protocols._etcd.client import parse_answer
+from registrar.protocols._etcd.settings import EtcdSettings
+from registrar.protocols._etcd.transport import EtcdTransport, watch_interval_for
+from registrar.protocols._etcd.watch import ChunkedLines, StreamError, watch_change
+from registrar.protocols._httpconn import TlsError
+from registrar.protocols._httpvalues import HttpResult
 
 KEY, VALUE, LEASE = b"/k", b'{"a":1}', 7
 

@@ -30,11 +30,11 @@ from support import (
 )
 
 from registrar import Backoff, RegisterOutcome, Registrar, Route, RouteCheck, State, Verdict
-from registrar.core.backoff import PROBE_PERIOD, probe_period
-from registrar.core.decide import MAX_BROKEN_CHECKS
+from registrar.core._backoff import PROBE_PERIOD, probe_period
+from registrar.core._decide import MAX_BROKEN_CHECKS
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.protocols.idle import MAX_HARMLESS_CLOSES
-from registrar.protocols.sglang import SGLangTransport
+from registrar.protocols._idle import MAX_HARMLESS_CLOSES
+from registrar.protocols._sglang import SGLangTransport
 
 REFUSED = RegisterOutcome(Verdict.RETRY, error="[Errno 111] Connection refused", refused=True)
 CHECK_REFUSED = RouteCheck(

@@ -16,10 +16,10 @@ from support import FakeClock, ScriptedTransport, accepted, fatal, retry, sglang
 
 import registrar
 from registrar import Backoff, Registrar, State
-from registrar.core.status import Status
+from registrar.core._status import Status
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import health_app, start_health_server
-from registrar.surfaces.health.document import render_health
+from registrar.surfaces.health._document import render_health
 from registrar.surfaces.metrics import RegistrarMetrics
 
 PAYLOAD = {"service": "demo", "secret_field": "do-not-show"}

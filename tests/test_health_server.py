@@ -17,8 +17,8 @@ import pytest
 from support import FakeClock, ScriptedTransport, accepted, wait_until
 
 from registrar import Registrar, State
+from registrar.surfaces._httpserver import HEAD_TIMEOUT, MAX_PENDING, WORKERS
 from registrar.surfaces.health import HealthServer, start_health_server
-from registrar.surfaces.httpserver import HEAD_TIMEOUT, MAX_PENDING, WORKERS
 
 
 @pytest.fixture

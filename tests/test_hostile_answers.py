@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from support import ScriptedTransport, accepted, route, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.core.outcome import Route
-from registrar.core.runner import UNEXPECTED
-from registrar.protocols.httpvalues import RETRY_AFTER_CEILING, parse_retry_after
-from registrar.protocols.sglang import SGLangTransport
+from registrar.core._outcome import Route
+from registrar.core._runner import UNEXPECTED
+from registrar.protocols._httpvalues import RETRY_AFTER_CEILING, parse_retry_after
+from registrar.protocols._sglang import SGLangTransport
 
 NOW = 1_800_000_000.0
 FAST = Backoff(initial=0.05, maximum=0.1)

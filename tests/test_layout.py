@@ -30,13 +30,13 @@ from registrar import (
     Transport,
     register_protocol,
 )
-from registrar.core import registry
-from registrar.core.backoff import contact_delay
-from registrar.core.registry import protocol_names
-from registrar.core.settings import DEFAULT_BACKOFF
-from registrar.core.waker import Waker
+from registrar.core import _registry as registry
+from registrar.core._backoff import contact_delay
+from registrar.core._registry import protocol_names
+from registrar.core._settings import DEFAULT_BACKOFF
+from registrar.core._waker import Waker
+from registrar.surfaces._options import OPTIONS as ENV_VARS
 from registrar.surfaces.env import describe_env, options_from_env
-from registrar.surfaces.options import OPTIONS as ENV_VARS
 
 CORE = Path(registrar.__file__).parent / "core"
 
@@ -345,11 +345,11 @@ def test_protocols_import_neither_surfaces_devtools_the_root_nor_the_engine(modu
 
 def test_the_import_resolution_reaches_into_folders() -> None:
     """The rule above would pass vacuously if relative imports in a folder were misread."""
-    found = dict(_resolved_imports(PROTOCOLS / "etcd" / "client.py"))
-    assert found["...core.redact"] == "registrar.core.redact"
-    assert found["..http"] == "registrar.protocols.http"
-    assert dict(_resolved_imports(PROTOCOLS / "etcd" / "transport.py"))[".client"] == (
-        "registrar.protocols.etcd.client"
+    found = dict(_resolved_imports(PROTOCOLS / "_etcd" / "client.py"))
+    assert found["...core._redact"] == "registrar.core._redact"
+    assert found[".._http"] == "registrar.protocols._http"
+    assert dict(_resolved_imports(PROTOCOLS / "_etcd" / "transport.py"))[".client"] == (
+        "registrar.protocols._etcd.client"
     )
 
 
@@ -358,7 +358,7 @@ HEALTH_READS = (
     "registrar._version",
     "registrar.core.",
     "registrar.surfaces.health.",
-    "registrar.surfaces.httpserver",
+    "registrar.surfaces._httpserver",
     "registrar.surfaces.metrics",
 )
 
@@ -420,21 +420,21 @@ def test_surfaces_import_devtools_only_inside_the_commands_that_need_them(module
 
 def test_registrar_register_loads_neither_devtools_nor_the_status_client() -> None:
     code = (
-        "import sys\nimport registrar.surfaces.cli, registrar.surfaces.cli.register\n"
+        "import sys\nimport registrar.surfaces.cli, registrar.surfaces.cli._register\n"
         "loaded = [m for m in sys.modules if m.startswith('registrar.devtools')]\n"
         "assert not loaded, loaded\n"
-        "assert 'registrar.surfaces.cli.status' not in sys.modules\n"
+        "assert 'registrar.surfaces.cli._status' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_settings_live_with_their_layer() -> None:
     """Loop and HTTP settings in the engine's package; a protocol's next to it (no engine)."""
-    from registrar.core import settings  # noqa: PLC0415
-    from registrar.protocols.etcd import settings as etcd_settings  # noqa: PLC0415
-    from registrar.protocols.smg import settings as smg_settings  # noqa: PLC0415
+    from registrar.core import _settings as settings  # noqa: PLC0415
+    from registrar.protocols._etcd import settings as etcd_settings  # noqa: PLC0415
+    from registrar.protocols._smg import settings as smg_settings  # noqa: PLC0415
 
-    assert settings.LoopSettings.__module__ == "registrar.core.settings"
+    assert settings.LoopSettings.__module__ == "registrar.core._settings"
     for module in (etcd_settings, smg_settings):
         for name in _imports(Path(str(module.__file__))):
-            assert not name.startswith(("...surfaces", "...devtools", "...core.registrar")), name
+            assert not name.startswith(("...surfaces", "...devtools", "...core._registrar")), name

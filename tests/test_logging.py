@@ -15,7 +15,7 @@ HOST = textwrap.dedent(
     logging.basicConfig(level=logging.{level}, format="%(name)s %(levelname)s %(message)s")
     from registrar import Registrar, State
     from registrar.devtools.bootstrap_server import BootstrapServer
-    from registrar.protocols.sglang import make_payload
+    from registrar.protocols._sglang import make_payload
 
     server = BootstrapServer("127.0.0.1", 0).start()
     reg = Registrar(server.url, make_payload(rank_ip="127.0.0.1", rank_port=20000),
@@ -31,7 +31,7 @@ HOST = textwrap.dedent(
     reg.stop()
     server.close()
     # Nothing of the host's was reconfigured on the way: one filter, registrar's own.
-    from registrar.core.machine import OURS_DROPPED
+    from registrar.core._machine import OURS_DROPPED
     assert logging.getLogger("transitions").level == logging.NOTSET
     assert logging.getLogger("transitions.core").level == logging.NOTSET
     assert logging.getLogger("transitions.core").filters == [OURS_DROPPED]
@@ -80,7 +80,7 @@ def test_a_host_machine_is_still_heard() -> None:
 
 def test_our_machine_is_not_heard_when_dispatched_directly() -> None:
     extra = (
-        "from registrar.core.machine import State, build_machine; "
+        "from registrar.core._machine import State, build_machine; "
         "build_machine(State.UNREGISTERED, lambda event: None).dispatch('start')"
     )
     lines = host_log("INFO", extra)

@@ -19,7 +19,7 @@ import pytest
 from support import sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.core.board import RequestEvent
+from registrar.core._board import RequestEvent
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 

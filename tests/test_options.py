@@ -1,4 +1,4 @@
-"""Each option is defined once, in the options table (registrar/surfaces/options.py): the
+"""Each option is defined once, in the options table (registrar/surfaces/_options.py): the
 environment reader, the command's flags and --help, the SGLang plugin's tables and
 docs/configuration.md all come from it, and a row added to it appears in all four."""
 
@@ -15,12 +15,12 @@ import textwrap
 from pathlib import Path
 
 from docs.hooks.envdoc import configuration_page
-from registrar.core.settings import HttpSettings, LoopSettings, default_of
-from registrar.integrations.sglang.settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
-from registrar.protocols.etcd.settings import EtcdSettings
-from registrar.surfaces.cli.parser import build_parser
+from registrar.core._settings import HttpSettings, LoopSettings, default_of
+from registrar.integrations.sglang._settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
+from registrar.protocols._etcd.settings import EtcdSettings
+from registrar.surfaces._options import ENV_PREFIX, OPTIONS
+from registrar.surfaces.cli._parser import build_parser
 from registrar.surfaces.env import options_from_env
-from registrar.surfaces.options import ENV_PREFIX, OPTIONS
 
 
 def _register_parser() -> argparse.ArgumentParser:
@@ -70,15 +70,15 @@ def test_a_row_added_to_the_table_appears_in_all_four() -> None:
     code = textwrap.dedent(
         """
         import argparse, os
-        import registrar.surfaces.options as options
+        import registrar.surfaces._options as options
         options.OPTIONS = (
             *options.OPTIONS,
             options.Option("NEW_KNOB", options.parse_flag, "true", "a knob added in one row"),
         )
         from registrar.surfaces.env import command_options_from_env
-        from registrar.surfaces.cli.parser import build_parser
-        from registrar.surfaces.cli.register import resolve
-        from registrar.integrations.sglang.settings import HONOURED, plugin_env_table
+        from registrar.surfaces.cli._parser import build_parser
+        from registrar.surfaces.cli._register import resolve
+        from registrar.integrations.sglang._settings import HONOURED, plugin_env_table
         from docs.hooks.envdoc import configuration_page
 
         assert command_options_from_env({"REGISTRAR_NEW_KNOB": "yes"}) == {"new_knob": True}
@@ -130,23 +130,23 @@ def test_a_loop_option_is_its_settings_field_and_its_row(tmp_path: Path) -> None
     root = Path(__file__).resolve().parent.parent
     shutil.copytree(root / "registrar", tmp_path / "registrar")
     shutil.copytree(root / "docs" / "hooks", tmp_path / "docs" / "hooks")
-    settings = tmp_path / "registrar" / "core" / "settings.py"
+    settings = tmp_path / "registrar" / "core" / "_settings.py"
     text = settings.read_text()
     field = "    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES\n"
     rule = '        "max_payload_bytes": rules.count,\n'
     assert field in text and rule in text  # noqa: PT018 - both anchors must exist
     text = text.replace(field, field + "    max_knob: int = 3\n")
     settings.write_text(text.replace(rule, rule + '        "max_knob": rules.count,\n'))
-    options = tmp_path / "registrar" / "surfaces" / "options.py"
+    options = tmp_path / "registrar" / "surfaces" / "_options.py"
     table = "OPTIONS: tuple[Option, ...] = (\n"
     row = '    _loop("MAX_KNOB", integer, "4", "a knob added in one row", metavar="N"),\n'
     options.write_text(options.read_text().replace(table, table + row))
     code = textwrap.dedent(
         """
         from registrar import ConfigError, Registrar
-        from registrar.integrations.sglang.settings import HONOURED
-        from registrar.surfaces.cli.parser import build_parser
-        from registrar.surfaces.cli.register import _loop_options, resolve
+        from registrar.integrations.sglang._settings import HONOURED
+        from registrar.surfaces.cli._parser import build_parser
+        from registrar.surfaces.cli._register import _loop_options, resolve
         from registrar.surfaces.env import options_from_env
         from docs.hooks.envdoc import configuration_page
 

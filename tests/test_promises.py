@@ -25,9 +25,9 @@ from support import (
 )
 
 from registrar import Backoff, RegisterOutcome, Registrar, Route, State, Status, Verdict
-from registrar.core.board import RequestEvent
-from registrar.core.decide import REPORT_CHECK_INTERVAL
-from registrar.core.settings import EXIT_CODE
+from registrar.core._board import RequestEvent
+from registrar.core._decide import REPORT_CHECK_INTERVAL
+from registrar.core._settings import EXIT_CODE
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import health_app
 

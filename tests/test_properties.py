@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route, wait_until
 
 from registrar import Backoff, Registrar, Route, State
-from registrar.core.machine import TRANSITIONS
+from registrar.core._machine import TRANSITIONS
 from registrar.devtools.bootstrap_server import BootstrapServer
 
 ALLOWED = {(s, d) for s, _, d in TRANSITIONS}

@@ -13,7 +13,7 @@ from freezegun import freeze_time
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route, wait_until
 
 from registrar import Backoff, Registrar, Route, State, StateError, Status
-from registrar.core.settings import DEFAULT_BACKOFF, EXIT_CODE
+from registrar.core._settings import DEFAULT_BACKOFF, EXIT_CODE
 
 PAYLOAD = {"service": "demo", "port": 20000}
 UPSTREAM = Backoff(initial=1.0, multiplier=2.0, maximum=30.0, jitter=0.25)

@@ -20,8 +20,8 @@ from support import FakeClock as VirtualClock
 from support import ScriptedTransport, accepted, sglang_payload, wait_until
 
 from registrar import RegisterOutcome, Registrar, Route, RouteCheck, State, Verdict
-from registrar.protocols.deadline import Watchdog
-from registrar.protocols.resolver import FRESH, STALE_WAIT, Resolver, Unresolved, seconds
+from registrar.protocols._deadline import Watchdog
+from registrar.protocols._resolver import FRESH, STALE_WAIT, Resolver, Unresolved, seconds
 
 HANG = 10.0
 """Only catches a wait that did not end."""

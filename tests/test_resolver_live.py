@@ -19,14 +19,14 @@ from smg_support import Gateway, gateway_binary, workers
 from support import sglang_payload, wait_until
 
 from registrar import HttpTransport, Registrar, State, smg_registrar
-from registrar.core.backoff import Backoff
+from registrar.core._backoff import Backoff
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.integrations.sglang.rows import rank_summary
-from registrar.protocols.resolver import FRESH, RESOLVER
-from registrar.surfaces.cli.common import EXIT_NOT_REGISTERED
-from registrar.surfaces.cli.status import cmd_status
+from registrar.integrations.sglang._rows import rank_summary
+from registrar.protocols._resolver import FRESH, RESOLVER
+from registrar.surfaces.cli._common import EXIT_NOT_REGISTERED
+from registrar.surfaces.cli._status import cmd_status
 from registrar.surfaces.health import start_health_server
-from registrar.surfaces.health.document import render_health
+from registrar.surfaces.health._document import render_health
 
 HANG = 30.0
 """Only catches a hang, never a speed target."""

@@ -11,10 +11,10 @@ import pytest
 from support import ScriptedTransport, accepted, sglang_payload
 
 from registrar import ConfigError, HttpSettings, Registrar, State, etcd_registrar
-from registrar.core.settings import LoopSettings, default_of
+from registrar.core._settings import LoopSettings, default_of
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.protocols.etcd.settings import EtcdSettings
-from registrar.protocols.smg.settings import SmgSettings
+from registrar.protocols._etcd.settings import EtcdSettings
+from registrar.protocols._smg.settings import SmgSettings
 
 
 def test_a_given_transport_needs_no_url_and_no_http_option(registrars: list[Registrar]) -> None:

@@ -18,8 +18,9 @@ import requests
 from support import sglang_payload
 
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.integrations.sglang import rows, tables
-from registrar.integrations.sglang.guard import guarded
+from registrar.integrations.sglang import _rows as rows
+from registrar.integrations.sglang import _tables as tables
+from registrar.integrations.sglang._guard import guarded
 
 # What SGLang 0.5.12-0.5.19's register_to_bootstrap does with the module-level `requests`:
 # the inline loop of up to 5 tries, returning at the first 200 (shortened delays here).

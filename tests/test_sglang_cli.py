@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from registrar.integrations.sglang.report import describe, installed_report
+from registrar.integrations.sglang._report import describe, installed_report
 
 
 def test_without_sglang_it_says_so_clearly() -> None:

@@ -9,7 +9,7 @@ from support import sglang_payload
 
 from registrar import Route, Verdict
 from registrar.devtools.bootstrap_server import BootstrapServer, Fault
-from registrar.protocols.sglang import SGLangTransport
+from registrar.protocols._sglang import SGLangTransport
 
 
 def put(server: BootstrapServer, payload: dict) -> None:

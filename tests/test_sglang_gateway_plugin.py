@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from registrar import ConfigError
-from registrar.integrations.sglang import gateway, plugin, rows
-from registrar.integrations.sglang.settings import PluginConfig, read_config
+from registrar.integrations.sglang import _gateway as gateway
+from registrar.integrations.sglang import _plugin as plugin
+from registrar.integrations.sglang import _rows as rows
+from registrar.integrations.sglang._settings import PluginConfig, read_config
 
 
 def _args(mode: str = "null", host: str = "127.0.0.1", port: int = 30001, **kw: Any) -> Any:

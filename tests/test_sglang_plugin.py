@@ -13,9 +13,10 @@ import pytest
 from support import ScriptedTransport, accepted, sglang_payload
 
 from registrar import ConfigError, Registrar, State, __version__
-from registrar.integrations.sglang import plugin, rows
-from registrar.integrations.sglang.plugin import SUPPORTED_VERSIONS, TARGETS
-from registrar.integrations.sglang.settings import (
+from registrar.integrations.sglang import _plugin as plugin
+from registrar.integrations.sglang import _rows as rows
+from registrar.integrations.sglang._plugin import SUPPORTED_VERSIONS, TARGETS
+from registrar.integrations.sglang._settings import (
     HONOURED,
     PLUGIN_ENV_VARS,
     REFUSED,
@@ -23,8 +24,8 @@ from registrar.integrations.sglang.settings import (
     plugin_env_table,
     read_config,
 )
-from registrar.integrations.sglang.tables import bootstrap_summary, table_complete
-from registrar.surfaces.options import OPTIONS as ENV_VARS
+from registrar.integrations.sglang._tables import bootstrap_summary, table_complete
+from registrar.surfaces._options import OPTIONS as ENV_VARS
 
 
 def test_importing_registrar_and_the_plugin_imports_no_sglang() -> None:

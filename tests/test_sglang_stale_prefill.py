@@ -1,4 +1,4 @@
-"""The plugin's decode side (registrar/integrations/sglang/stale_prefill.py): which answers make
+"""The plugin's decode side (registrar/integrations/sglang/_stale_prefill.py): which answers make
 the decode drop a prefill it cached, read from SGLang's cache layout, checked against the
 reference bootstrap server over HTTP with a decode manager shaped like SGLang's."""
 
@@ -13,8 +13,8 @@ import pytest
 import requests
 
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.integrations.sglang import stale_prefill
-from registrar.integrations.sglang.stale_prefill import (
+from registrar.integrations.sglang import _stale_prefill as stale_prefill
+from registrar.integrations.sglang._stale_prefill import (
     CachedRow,
     RowAnswer,
     after_heartbeat_success,
@@ -23,7 +23,7 @@ from registrar.integrations.sglang.stale_prefill import (
     close_checks,
     decide,
 )
-from registrar.protocols.sglang import make_payload
+from registrar.protocols._sglang import make_payload
 
 ROW = CachedRow(0, 0, 0, 0, "127.0.0.1", 5000)
 SAME = RowAnswer(200, "127.0.0.1", 5000)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from registrar.integrations.sglang import plugin
-from registrar.integrations.sglang.probe import SourceProbe
-from registrar.integrations.sglang.targets import (
+from registrar.integrations.sglang import _plugin as plugin
+from registrar.integrations.sglang._probe import SourceProbe
+from registrar.integrations.sglang._targets import (
     FEATURES,
     Plan,
     expected,
@@ -237,7 +237,7 @@ def test_docs_carry_the_generated_support_table() -> None:
     written = text.split(begin, 1)[1].split(end, 1)[0]
     assert written == support_table(), (
         "docs/sglang.md's support table differs from the target table: paste "
-        "`python -c 'from registrar.integrations.sglang.targets import support_table; "
+        "`python -c 'from registrar.integrations.sglang._targets import support_table; "
         'print(support_table(), end="")\'` between the markers'
     )
 

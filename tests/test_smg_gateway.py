@@ -23,8 +23,8 @@ from smg_support import Gateway, StandInWorker, gateway_binary, workers
 from support import CLI_ENV, wait_until
 
 from registrar import Registrar, State, smg_registrar
-from registrar.core.backoff import Backoff
-from registrar.protocols.smg.transport import SmgTransport
+from registrar.core._backoff import Backoff
+from registrar.protocols._smg.transport import SmgTransport
 
 pytestmark = pytest.mark.timeout(240)
 

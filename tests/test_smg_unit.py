@@ -13,11 +13,11 @@ import pytest
 from support import CLI_ENV, FakeClock, wait_until
 
 from registrar import ConfigError, Registrar, Route, State, Verdict, smg_registrar
-from registrar.core.backoff import Backoff
-from registrar.protocols.httpvalues import HttpResult
-from registrar.protocols.smg.settings import DEFAULT_CONFIRM_TIMEOUT, SmgSettings
-from registrar.protocols.smg.spec import validate_spec, worker_spec
-from registrar.protocols.smg.transport import SmgTransport
+from registrar.core._backoff import Backoff
+from registrar.protocols._httpvalues import HttpResult
+from registrar.protocols._smg.settings import DEFAULT_CONFIRM_TIMEOUT, SmgSettings
+from registrar.protocols._smg.spec import validate_spec, worker_spec
+from registrar.protocols._smg.transport import SmgTransport
 
 GATEWAY = "http://127.0.0.1:30000"
 WORKER = "http://127.0.0.1:31000"

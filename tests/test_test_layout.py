@@ -13,11 +13,11 @@ PACKAGE = Path(registrar.__file__).parent
 TESTS = Path(__file__).parent
 
 TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
-    "registrar.core.diagnostician": (
+    "registrar.core._diagnostician": (
         ("test_diagnosis.py", "test_diagnosis_staged.py"),
         "when a diagnosis is stated and cleared is the diagnosis's own story",
     ),
-    "registrar.protocols.probe": (
+    "registrar.protocols._probe": (
         ("test_diagnosis_staged.py", "test_doctor.py"),
         "the probe is what sees each staged misconfiguration, for the registrar and doctor",
     ),
@@ -26,7 +26,7 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "`python -m registrar` is the CLI; every CLI test runs it",
     ),
     "registrar._version": (("test_project.py",), "the version the package metadata reports"),
-    "registrar.assembly": (
+    "registrar._assembly": (
         (
             "test_etcd_unit.py",
             "test_sglang_gateway_plugin.py",
@@ -34,42 +34,42 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the ready-made registrars: etcd's, and the gateway part of the plugin",
     ),
     "registrar.core": (("test_layout.py",), "the core package: what it may import"),
-    "registrar.core.actions": (
+    "registrar.core._actions": (
         ("test_decide_explorer.py",),
         "the actions the decision function returns, over the loop state it explores",
     ),
-    "registrar.core.aio": (("test_asyncio.py",), "the asyncio front"),
-    "registrar.core.board": (
+    "registrar.core._aio": (("test_asyncio.py",), "the asyncio front"),
+    "registrar.core._board": (
         (
             "test_concurrency.py",
             "test_registrar_unit.py",
         ),
         "listeners and snapshots, under many threads and in order",
     ),
-    "registrar.core.clock": (
+    "registrar.core._clock": (
         ("test_registrar_unit.py",),
         "the loop on a fake clock (support.FakeClock)",
     ),
-    "registrar.core.notes": (("test_logging.py",), "the log lines the decision function asks for"),
-    "registrar.core.outcome": (
+    "registrar.core._notes": (("test_logging.py",), "the log lines the decision function asks for"),
+    "registrar.core._outcome": (
         (
             "test_hostile_answers.py",
             "test_untrusted_text.py",
         ),
         "outcomes built from hostile answers",
     ),
-    "registrar.core.redact": (
+    "registrar.core._redact": (
         (
             "test_errors.py",
             "test_security.py",
         ),
         "secrets kept out of every text",
     ),
-    "registrar.core.registry": (
+    "registrar.core._registry": (
         ("test_layout.py",),
         "protocols found by name through entry points",
     ),
-    "registrar.core.runner": (
+    "registrar.core._runner": (
         (
             "test_registrar_unit.py",
             "test_promises.py",
@@ -78,18 +78,18 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the runner performs the decisions (and asks on_failure): what the loop does, end to end",
     ),
-    "registrar.core.status": (
+    "registrar.core._status": (
         (
             "test_health.py",
             "test_health_conventions.py",
         ),
         "the snapshot, as the health endpoints show it",
     ),
-    "registrar.core.transport": (
+    "registrar.core._transport": (
         ("test_layout.py",),
         "the transport protocols a third party implements",
     ),
-    "registrar.core.waker": (
+    "registrar.core._waker": (
         (
             "test_layout.py",
             "test_many_descriptors.py",
@@ -97,8 +97,8 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the selectable waker a transport waits on",
     ),
     "registrar.devtools": (("test_layout.py",), "imported only by the commands that need it"),
-    "registrar.devtools.demo": (("test_cli.py",), "`registrar demo`"),
-    "registrar.devtools.route_table": (
+    "registrar.devtools._demo": (("test_cli.py",), "`registrar demo`"),
+    "registrar.devtools._route_table": (
         ("test_reference_fidelity.py",),
         "SGLang's route table, checked against SGLang's server (and in "
         "tests/sglang_real/test_differential.py)",
@@ -107,30 +107,30 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_sglang_plugin.py",),
         "the integrations package: the SGLang plugin",
     ),
-    "registrar.integrations.sglang.settings": (
+    "registrar.integrations.sglang._settings": (
         (
             "test_sglang_plugin.py",
             "test_sglang_gateway_plugin.py",
         ),
         "the plugin's variables",
     ),
-    "registrar.integrations.sglang.guard": (
+    "registrar.integrations.sglang._guard": (
         ("test_sglang_capture.py",),
         "the guards around every hook kind, beside the capture they protect",
     ),
-    "registrar.integrations.sglang.probe": (
+    "registrar.integrations.sglang._probe": (
         ("test_sglang_targets.py",),
         "the source reader, with the target table it answers for",
     ),
-    "registrar.integrations.sglang.report": (
+    "registrar.integrations.sglang._report": (
         ("test_sglang_cli.py",),
         "what `registrar sglang` prints",
     ),
-    "registrar.integrations.sglang.rows": (
+    "registrar.integrations.sglang._rows": (
         ("test_sglang_plugin.py", "test_sglang_registrar.py", "test_sglang_capture.py"),
         "a rank's registrars inside SGLang, and the capture of SGLang's own PUT before 0.5.20",
     ),
-    "registrar.integrations.sglang.tables": (
+    "registrar.integrations.sglang._tables": (
         ("test_sglang_plugin.py", "test_sglang_capture.py"),
         "the bootstrap table, readiness and the /ready route",
     ),
@@ -141,7 +141,7 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the built-in protocols' factories",
     ),
-    "registrar.protocols.http": (
+    "registrar.protocols._http": (
         (
             "test_deadline.py",
             "test_hostile_answers.py",
@@ -159,7 +159,7 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "options from the environment",
     ),
-    "registrar.surfaces.httpserver": (
+    "registrar.surfaces._httpserver": (
         ("test_health_server.py",),
         "the server under the health endpoints",
     ),
@@ -170,79 +170,79 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "/metrics, beside the health endpoints",
     ),
-    "registrar.surfaces.verbose": (
+    "registrar.surfaces._verbose": (
         ("test_cli_config.py",),
         "`registrar register -v`'s request lines",
     ),
-    "registrar.core.settings": (
+    "registrar.core._settings": (
         ("test_rules.py",),
         "the settings values, each made through the rules it applies",
     ),
-    "registrar.protocols.etcd.settings": (
+    "registrar.protocols._etcd.settings": (
         ("test_rules.py", "test_options.py"),
         "the etcd settings value beside the loop's and HTTP's",
     ),
-    "registrar.protocols.smg.settings": (
+    "registrar.protocols._smg.settings": (
         ("test_rules.py",),
         "the gateway settings value beside the loop's and HTTP's",
     ),
-    "registrar.protocols.etcd.client": (
+    "registrar.protocols._etcd.client": (
         ("test_etcd_unit.py", "test_etcd.py"),
         "one part of the etcd protocol; its tests are the protocol's",
     ),
-    "registrar.protocols.etcd.transport": (
+    "registrar.protocols._etcd.transport": (
         ("test_etcd_unit.py", "test_etcd.py"),
         "one part of the etcd protocol; its tests are the protocol's",
     ),
-    "registrar.protocols.etcd.watch": (
+    "registrar.protocols._etcd.watch": (
         ("test_etcd_unit.py", "test_etcd.py"),
         "one part of the etcd protocol; its tests are the protocol's",
     ),
-    "registrar.protocols.httpconn": (
+    "registrar.protocols._httpconn": (
         ("test_hostile.py", "test_hostile_answers.py", "test_security.py"),
         "urllib3 under the HTTP transport: hostile answers, TLS",
     ),
-    "registrar.protocols.httpvalues": (
+    "registrar.protocols._httpvalues": (
         ("test_hostile_answers.py", "test_token_provider.py", "test_security.py"),
         "the HTTP transport's values: Retry-After, results, the token, its provider, basic auth",
     ),
-    "registrar.protocols.idle": (
+    "registrar.protocols._idle": (
         ("test_fast_recovery.py", "test_many_descriptors.py"),
         "the idle-connection watch and the connect probe",
     ),
-    "registrar.protocols.smg.gate": (
+    "registrar.protocols._smg.gate": (
         ("test_smg_unit.py", "test_smg_gateway.py"),
         "one part of the smg protocol; its tests are the protocol's",
     ),
-    "registrar.protocols.smg.spec": (
+    "registrar.protocols._smg.spec": (
         ("test_smg_unit.py",),
         "one part of the smg protocol; its tests are the protocol's",
     ),
-    "registrar.protocols.smg.transport": (
+    "registrar.protocols._smg.transport": (
         ("test_smg_unit.py", "test_smg_gateway.py"),
         "one part of the smg protocol; its tests are the protocol's",
     ),
-    "registrar.surfaces.cli.common": (
+    "registrar.surfaces.cli._common": (
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.cli.parser": (
+    "registrar.surfaces.cli._parser": (
         ("test_cli_config.py", "test_options.py"),
         "the flags come from the options table",
     ),
-    "registrar.surfaces.cli.register": (
+    "registrar.surfaces.cli._register": (
         ("test_cli.py", "test_cli_config.py"),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.cli.status": (
+    "registrar.surfaces.cli._status": (
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.health.document": (
+    "registrar.surfaces.health._document": (
         ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
         "one part of the health endpoint; its tests are the endpoint's",
     ),
-    "registrar.surfaces.parsers": (
+    "registrar.surfaces._parsers": (
         ("test_options.py", "test_cli_config.py"),
         "text to typed values for the options table",
     ),
@@ -262,7 +262,7 @@ def modules() -> list[str]:
 
 def named_for(module: str) -> list[str]:
     """The test files the naming rule finds for `module`."""
-    parts = module.split(".")
+    parts = [part.lstrip("_") for part in module.split(".")]
     prefixes = [f"test_{parts[-1]}"]
     if len(parts) > 2:
         prefixes.append(f"test_{parts[-2]}_{parts[-1]}")

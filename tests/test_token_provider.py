@@ -7,7 +7,7 @@ from support import sglang_payload
 
 from registrar import Verdict
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.protocols.http import HttpTransport
+from registrar.protocols._http import HttpTransport
 
 
 def test_provider_is_asked_per_request(server: BootstrapServer) -> None:

@@ -1,6 +1,6 @@
 """Whatever a server says (an address in a route answer, a body, a header) reaches a log line or
 a status field escaped and capped: it cannot forge a log line, draw on a terminal, or make one
-line of 50 KB. One helper does it (`registrar.core.redact.clean`); these tests drive it through
+line of 50 KB. One helper does it (`registrar.core._redact.clean`); these tests drive it through
 real answers from a hostile server on 127.0.0.1."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from hostile_server import HostileServer, answer
 from support import ScriptedTransport, accepted, retry, route, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.core.outcome import Route
-from registrar.core.redact import MAX_SHOWN, clean
-from registrar.protocols.sglang import SGLangTransport
+from registrar.core._outcome import Route
+from registrar.core._redact import MAX_SHOWN, clean
+from registrar.protocols._sglang import SGLangTransport
 
 URL = "http://127.0.0.1:8998"
 FAST = Backoff(initial=0.05, maximum=0.1)

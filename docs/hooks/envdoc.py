@@ -1,4 +1,4 @@
-"""docs/configuration.md, drawn from the options table (`registrar.surfaces.options.OPTIONS`),
+"""docs/configuration.md, drawn from the options table (`registrar.surfaces._options.OPTIONS`),
 the flags the command's parser really has, the settings classes' defaults and the SGLang
 plugin's own table, so the reference cannot drift from what the code reads:
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from registrar.integrations.sglang.settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
-from registrar.protocols.sglang import TOKEN_ENV
-from registrar.surfaces.cli.parser import build_parser
-from registrar.surfaces.options import ENV_PREFIX, OPTIONS, Option
+from registrar.integrations.sglang._settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
+from registrar.protocols._sglang import TOKEN_ENV
+from registrar.surfaces._options import ENV_PREFIX, OPTIONS, Option
+from registrar.surfaces.cli._parser import build_parser
 
 __all__ = ["configuration_page", "main"]
 
@@ -37,7 +37,7 @@ when the two differ.
 A bad value is one line naming the variable and showing a good one, e.g.
 `{ENV_PREFIX}MAX_ATTEMPTS='many' must be an integer >= 1, or unlimited; e.g.
 {ENV_PREFIX}MAX_ATTEMPTS=5`. Unset and empty variables leave the defaults, shown here as the
-settings classes define them (`registrar.core.settings`, `registrar.protocols.*_settings`).
+settings classes define them (`registrar.core._settings`, `registrar.protocols.*_settings`).
 On/off options have a `--name` and a `--no-name` flag.
 
 | variable | `registrar register` | SGLang plugin | meaning | default | example |

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .route_table import CRASH, LATEST_RELEASE, RouteTable, release_fields
+from ._route_table import CRASH, LATEST_RELEASE, RouteTable, release_fields
 
 _CLOSE = {"Connection": "close"}
 

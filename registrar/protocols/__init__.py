@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.registry import ProtocolFactory
-from ..core.settings import HttpSettings
-from ..core.transport import Transport
-from .etcd.settings import EtcdSettings
-from .etcd.transport import EtcdTransport
-from .http import HttpTransport
-from .sglang import SGLangTransport, token_from_env, token_source, validate_payload
-from .smg.settings import SmgSettings
-from .smg.spec import validate_spec, worker_spec
-from .smg.transport import SmgTransport
+from ..core._registry import ProtocolFactory
+from ..core._settings import HttpSettings
+from ..core._transport import Transport
+from ._etcd.settings import EtcdSettings
+from ._etcd.transport import EtcdTransport
+from ._http import HttpTransport
+from ._sglang import SGLangTransport, token_from_env, token_source, validate_payload
+from ._smg.settings import SmgSettings
+from ._smg.spec import validate_spec, worker_spec
+from ._smg.transport import SmgTransport
 
 
 def _sglang(payload: Mapping[str, Any], s: HttpSettings) -> tuple[Transport, dict[str, Any]]:

@@ -1,5 +1,5 @@
 """Configuration from `REGISTRAR_*` environment variables: a reader of the options table
-(`registrar.surfaces.options.OPTIONS`), so a variable means the same to every surface that reads
+(`registrar.surfaces._options.OPTIONS`), so a variable means the same to every surface that reads
 the environment. A bad value is one line naming the variable and showing a good value.
 """
 
@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..core.errors import ConfigError
-from ..core.settings import DEFAULT_BACKOFF
-from .options import ENV_PREFIX, OPTIONS, Option
+from ..core._errors import ConfigError
+from ..core._settings import DEFAULT_BACKOFF
+from ._options import ENV_PREFIX, OPTIONS, Option
 
 __all__ = [
     "UNSET",

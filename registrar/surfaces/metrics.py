@@ -17,14 +17,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..core.diagnosis import Code
-from ..core.errors import ConfigError
-from ..core.machine import State
-from ..core.status import Status
+from ..core._diagnosis import Code
+from ..core._errors import ConfigError
+from ..core._machine import State
+from ..core._status import Status
 
 if TYPE_CHECKING:
-    from ..core.board import RequestEvent
-    from ..core.registrar import Registrar
+    from ..core._board import RequestEvent
+    from ..core._registrar import Registrar
 
 __all__ = ["RegistrarMetrics", "metrics_available"]
 

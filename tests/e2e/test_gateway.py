@@ -31,8 +31,8 @@ from e2e_support.scenarios import run
 from e2e_support.stack import SERVE_TIMEOUT, Probe, Record
 from support import process_port
 
-from registrar.core.backoff import WATCH_JITTER
-from registrar.core.settings import DEFAULT_WATCH_INTERVAL
+from registrar.core._backoff import WATCH_JITTER
+from registrar.core._settings import DEFAULT_WATCH_INTERVAL
 
 pytestmark = pytest.mark.timeout(900)
 

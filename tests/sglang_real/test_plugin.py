@@ -20,9 +20,9 @@ from support import process_port
 
 from registrar import __version__
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.integrations.sglang.plugin import ACTIVE
-from registrar.integrations.sglang.tables import readiness
-from registrar.integrations.sglang.targets import (
+from registrar.integrations.sglang._plugin import ACTIVE
+from registrar.integrations.sglang._tables import readiness
+from registrar.integrations.sglang._targets import (
     FEATURES,
     NEWEST_KNOWN,
     expected,
@@ -88,7 +88,7 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
         "load_plugins()\n"
         "import sys\n"
         "print('--- loaded', file=sys.stderr, flush=True)\n"
-        "from registrar.integrations.sglang import plugin\n"
+        "from registrar.integrations.sglang import _plugin as plugin\n"
         "print(json.dumps({'missing': plugin.verify(), 'targets': list(plugin.TARGETS)}))\n"
     )
     assert done.returncode == 0, done.stderr
@@ -113,7 +113,7 @@ def test_importing_registrar_imports_no_sglang() -> None:
     done = run_python(
         "import sys\n"
         "import registrar, registrar.integrations, registrar.integrations.sglang\n"
-        "from registrar.integrations.sglang import plugin\n"
+        "from registrar.integrations.sglang import _plugin as plugin\n"
         "print(sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')))\n"
     )
     assert done.returncode == 0, done.stderr

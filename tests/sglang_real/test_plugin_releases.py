@@ -18,7 +18,7 @@ import pytest
 from sglang_support.harness import HERE, child_env, import_quietly, wait_for
 from support import process_port
 
-from registrar.integrations.sglang.targets import NEWEST_KNOWN, installed_release
+from registrar.integrations.sglang._targets import NEWEST_KNOWN, installed_release
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -34,7 +34,7 @@ warnings.simplefilter("ignore")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 RAISE = {raise_hooks!r}
 if RAISE:
-    from registrar.integrations.sglang import plugin
+    from registrar.integrations.sglang import _plugin as plugin
     def broken(*args, **kwargs):
         raise RuntimeError("forced by the test")
     async def broken_async(*args, **kwargs):

@@ -5,8 +5,8 @@ Importing this package imports no SGLang: only `load()` (called by SGLang) does.
 
 from __future__ import annotations
 
-from .plugin import load
-from .rows import rank_summary
-from .settings import describe_plugin_env
+from ._plugin import load
+from ._rows import rank_summary
+from ._settings import describe_plugin_env
 
 __all__ = ["describe_plugin_env", "load", "rank_summary"]

@@ -12,9 +12,9 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from ...core.errors import ConfigError, describe_exception
-from ...core.machine import mermaid_diagram
-from .common import (
+from ...core._errors import ConfigError, describe_exception
+from ...core._machine import mermaid_diagram
+from ._common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -24,11 +24,11 @@ from .common import (
     log_setup,
     stdout_to_devnull,
 )
-from .parser import build_parser as _parser
+from ._parser import build_parser as _parser
 
 logger = logging.getLogger(__name__)
 
-_MODULES = {"register": "register", "status": "status", "doctor": "doctor", "sglang": "doctor"}
+_MODULES = {"register": "_register", "status": "_status", "doctor": "_doctor", "sglang": "_doctor"}
 """The module of each command that has one, imported only when it runs (the register command
 never loads the status reader's HTTP client, nor the devtools)."""
 
@@ -90,7 +90,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ...devtools.demo import run_demo  # noqa: PLC0415 - only the demo needs it
+    from ...devtools._demo import run_demo  # noqa: PLC0415 - only the demo needs it
 
     return run_demo(sys.stdout)
 

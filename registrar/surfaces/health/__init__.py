@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 
-from ..httpserver import ProbeServer, StartResponse, WSGIApp
+from .._httpserver import ProbeServer, StartResponse, WSGIApp
 from ..metrics import RegistrarMetrics, metrics_available
-from .document import (
+from ._document import (
     HEALTH_CONTENT_TYPE,
     Answer,
     HealthGroup,
@@ -163,7 +163,7 @@ def start_health_server(
     expose_payload: bool = HealthOptions.expose_payload,
 ) -> HealthServer:
     """Serve `health_app(registrar)` on `host:port` (0: an ephemeral port), bounded under
-    probes (`registrar.surfaces.httpserver`). Raises OSError when the port cannot be bound.
+    probes (`registrar.surfaces._httpserver`). Raises OSError when the port cannot be bound.
 
     `metrics=None` serves `/metrics` when prometheus-client is installed (a new registry fed by
     this registrar); True insists (ImportError naming the extra when it is missing); False

@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["GUARD", "INSTALLED", "RAISED", "InjectedFailure", "failure_text", "patch_guard"]
 
-GUARD = "registrar.integrations.sglang.guard"
+GUARD = "registrar.integrations.sglang._guard"
 INSTALLED = "e2e-raising: hook {hook} at {target} installed in pid {pid}"
 RAISED = "e2e-raising: hook {hook} at {target} raised in pid {pid}"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from registrar.integrations.sglang.probe import SourceProbe, sglang_root
-from registrar.integrations.sglang.targets import Plan, Target, installed_release, plan
+from registrar.integrations.sglang._probe import SourceProbe, sglang_root
+from registrar.integrations.sglang._targets import Plan, Target, installed_release, plan
 
 __all__ = ["has_feature", "hidden_by_override", "installed_targets", "release_plan"]
 

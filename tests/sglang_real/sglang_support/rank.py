@@ -88,7 +88,7 @@ def build_manager(bootstrap_port: int, tp_size: int, rank: int, model: str) -> A
 
 
 def rows(manager: Any) -> list[dict[str, Any]]:
-    from registrar.integrations.sglang.rows import rank_summary
+    from registrar.integrations.sglang._rows import rank_summary
 
     return rank_summary(manager)["rows"]  # type: ignore[no-any-return]
 

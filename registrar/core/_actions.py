@@ -1,0 +1,223 @@
+"""The loop's vocabulary (values only): what just happened (an `Observation`), what to do next
+(an `Action`), where the loop stands between two decisions (`LoopState`), and the `Decision`
+pairing them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ._machine import Trigger
+from ._outcome import RegisterOutcome, RouteCheck, Verdict
+from ._settings import OnFailureName
+
+
+class WaitKind(StrEnum):
+    """Which wait, for the runner: what ends it early and what it publishes."""
+
+    BACKOFF = "backoff"
+    """Before an attempt: published as `next_attempt_at`; only a stop ends it early."""
+    PROBE = "probe"
+    """Nothing listens (or the connection broke): look again soon, whatever is reported."""
+    IDLE = "idle"
+    """Between route checks, on the transport's idle connection or the clock; a report or a
+    sign the route may be gone (`Waited.sign`) ends it."""
+    CONTACT = "contact"
+    """After a sign, spreading the fleet's checks; a report ends it."""
+    REPORT_SLOT = "report_slot"
+    """Holding a report-driven check until REPORT_CHECK_INTERVAL since the last check."""
+    READY = "ready"
+    """Holding an attempt while a `Gated` transport has nothing to offer (the served process
+    is not ready); only a stop ends it."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """The loop's thread began."""
+
+
+@dataclass(frozen=True)
+class Waited:
+    """A wait ended: on time, by a report, or (idle only) on a sign the route may be gone."""
+
+    kind: WaitKind
+    sign: bool = False
+    reports: int = 0
+    """Route-missing reports pending when it ended."""
+
+
+@dataclass(frozen=True)
+class Looked:
+    """The route as found before an attempt (None: the protocol cannot check), and when the
+    check ended (wall clock)."""
+
+    check: RouteCheck | None
+    at: float
+
+
+@dataclass(frozen=True)
+class Sent:
+    """An attempt's (or a probe's) outcome, and when it ended (wall clock)."""
+
+    outcome: RegisterOutcome
+    scheduled: bool
+    """A `Send` (counted), not a `Probe`."""
+    at: float
+
+    @property
+    def free(self) -> bool:
+        """A refused probe: neither counted against the budget nor reported as a request."""
+        outcome = self.outcome
+        return not self.scheduled and outcome.refused and outcome.verdict is Verdict.RETRY
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A route check's result while registered, the reports it answers, and when it ended."""
+
+    check: RouteCheck | None
+    reported: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Held:
+    """A `Gated` transport has nothing to offer yet (the served process is not ready)."""
+
+    reason: str
+    interval: float
+    """How long to wait before asking again (the transport's `ready_interval`)."""
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The `on_failure` policy's answer ("retry" only if the registrar is not stopping)."""
+
+    answer: OnFailureName
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """`stop()` was called."""
+
+
+Observation = Started | Waited | Looked | Sent | Checked | Held | Answered | Stopping
+
+
+@dataclass(frozen=True)
+class Wait:
+    delay: float | None
+    """Seconds; None: until woken (a watch with no interval)."""
+    kind: WaitKind
+
+
+@dataclass(frozen=True)
+class Look:
+    """Check the route before an attempt. `ours`: after our own attempt whose answer was lost."""
+
+    ours: bool = False
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send the registration; attempt `number` of this run counts against the budget."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Send the registration outside the backoff schedule while refused: free, not counted."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Check:
+    """Check the route while registered (take the pending reports with it)."""
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Ask `on_failure` (the startup budget is spent, or the configuration refused); the runner
+    answers with `Answered`, and the decision on it enters FAILED."""
+
+    attempts: int
+    error: str | None
+    fatal: bool
+    """Retrying cannot help until the configuration is fixed."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The loop ends; with `exit_code`, the process too (on_failure="exit")."""
+
+    exit_code: int | None = None
+
+
+Action = Wait | Look | Send | Probe | Check | Fail | Stop
+
+
+@dataclass(frozen=True)
+class Note:
+    """One log line, as `logger.log(level, message, *args)`."""
+
+    level: int
+    message: str
+    args: tuple[object, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Everything the loop remembers between two decisions (nothing else is kept)."""
+
+    fleet: int = 1
+    """How many clients register with the same server (spreads probes and first contact)."""
+    url: str = ""
+    """The server's URL as shown, for the log lines."""
+    ever_registered: bool = False
+    # -- registering
+    startup: bool = True
+    """No registration was ever accepted when this run of attempts began: the budget counts."""
+    started: float = 0.0
+    """When this run of attempts began (monotonic seconds)."""
+    streak: int = 0
+    """Counted failed attempts in this run."""
+    due: float | None = None
+    """While refused: when the next counted attempt is due (probes before it are free)."""
+    looked: bool = False
+    """The server answered a look since this run began: no look before the next attempt."""
+    refused: bool = False
+    """The last attempt was refused: nothing listened, nothing to look at."""
+    unanswered: int = 0
+    """Looks still owed after an attempt that may have reached the server unanswered."""
+    delay: float = 0.0
+    """The wait chosen with a `Fail`, taken should the policy answer "retry"."""
+    holding: bool = False
+    """The last attempt was held by a `Gated` transport (said once per hold)."""
+    # -- watching
+    just_put: bool = False
+    """The check in flight is the one right after a PUT (or an adoption)."""
+    checks: int = 0
+    probing: bool = False
+    """The last check was refused: the server is down; checks come at the probe cadence."""
+    broken: int = 0
+    """Checks in a row whose connection broke."""
+    lost_after_put: int = 0
+    """Times in a row the route was found missing right after our own PUT."""
+    last_check_started: float | None = None
+    unheeded: int = 0
+    """Reports the server contradicted, not yet logged."""
+    unheeded_logged_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: LoopState
+    action: Action
+    trigger: Trigger | None = None
+    """Fired with `changes`, in one snapshot, before the action is performed."""
+    changes: dict[str, Any] = field(default_factory=dict)
+    """The status fields this decision sets (a BACKOFF wait also publishes when it ends)."""
+    notes: tuple[Note, ...] = ()

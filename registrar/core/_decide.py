@@ -1,0 +1,448 @@
+"""The loop's decisions: one pure function from where the loop stands and what just happened to
+what it does next, and the only place that decides a status change (docs/architecture.md, "One
+registration, step by step")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, assert_never
+
+from ._actions import (
+    Action,
+    Answered,
+    Check,
+    Checked,
+    Decision,
+    Fail,
+    Held,
+    Look,
+    Looked,
+    LoopState,
+    Note,
+    Observation,
+    Probe,
+    Send,
+    Sent,
+    Started,
+    Stop,
+    Stopping,
+    Wait,
+    Waited,
+    WaitKind,
+)
+from ._backoff import (
+    contact_delay,
+    first_watch_delay,
+    probe_delay,
+    rejoin_delay,
+    retry_delay,
+    watch_delay,
+)
+from ._machine import State, Trigger
+from ._notes import answered, attempt_label, failed_attempt, given_up, say, unheeded
+from ._outcome import Route, RouteCheck, Verdict
+from ._redact import clean
+from ._settings import EXIT_CODE, LoopSettings
+from ._status import Status
+
+Draw = Callable[[], float]
+"""A random draw in [0, 1), asked only when a delay is chosen."""
+
+MAX_BROKEN_CHECKS = 3
+"""Route checks in a row whose connection broke that are retried at the probe cadence before
+the loop falls back to the watch interval."""
+LOOKS_AFTER_UNANSWERED = 3
+"""Looks (route checks) made after an attempt that may have reached the server unanswered,
+before it is sent again; each lost look waits the backoff."""
+REPORT_CHECK_INTERVAL = 1.0
+"""At most one route check per this many seconds is caused by `report_route_missing()`, however
+often it is called (a decode failing every transfer calls it ~1000 times a second)."""
+MAX_ERROR_TEXT = 1000
+"""An error or evidence text is cut here, whatever transport made it (see core.redact.clean)."""
+
+
+def decide(  # noqa: PLR0913 - a pure function's inputs, each named
+    settings: LoopSettings,
+    status: Status,
+    state: LoopState,
+    seen: Observation,
+    now: float,
+    draw: Draw,
+) -> Decision:
+    """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`;
+    `draw` gives the random draws of the delays it chooses."""
+    given = _Given(settings, status, now, draw)
+    decision: Decision
+    match seen:
+        case Stopping():
+            decision = Decision(state, Stop())
+        case Started():
+            decision = _run_of_attempts(state, now, 0.0)
+        case Waited():
+            decision = _waited(given, state, seen)
+        case Held():
+            decision = _held(state, seen)
+        case Looked():
+            decision = _looked(given, state, seen)
+        case Sent():
+            decision = _sent(given, state, seen)
+        case Answered():
+            decision = _answered(state, seen, now)
+        case Checked():
+            decision = _checked(given, state, seen)
+        case _:
+            assert_never(seen)
+    return decision
+
+
+@dataclass(frozen=True)
+class _Given:
+    """What a decision is made from besides the loop's own state and what it just saw."""
+
+    settings: LoopSettings
+    status: Status
+    now: float
+    draw: Draw
+
+    def retry_delay(self, streak: int, retry_after: float | None = None) -> float:
+        settings = self.settings
+        return retry_delay(
+            settings.backoff, streak, self.draw(), retry_after, settings.max_retry_after
+        )
+
+
+def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
+    now = given.now
+    if seen.kind is WaitKind.BACKOFF:
+        return _look_or_send(state, now)
+    if seen.kind is WaitKind.READY:
+        # Waiting for the served process is not an attempt: the startup budget counts from
+        # when there was something to offer.
+        return _look_or_send(replace(state, started=now) if _budgeted(given, state) else state, now)
+    if seen.kind is WaitKind.IDLE and seen.sign:
+        spread = contact_delay(state.fleet, given.draw())
+        note = say("sign", state.url, spread)
+        return Decision(state, Wait(spread, WaitKind.CONTACT), notes=(note,))
+    if seen.kind is WaitKind.IDLE and seen.reports and state.last_check_started is not None:
+        due = state.last_check_started + REPORT_CHECK_INTERVAL - now
+        if due > 0:
+            return Decision(state, Wait(due, WaitKind.REPORT_SLOT))
+    return _check(state, now)
+
+
+def _held(state: LoopState, seen: Held) -> Decision:
+    """Wait in place of the attempt while the transport has nothing to offer."""
+    notes: tuple[Note, ...] = ()
+    if not state.holding:
+        notes = (say("held", state.url, clean(seen.reason, 200)),)
+    changes = {"last_error": f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}"}
+    wait = Wait(seen.interval, WaitKind.READY)
+    return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
+
+
+def _run_of_attempts(
+    state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()
+) -> Decision:
+    """Begin a run of attempts (at start, or after the route went missing)."""
+    fresh = replace(
+        state,
+        startup=not state.ever_registered,
+        started=now,
+        streak=0,
+        due=None,
+        looked=False,
+        refused=False,
+        unanswered=0,
+    )
+    return _after(fresh, now, delay, notes)
+
+
+def _after(state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()) -> Decision:
+    """Wait `delay` (if any), then look or send."""
+    if delay > 0:
+        return Decision(state, Wait(delay, WaitKind.BACKOFF), notes=notes)
+    decision = _look_or_send(state, now)
+    return replace(decision, notes=notes + decision.notes)
+
+
+def _look_or_send(state: LoopState, now: float) -> Decision:
+    # Look before the first registration until the server has answered a look once (not right
+    # after a refusal: nothing listened), and after an attempt whose answer was lost.
+    if (state.startup and not state.looked and not state.refused) or state.unanswered:
+        return Decision(state, Look(ours=state.unanswered > 0))
+    return _send(state, now)
+
+
+def _send(state: LoopState, now: float) -> Decision:
+    number = state.streak + 1
+    action: Action = Send(number) if state.due is None or now >= state.due else Probe(number)
+    return Decision(state, action)
+
+
+def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
+    """What a route check found, for the snapshot."""
+    return {
+        "last_check_at": at,
+        "last_request_at": at,
+        "server_reachable": check.reachable,
+        "route": check.route.value,
+    }
+
+
+def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
+    check = seen.check
+    state = replace(state, holding=False)
+    if check is None:
+        return _look_found(given, state, None, given.status.server_reachable is True)
+    if check.route is Route.PRESENT:
+        return _with(_adopted(given, state, check, seen.at), _observed(check, seen.at))
+    return _with(_look_found(given, state, check, check.reachable), _observed(check, seen.at))
+
+
+def _with(decision: Decision, changes: dict[str, Any]) -> Decision:
+    """`decision`, with `changes` under its own."""
+    return replace(decision, changes={**changes, **decision.changes})
+
+
+def _look_found(
+    given: _Given, state: LoopState, check: RouteCheck | None, reached: bool
+) -> Decision:
+    notes: tuple[Note, ...] = ()
+    if check is not None and check.route is Route.CONFLICT:
+        notes = (say("conflict", state.url, check.evidence),)
+    state = replace(state, looked=state.looked or reached)
+    if state.unanswered and check is not None and _may_hold_ours(check):
+        held = _hold(given, state, check)
+        return replace(held, notes=(*notes, *held.notes))
+    if state.unanswered and not reached:
+        # The look was lost too: look again after the backoff (a few times) before sending
+        # what the server may already hold.
+        state = replace(state, unanswered=state.unanswered - 1)
+        if state.unanswered:
+            return _after(state, given.now, given.retry_delay(max(state.streak, 1)), notes)
+    decision = _send(replace(state, unanswered=0), given.now)
+    return replace(decision, notes=notes)
+
+
+def _may_hold_ours(check: RouteCheck) -> bool:
+    """Whether a look after our unanswered attempt cannot rule out that it arrived: a server
+    that is not ready names no rank (SGLang's 503), and whatever else it counts, any count
+    above 0 may be ours. Only a count of 0 (nothing registered, whatever the lifetime) or a
+    404 from a ready server proves it absent; the evidence that a route was forgotten since
+    an earlier registration (a refusal, a re-opened connection) says nothing about this one."""
+    return check.status_code == 503 and (check.count is None or check.count > 0)
+
+
+def _hold(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
+    """Look again later instead of sending: a second arrival would be counted twice, and a
+    topology that looks ready one rank early fails every request to the missing one. The
+    wait ends when the server is ready (200: ours arrived; 404: send) or empty (0: send)."""
+    delay = given.retry_delay(max(state.streak, 1))
+    note = say("hold", state.url, check.evidence, delay)
+    held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
+    return _after(held, given.now, delay, (note,))
+
+
+def _adopted(given: _Given, state: LoopState, check: RouteCheck, at: float) -> Decision:
+    ours = state.unanswered > 0
+    note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
+    registrations = given.status.registrations + (1 if ours else 0)
+    return _registered(
+        state, given.now, {"registrations": registrations, "last_success_at": at}, note
+    )
+
+
+def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
+    outcome, now, status = seen.outcome, given.now, given.status
+    changes: dict[str, Any] = {"server_reachable": outcome.reachable, "last_request_at": seen.at}
+    if not seen.free:
+        changes["attempts_total"] = status.attempts_total + 1
+    state = replace(state, holding=False)
+    if outcome.verdict is Verdict.ACCEPTED:
+        return _with(_accepted(given, state, seen.at), changes)
+    changes["last_error"] = outcome.error
+    refused = outcome.refused and outcome.verdict is Verdict.RETRY
+    lost = (
+        outcome.verdict is Verdict.RETRY
+        and not refused
+        and not outcome.unsent
+        and outcome.status_code is None
+    )
+    state = replace(
+        state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
+    )
+    probe_wait = probe_delay(state.fleet, given.draw()) if refused else 0.0
+    if seen.free and not _last_probe(given, state, probe_wait):
+        return _with(_after(state, now, probe_wait), changes)
+    state = replace(state, streak=state.streak + 1)
+    if outcome.verdict is Verdict.FATAL:
+        return _with(_fatal(given, state, outcome.error), changes)
+    delay = given.retry_delay(state.streak, outcome.retry_after)
+    due = None
+    if refused:
+        due, delay = now + delay, probe_wait
+    state = replace(state, due=due)
+    if _spent(given, state, delay):
+        return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
+    label = attempt_label(given.settings, status.state, state)
+    note = failed_attempt(label, state, outcome, delay, now)
+    return _with(_after(state, now, delay, (note,)), changes)
+
+
+def _last_probe(given: _Given, state: LoopState, delay: float) -> bool:
+    """Whether the next probe would start past `max_elapsed`: this refusal is the last try."""
+    return _budgeted(given, state) and _out_of_time(given, state, delay)
+
+
+def _budgeted(given: _Given, state: LoopState) -> bool:
+    """The startup budget applies: no registration yet, and it is not spent already."""
+    return state.startup and given.status.state is State.REGISTERING
+
+
+def _out_of_time(given: _Given, state: LoopState, delay: float) -> bool:
+    """Whether the next attempt would start past `max_elapsed`: the budget is spent now rather
+    than after a wait that can only end over it."""
+    limit = given.settings.max_elapsed
+    return limit is not None and given.now - state.started + delay > limit
+
+
+def _spent(given: _Given, state: LoopState, delay: float) -> bool:
+    if not _budgeted(given, state):
+        return False
+    limit = given.settings.max_attempts
+    if limit is not None and state.streak == limit:
+        return True
+    return _out_of_time(given, state, delay)
+
+
+def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
+    """Ask `on_failure`: the decision on its answer enters FAILED."""
+    failing = Fail(state.streak, error, fatal)
+    note = given_up(state.url, given.settings.on_failure, failing)
+    return Decision(state, failing, notes=(note,))
+
+
+def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
+    """Retrying cannot help until someone fixes the configuration (a token, a URL, a
+    certificate), which may happen on the server's side: with "retry", try again slowly, at
+    the backoff's cap."""
+    backoff = given.settings.backoff
+    delay = backoff.maximum * (1 - backoff.jitter * given.draw())
+    state = replace(state, due=None, delay=delay)
+    if given.status.state is State.FAILED:
+        notes = (say("still refused", state.url, error, delay),)
+        return _after(state, given.now, delay, notes)
+    return _fail(given, state, error, True)
+
+
+def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
+    """FAILED, and what the policy answered: attempts go on in the background, or the loop ends
+    (and with "exit", the process)."""
+    notes = answered(seen.answer, state.delay)
+    if seen.answer == "retry":
+        return replace(_after(state, now, state.delay, notes), trigger=Trigger.GIVE_UP)
+    stop = Stop(EXIT_CODE if seen.answer == "exit" else None)
+    changes = {"next_attempt_at": None, "retrying": False}
+    return Decision(state, stop, Trigger.GIVE_UP, changes, notes)
+
+
+def _accepted(given: _Given, state: LoopState, at: float) -> Decision:
+    number = state.streak + 1
+    again = "registered again" if state.ever_registered else "registered"
+    note = say("accepted", again, state.url, number, "" if number == 1 else "s")
+    # What a look found before this PUT says nothing about the route now.
+    changes = {
+        "registrations": given.status.registrations + 1,
+        "route": None,
+        "last_success_at": at,
+    }
+    return _registered(state, given.now, changes, note)
+
+
+def _registered(state: LoopState, now: float, changes: dict[str, Any], note: Note) -> Decision:
+    succeeded = {"attempt": 0, "last_error": None, "next_attempt_at": None, "retrying": False}
+    succeeded.update(changes)
+    decision = _watching(replace(state, ever_registered=True), now)
+    return replace(decision, trigger=Trigger.SUCCEED, changes=succeeded, notes=(note,))
+
+
+def _watching(state: LoopState, now: float) -> Decision:
+    """Registered: check at once (the check right after the PUT or the adoption), then watch."""
+    return _check(replace(state, checks=0, probing=False, broken=0), now, just_put=True)
+
+
+def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
+    state = replace(state, just_put=just_put, checks=state.checks + 1, last_check_started=now)
+    return Decision(state, Check())
+
+
+def _watch_next(given: _Given, state: LoopState, notes: tuple[Note, ...] = ()) -> Decision:
+    if state.probing or state.broken:
+        # Probing already: a report cannot make it sooner, and must not make it a loop
+        # (reports may come a thousand times a second).
+        wait = Wait(probe_delay(state.fleet, given.draw()), WaitKind.PROBE)
+        return Decision(state, wait, notes=notes)
+    delay = None
+    interval = given.settings.watch_interval
+    if interval is not None:
+        spread = first_watch_delay if state.checks == 1 else watch_delay
+        delay = spread(interval, given.draw())
+    return Decision(state, Wait(delay, WaitKind.IDLE), notes=notes)
+
+
+def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
+    check = seen.check
+    if check is None:
+        if seen.reported:
+            reported = replace(state, lost_after_put=0)
+            return _lose(given, reported, "the runtime reported the route missing")
+        return _watch_next(given, state)
+    return _with(_check_found(given, state, check, seen.reported), _observed(check, seen.at))
+
+
+def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: int) -> Decision:
+    if check.route is Route.UNREACHABLE:
+        return _unreachable(given, state, check)
+    state = replace(state, probing=False, broken=0)
+    if check.route is Route.MISSING:
+        # Lost again right after our own PUT: the streak survives re-registration, so the
+        # window before the next PUT keeps growing instead of PUTting in a loop.
+        lost = state.lost_after_put + 1 if state.just_put else 0
+        return _lose(given, replace(state, lost_after_put=lost), check.evidence)
+    if check.route is Route.PRESENT:
+        state = replace(state, lost_after_put=0)
+    notes: tuple[Note, ...] = ()
+    if check.route is Route.CONFLICT:
+        notes = (say("route conflict", state.url, check.evidence),)
+    elif reported:
+        state, notes = unheeded(state, check, reported, given.now)
+    return _watch_next(given, state, notes)
+
+
+def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
+    every = probe_delay(state.fleet, 0.5)
+    if check.refused:
+        notes: tuple[Note, ...] = ()
+        if not state.probing:
+            notes = (say("refused", state.url, check.evidence, every),)
+        return _watch_next(given, replace(state, probing=True), notes)
+    state = replace(state, probing=False)
+    if check.broken and state.broken < MAX_BROKEN_CHECKS:
+        # A reset while a server goes away (a connection accepted by the dying process): look
+        # again soon, as for a refusal, a few times at most.
+        note = say("broken", state.url, check.evidence, every)
+        return _watch_next(given, replace(state, broken=state.broken + 1), (note,))
+    note = say("check failed", state.url, check.evidence)
+    return _watch_next(given, replace(state, broken=0), (note,))
+
+
+def _lose(given: _Given, state: LoopState, evidence: str) -> Decision:
+    """Back to registering; no wait before the first re-attempt the first time (the check that
+    found the route missing was the fleet's spread first contact). `state.lost_after_put`
+    counts the losses right after our own PUT."""
+    delay = rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
+    note = say("lost", state.url, evidence, delay)
+    decision = _run_of_attempts(state, given.now, delay, (note,))
+    lost = {"reregistrations": given.status.reregistrations + 1, "retrying": True}
+    return replace(_with(decision, lost), trigger=Trigger.LOSE)

@@ -1,0 +1,109 @@
+"""When to diagnose: after `after` seconds of requests that reached no bootstrap server, probe
+once (off the registrar's thread), state the diagnosis once at WARNING and publish it; clear it
+as soon as the server answers. A listener like any other: the loop does not know it exists."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from ._board import RequestEvent, StatusBoard
+from ._clock import Clock
+from ._diagnosis import Evidence, diagnose
+from ._machine import State
+from ._status import Status
+
+logger = logging.getLogger("registrar")
+
+_ANSWERED = frozenset({"accepted", "present", "missing", "conflict", "undetermined"})
+"""Request results that mean a bootstrap server answered as one (a route check's findings)."""
+
+
+class Diagnostician:
+    """Watches one registrar's requests (on `board`); `gather` probes for evidence."""
+
+    def __init__(
+        self, board: StatusBoard, gather: Callable[[], Evidence], clock: Clock, after: float
+    ) -> None:
+        self._board = board
+        self._gather = gather
+        self._clock = clock
+        self._after = after
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        """When the current run of unanswered requests began (None: the server answers)."""
+        self._busy = False
+        """A probe is running, or this run was diagnosed already (stated once)."""
+        self._run = 0
+        """Counts runs: a probe's finding for a run that ended is dropped."""
+
+    def on_request(self, event: RequestEvent) -> None:
+        """After every request (on the registrar's thread): start, end, or probe a run."""
+        now = self._clock.monotonic()
+        if event.result in _ANSWERED:
+            self._clear()
+            return
+        with self._lock:
+            if self._since is None:
+                self._since = now
+            due = not self._busy and now - self._since >= self._after
+            if due:
+                self._busy = True
+            run = self._run
+        if due:
+            self._probe(run)
+
+    def on_transition(self, old: State, new: State, status: Status) -> None:
+        """Given up for good: no request will come to reach the threshold, so probe now, on
+        this thread: with on_failure="exit" the process ends right after, and the diagnosis is
+        what its last lines should say (the probe's steps are bounded)."""
+        if new is not State.FAILED or status.retrying:
+            return
+        with self._lock:
+            if self._busy:
+                return
+            self._busy = True
+            run = self._run
+        self._diagnose(run)
+
+    def _clear(self) -> None:
+        with self._lock:
+            self._since = None
+            self._busy = False
+            self._run += 1
+        shown = self._board.status.diagnosis
+        if shown is not None:
+            self._board.apply(None, {"diagnosis": None})
+            logger.info("diagnosis %s cleared: the bootstrap server answers", shown.code)
+
+    def _probe(self, run: int) -> None:
+        # Off the registrar's thread: a probe may take a few connect timeouts, and the loop's
+        # timing must not change because a diagnosis is being made.
+        worker = threading.Thread(
+            target=self._diagnose, args=(run,), name="registrar-diagnosis", daemon=True
+        )
+        worker.start()
+
+    def _diagnose(self, run: int) -> None:
+        try:
+            found = diagnose(self._gather())
+        except Exception:
+            logger.exception("the diagnosis probe failed; no diagnosis")
+            found = None
+        with self._lock:
+            if run != self._run:
+                return  # the server answered meanwhile: what the probe saw is old
+            if found is None:
+                # A bootstrap server answers the probe: nothing to say yet; look again later.
+                self._since, self._busy = self._clock.monotonic(), False
+                return
+            self._board.apply(None, {"diagnosis": found})
+        status = self._board.status
+        logger.warning(
+            "registration with %s: %s [diagnosis %s]%s",
+            status.url,
+            found.sentence,
+            found.code,
+            "; still trying" if status.retrying else "",
+        )

@@ -1,0 +1,301 @@
+"""The front door: construction, start, stop, status, reports and forks, around one daemon thread
+(docs/architecture.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+from ._aio import wait_for_state
+from ._board import Listener, RequestListener, StatusBoard
+from ._clock import Clock
+from ._diagnosis import Diagnosable
+from ._diagnostician import Diagnostician
+from ._errors import ConfigError, StateError
+from ._machine import State, Trigger
+from ._registry import protocol_factory
+from ._runner import Controls, Runner
+from ._settings import Hooks, HttpSettings, LoopSettings, split_options
+from ._status import Status
+from ._transport import Abortable, FleetSized, Resolving, Transport, WatchBounded
+from ._untrusted import encode_payload
+
+logger = logging.getLogger("registrar")
+
+_REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
+"""Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
+
+
+def _before_fork() -> None:
+    for registrar in list(_REGISTRARS):
+        registrar._running_at_fork = registrar.running
+
+
+def _after_fork_in_child() -> None:
+    for registrar in list(_REGISTRARS):
+        registrar._after_fork()
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def _fleet_size(transport: Transport, payload: Mapping[str, Any]) -> int:
+    """How many clients share this server, from the transport when it knows (else 1)."""
+    if not isinstance(transport, FleetSized):
+        return 1
+    try:
+        size = transport.fleet_size(payload)
+    except Exception:
+        logger.exception("fleet_size() of %r failed; assuming a fleet of one", transport)
+        return 1
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return 1
+    return size
+
+
+def _protocol_transport(
+    protocol: str, url: str | Sequence[str] | None, payload: dict[str, Any], options: dict[str, Any]
+) -> tuple[Transport, dict[str, Any]]:
+    """The transport of protocol `protocol`, built from its settings value (`url` and the
+    options that are its fields), and the payload it will send."""
+    factory = protocol_factory(protocol)
+    names = [f.name for f in fields(factory.settings)][1:]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise TypeError(
+            f"Registrar got unexpected options {', '.join(unknown)} for protocol {protocol!r} "
+            f"(it takes {', '.join(names)} and the loop's)"
+        )
+    return factory.build(payload, factory.settings(url, **options))
+
+
+class Registrar:
+    """Registers `payload` with the bootstrap server at `url` and keeps it registered, from one
+    daemon thread named "registrar" (`start()` returns at once). The protocol is found by name
+    (`registrar.core._registry`; "sglang" by default), or `transport=` plugs in any `Transport`.
+    `options` are split by the fields of `LoopSettings`, `Hooks` and the protocol's settings."""
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        protocol: str = "sglang",
+        transport: Transport | None = None,
+        **options: Any,
+    ) -> None:
+        watch = options.get("watch_interval")  # etcd's lease bounds it: None is its longest
+        loop = LoopSettings(**split_options(options, LoopSettings))
+        hooks = Hooks(**{k: v for k, v in split_options(options, Hooks).items() if v is not None})
+        encoded = encode_payload(payload, loop.max_payload_bytes)
+        if transport is None:
+            transport, sent = _protocol_transport(protocol, url, encoded, options)
+            if isinstance(transport, WatchBounded):
+                loop = replace(loop, watch_interval=transport.fit_watch_interval(watch))
+        else:
+            # Given: nothing about HTTP is needed, nor checked.
+            if not isinstance(transport, Transport):
+                raise ConfigError(
+                    f"transport must implement registrar.Transport, got {transport!r}"
+                )
+            unknown = sorted(set(options) - {f.name for f in fields(HttpSettings)})
+            if unknown:
+                raise TypeError(f"Registrar got unexpected options {', '.join(unknown)}")
+            sent = encoded
+        self._transport = transport
+        clock = hooks.clock
+        initial = Status(state=State.UNREGISTERED, since=clock.time(), url=transport.display_url)
+        self._board = StatusBoard(initial, clock)
+        self._runner = Runner(
+            settings=loop,
+            fleet=_fleet_size(transport, sent),
+            transport=transport,
+            payload=sent,
+            clock=clock,
+            rng=hooks.rng,
+            exit=hooks.exit,
+            board=self._board,
+            controls=Controls(),
+        )
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._forked_from: int | None = None
+        self._running_at_fork = False
+        _REGISTRARS.add(self)
+        self._attach_diagnostician(transport, sent, loop.diagnose_after, clock)
+
+    def _attach_diagnostician(
+        self, transport: Transport, payload: dict[str, Any], after: float | None, clock: Clock
+    ) -> None:
+        """Diagnose a URL that keeps failing, when the transport can probe it (diagnosis.py)."""
+        if after is None or not isinstance(transport, Diagnosable):
+            return
+        watcher = Diagnostician(self._board, lambda: transport.evidence(payload), clock, after)
+        self.add_request_listener(watcher.on_request)
+        self.add_listener(watcher.on_transition)
+
+    @property
+    def settings(self) -> LoopSettings:
+        """The loop's settings, as validated."""
+        return self._runner.settings
+
+    @property
+    def state(self) -> State:
+        """The current state."""
+        return self._board.status.state
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """A copy of the payload being registered."""
+        return dict(self._runner.payload)
+
+    @property
+    def running(self) -> bool:
+        """True while the registrar's thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def thread_died(self) -> bool:
+        """True when no thread will update the status again: the registrar's thread ended on an
+        unexpected error, or this process is a fork (see `Status.thread_died`)."""
+        return self._board.status.thread_died
+
+    def status(self) -> Status:
+        """The latest snapshot; never blocks on the loop or a request in flight. What the
+        resolver does to the server's name is read live (a stalled lookup outlives attempts)."""
+        status = self._board.status
+        if isinstance(self._transport, Resolving):
+            resolution = self._transport.resolution()
+            if resolution != status.resolution:
+                status = replace(status, resolution=resolution)
+        return status
+
+    def __repr__(self) -> str:
+        status = self._board.status
+        return f"<Registrar {status.url} {status.state.value}>"
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(old_state, new_state, status)` after every transition, in order, from
+        the registrar's own thread (never from the caller of `start()` or `stop()`)."""
+        self._board.add_listener(listener)
+
+    def add_request_listener(self, listener: RequestListener) -> None:
+        """Call `listener(RequestEvent)` after every request (for metrics)."""
+        self._board.add_request_listener(listener)
+
+    def start(self) -> Registrar:
+        """Start the thread and return at once; a second call does nothing. Listeners hear the
+        start from the registrar's thread, so a slow (or stopping) listener cannot hold this."""
+        board = self._board
+        with board.changed:
+            if self._runner.controls.stopping:
+                raise StateError(
+                    "this Registrar was stopped and cannot start again; create a new one"
+                )
+            if self._forked_from is not None:
+                raise StateError(
+                    f"this Registrar runs in pid {self._forked_from}, of which this process is "
+                    "a fork; a second thread would register the same route again: create and "
+                    "start Registrars after forking, one per route"
+                )
+            if self._thread is not None:
+                return self
+            thread = threading.Thread(target=self._runner.run, name="registrar", daemon=True)
+            # Created, handed the delivery and started under the lock: stop() never sees a
+            # thread that exists but cannot be joined yet.
+            self._thread = thread
+            board.deliverer = thread
+            board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
+            thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop for good, within `timeout` seconds whatever the listeners do: wake the thread,
+        wait for a request in flight, and return whether the thread has ended. No request is
+        sent after this returns True. Listeners hear the stop from the registrar's thread (or a
+        helper thread), waited for only within the same `timeout`."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        me = threading.current_thread()
+        board, controls = self._board, self._runner.controls
+        with board.lock:
+            controls.stopping = True
+            thread = self._thread
+        controls.wake.set()
+        if self._forked_from is None and isinstance(self._transport, Abortable):
+            # A request in flight need not run to its deadline: its answer no longer matters.
+            self._transport.abort()
+        board.apply(Trigger.STOP, {})
+        ended = True
+        if thread is not None and thread is not me:
+            # Once the gate is ours, the thread is not inside a request and will see the flag.
+            if controls.gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                controls.gate.release()
+            thread.join(max(0.0, deadline - time.monotonic()))
+            ended = not thread.is_alive()
+        with board.changed:
+            if board.deliverer is not me:
+                board.changed.wait_for(
+                    lambda: board.deliverer is None, max(0.0, deadline - time.monotonic())
+                )
+        return ended
+
+    def wait_for(self, state: State, timeout: float | None = None) -> bool:
+        """Block until the registrar is in `state`; False if `timeout` seconds pass first."""
+        target = State(state)
+        board = self._board
+        with board.changed:
+            return board.changed.wait_for(lambda: board.status.state is target, timeout)
+
+    def report_route_missing(self) -> None:
+        """Say the route is gone (e.g. decode reported this rank unknown): the thread checks and
+        registers again at once. Safe at any rate: reports coalesce into at most one check per
+        `REPORT_CHECK_INTERVAL` s; a contradicted one is logged once per `REPORT_LOG_INTERVAL` s."""
+        self._runner.controls.report()
+
+    def __enter__(self) -> Registrar:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def wait_for_async(self, state: State, timeout: float | None = None) -> bool:
+        """`wait_for` for a coroutine: waits without blocking the event loop."""
+        return await wait_for_state(self, state, timeout)
+
+    async def __aenter__(self) -> Registrar:
+        return self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # stop() may wait for a request in flight: in a worker thread, not on the loop.
+        await asyncio.to_thread(self.stop)
+
+    def _after_fork(self) -> None:
+        """In a forked child (gunicorn --preload): locks are re-made, and a registrar whose
+        thread was running says it is dead here (else health answers from the moment of the fork
+        for ever). No thread starts: the parent's holds the registration (PUT is not idempotent)."""
+        parent, self._pid = self._pid, os.getpid()
+        controls = self._runner.controls
+        self._runner.controls = Controls(stopping=controls.stopping, reports=controls.reports)
+        status = self._board.status  # never started, or ended: as true here as there
+        if self._running_at_fork:
+            self._forked_from = parent
+            status = replace(
+                status,
+                thread_died=True,
+                retrying=False,
+                next_attempt_at=None,
+                last_error=(
+                    f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
+                    "registrar's thread runs; this copy cannot know the registration: start the "
+                    "Registrar in this process, or serve health from the parent "
+                    "(docs/operations.md)"
+                ),
+            )
+        self._board.after_fork(status)

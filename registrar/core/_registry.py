@@ -1,0 +1,100 @@
+"""Protocol names and the factories that build their transports, found by name: registered at run
+time (`register_protocol`), declared in the `registrar.protocols` entry-point group, or built in
+(imported only when chosen). Nothing registers itself by being imported (docs/architecture.md,
+"Adding a protocol in one file")."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, is_dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from ._errors import ConfigError
+from ._settings import HttpSettings
+from ._transport import Transport
+
+Build = Callable[[Mapping[str, Any], Any], tuple[Transport, dict[str, Any]]]
+"""`build(payload, settings)`: the transport and the payload it will send, as the protocol
+normalised it (`ConfigError` naming the field for a payload it cannot use)."""
+
+
+@dataclass(frozen=True)
+class ProtocolFactory:
+    """A protocol: its settings class (made of the registrar's URL, its first field, and the
+    options that are its fields; `HttpSettings` by default) and the function building its
+    transport from that value."""
+
+    build: Build
+    settings: type = HttpSettings
+
+
+ENTRY_POINT_GROUP = "registrar.protocols"
+_BUILTIN = {
+    name: f"registrar.protocols:{name}_protocol" for name in ("sglang", "http", "etcd", "smg")
+}
+"""The built-in protocols, by the factory's import path (also declared as entry points)."""
+
+logger = logging.getLogger("registrar.core.registry")
+_factories: dict[str, ProtocolFactory] = {}
+_lock = threading.Lock()
+
+
+def _declared() -> dict[str, str]:
+    """Every protocol name known without importing it: the built-in ones, then the entry-point
+    group's (an installed distribution may add or replace one)."""
+    found = dict(_BUILTIN)
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        found[point.name] = point.value
+    return found
+
+
+def _load(name: str, target: str) -> ProtocolFactory:
+    """The `ProtocolFactory` at `target`, or a plain `build` function there (`HttpSettings`)."""
+    module, _, attribute = target.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"protocol {name!r} cannot be loaded from {target!r}: {exc}") from None
+    if isinstance(found, ProtocolFactory):
+        return found
+    if not callable(found):
+        raise ConfigError(f"protocol {name!r} at {target!r} is not callable")
+    return ProtocolFactory(found)
+
+
+def register_protocol(name: str, build: Build, settings: type = HttpSettings) -> None:
+    """Make `protocol=name` available (see `ProtocolFactory`); registering a name again
+    replaces it."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"protocol name must be a non-empty string, got {name!r}")
+    if not callable(build):
+        raise ConfigError(f"protocol factory for {name!r} must be callable, got {build!r}")
+    if not is_dataclass(settings):
+        raise ConfigError(f"protocol settings for {name!r} must be a dataclass, got {settings!r}")
+    with _lock:
+        _factories[name] = ProtocolFactory(build, settings)
+
+
+def protocol_names() -> tuple[str, ...]:
+    """Every protocol name that can be chosen, sorted."""
+    with _lock:
+        registered = set(_factories)
+    return tuple(sorted(registered | set(_declared())))
+
+
+def protocol_factory(name: object) -> ProtocolFactory:
+    """The factory of protocol `name`, or `ConfigError` listing the known names."""
+    with _lock:
+        factory = _factories.get(name) if isinstance(name, str) else None
+    if factory is not None:
+        return factory
+    target = _declared().get(name) if isinstance(name, str) else None
+    if target is None:
+        known = ", ".join(repr(n) for n in protocol_names())
+        raise ConfigError(f"protocol must be one of {known}, got {name!r}")
+    assert isinstance(name, str)
+    return _load(name, target)

@@ -1,0 +1,305 @@
+"""The runner: the registrar's thread, performing what `decide()` answers; everything that touches
+the network, the clock, the random source or another thread is here, every choice in `decide`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ._actions import (
+    Action,
+    Answered,
+    Check,
+    Checked,
+    Decision,
+    Fail,
+    Held,
+    Look,
+    Looked,
+    LoopState,
+    Observation,
+    Probe,
+    Send,
+    Sent,
+    Started,
+    Stopping,
+    Wait,
+    Waited,
+    WaitKind,
+)
+from ._board import RequestEvent, StatusBoard
+from ._clock import Clock
+from ._decide import MAX_ERROR_TEXT, decide
+from ._machine import State, Trigger
+from ._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ._redact import clean
+from ._settings import POLICIES, LoopSettings, OnFailureName
+from ._transport import Gated, IdleWatcher, Transport
+from ._waker import Waker
+
+logger = logging.getLogger("registrar")
+
+UNEXPECTED = "registrar_unexpected"
+"""Set on the log record of an exception a transport raised instead of returning an outcome."""
+_IDLE_SLICE = 3600.0
+"""With no watch interval, an idle watcher is asked to wait this long at a time."""
+
+
+@dataclass
+class Controls:
+    """What other threads use to reach the loop: the stop flag, the route-missing reports, the
+    waker that ends any wait, and the gate held while a request is in flight."""
+
+    stopping: bool = False
+    reports: int = 0
+    """Route-missing reports not yet acted on (coalesced into one check)."""
+    wake: Waker = field(default_factory=Waker)
+    gate: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def report(self) -> None:
+        with self.lock:
+            self.reports += 1
+        self.wake.set()
+
+    def take_reports(self) -> int:
+        with self.lock:
+            taken, self.reports = self.reports, 0
+        return taken
+
+
+@dataclass(kw_only=True)
+class Runner:
+    """The parts of one registrar's loop; `run` is its thread, `controls` how others reach it."""
+
+    settings: LoopSettings
+    fleet: int
+    transport: Transport
+    payload: Mapping[str, Any]
+    clock: Clock
+    rng: Callable[[], float]
+    exit: Callable[[int], None]
+    board: StatusBoard
+    controls: Controls
+    _unexpected_seen: set[str] = field(default_factory=set, init=False)
+
+    def run(self) -> None:
+        try:
+            self.board.drain()  # the start, and anything a listener did about it
+            self._loop()
+        except BaseException as exc:  # the thread must never die silently
+            logger.exception("registrar thread ended on an unexpected error")
+            # One snapshot: a reader never sees the thread dead without the reason.
+            died = {"last_error": f"internal error: {exc!r}", "thread_died": True}
+            self.board.apply(None, {**died, "retrying": False, "next_attempt_at": None})
+        finally:
+            try:
+                self.transport.close()
+                self.controls.wake.close()
+            finally:
+                self.board.deliver_all()
+
+    def _loop(self) -> None:
+        state = LoopState(fleet=self.fleet, url=self.transport.display_url)
+        seen: Observation | None = Started()
+        while seen is not None:
+            now = self.clock.monotonic()
+            decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
+            for note in decision.notes:
+                logger.log(note.level, note.message, *note.args)
+            if not self._apply(decision, seen):
+                return
+            state = decision.state
+            seen = self._perform(decision.action)
+
+    def _apply(self, decision: Decision, seen: Observation) -> bool:
+        """Publish the decision's status change, in one snapshot; False when its trigger was
+        refused (stopped). A backoff wait is published as when the next attempt is due."""
+        changes, action = decision.changes, decision.action
+        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+            changes["retrying"] = True
+        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+            self.controls.take_reports()  # a report from before this PUT says nothing about it
+        return self.board.apply(decision.trigger, changes)
+
+    def _perform(self, action: Action) -> Observation | None:
+        """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
+        if isinstance(action, Wait):
+            return self._wait(action)
+        if isinstance(action, Look | Send | Probe):
+            return self._hold() or self._register(action)
+        if isinstance(action, Check):
+            reported = self.controls.take_reports()
+            check = self._check()
+            if self.controls.stopping:
+                return Stopping()
+            return Checked(check, reported, self.clock.time())
+        if isinstance(action, Fail):
+            return Answered(self._answer())
+        if action.exit_code is not None:
+            self.exit(action.exit_code)
+        return None
+
+    def _register(self, action: Look | Send | Probe) -> Observation:
+        """A look before an attempt, or the attempt itself."""
+        if isinstance(action, Look):
+            check = self._check()
+            return Stopping() if self.controls.stopping else Looked(check, self.clock.time())
+        return self._attempt(action)
+
+    def _wait(self, action: Wait) -> Observation:
+        kind, delay = action.kind, action.delay
+        if kind is WaitKind.IDLE:
+            sign = self._idle(delay)
+            if sign is None:
+                return Stopping()
+            return Waited(kind, sign=sign, reports=self.controls.reports)
+        if self._sleep(delay, interruptible=kind is WaitKind.CONTACT):
+            return Stopping()
+        return Waited(kind, reports=self.controls.reports)
+
+    def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
+        """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
+        `interruptible`, a route-missing report ends the wait early too."""
+        controls = self.controls
+        end = None if delay is None else self.clock.monotonic() + delay
+        while True:
+            if controls.stopping:
+                return True
+            if interruptible and controls.reports:
+                return False
+            remaining = None if end is None else end - self.clock.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if self.clock.wait(controls.wake, remaining):
+                if controls.stopping:
+                    return True
+                controls.wake.clear()
+
+    def _idle(self, delay: float | None) -> bool | None:
+        """Wait between route checks, inside an `IdleWatcher` transport or on the clock: None when
+        stopping, True on a sign that the route may be gone, False on timeout or a report."""
+        transport = self.transport
+        if not isinstance(transport, IdleWatcher):
+            return None if self._sleep(delay, interruptible=True) else False
+        controls = self.controls
+        end = None if delay is None else self.clock.monotonic() + delay
+        while not controls.stopping:
+            if controls.reports:
+                return False
+            if controls.wake.is_set():
+                controls.wake.clear()
+                continue
+            remaining = _IDLE_SLICE if end is None else end - self.clock.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                changed = transport.wait_idle(remaining, controls.wake)
+            except Exception as exc:
+                self._unexpected("wait_idle", exc)
+                # This slice is waited on the clock instead; the route checks go on.
+                return None if self._sleep(remaining, interruptible=True) else False
+            if changed:
+                return None if controls.stopping else True
+        return None
+
+    def _hold(self) -> Observation | None:
+        """`Held` while a `Gated` transport has nothing to offer; None: the attempt may go ahead."""
+        gate = self.transport
+        if not isinstance(gate, Gated):
+            return None
+        try:
+            reason = gate.not_ready()
+        except Exception as exc:
+            reason = self._unexpected("not_ready", exc)
+        return None if reason is None else Held(reason, gate.ready_interval)
+
+    def _attempt(self, action: Send | Probe) -> Observation:
+        """Send one registration, published as in flight when sent, not when decided (a `Gated`
+        hold moves no counter); a refused `Probe` is free (`Sent.free`): not reported."""
+        with self.controls.gate:
+            if self.controls.stopping:
+                return Stopping()
+            in_flight = {"attempt": action.number, "next_attempt_at": None, "retrying": True}
+            self.board.apply(None, in_flight)
+            started = time.monotonic()
+            try:
+                outcome = self.transport.register(self.payload)
+            except Exception as exc:
+                outcome = RegisterOutcome(Verdict.RETRY, error=self._unexpected("register", exc))
+            duration = time.monotonic() - started
+        if outcome.error:  # any transport's words: one escaped, capped line in logs and status
+            outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
+        sent = Sent(outcome, isinstance(action, Send), self.clock.time())
+        if not sent.free:
+            event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
+            self.board.emit(event)
+        return sent
+
+    def _check(self) -> RouteCheck | None:
+        """Check the route once; what it found is published by the decision it leads to."""
+        with self.controls.gate:
+            if self.controls.stopping:
+                return None
+            started = time.monotonic()
+            try:
+                check = self.transport.check(self.payload)
+            except Exception as exc:
+                evidence = self._unexpected("check", exc)
+                check = RouteCheck(Route.UNDETERMINED, evidence=evidence)
+            duration = time.monotonic() - started
+        if check is None:
+            return None
+        if check.evidence:
+            check = replace(check, evidence=clean(check.evidence, MAX_ERROR_TEXT))
+        self.board.emit(RequestEvent("check", check.route.value, duration, check.status_code))
+        return check
+
+    def _unexpected(self, call: str, exc: Exception) -> str:
+        """The transport broke its contract ("never raises"): the one place that holds it. The
+        loop goes on; the traceback is logged once per type, marked `registrar_unexpected` so the
+        test suite fails on it (tests/conftest.py) instead of a bug hiding behind a retry."""
+        kind = type(exc).__name__
+        if kind not in self._unexpected_seen:
+            self._unexpected_seen.add(kind)
+            counted = {"register": "a failed attempt", "check": "an undetermined check"}
+            logger.error(
+                "the transport raised %s in %s (a bug: a transport must not raise); "
+                "taken as %s, not logged again",
+                kind,
+                call,
+                counted.get(call, "a wait on the clock"),
+                exc_info=exc,
+                extra={UNEXPECTED: True},
+            )
+        # The message may quote anything (a header, a secret): status shows the type only.
+        return f"unexpected {kind} in the transport's {call} (see the log)"
+
+    def _answer(self) -> OnFailureName:
+        """What `on_failure` says ("stop" when stopping, failing or answering nonsense). A callable
+        is given the FAILED snapshot before it is published: no reader sees "failed, nothing
+        scheduled" while it decides to retry."""
+        policy = self.settings.on_failure
+        answer: object = policy
+        if callable(policy):
+            failed = replace(
+                self.board.status, state=State.FAILED, next_attempt_at=None, retrying=False
+            )
+            try:
+                answer = policy(failed)
+            except Exception:
+                logger.exception("on_failure callable failed; staying failed")
+                answer = "stop"
+            if answer is None:
+                answer = "stop"
+            elif answer not in POLICIES:
+                logger.error("on_failure callable answered %r; staying failed", answer)
+                answer = "stop"
+        if answer == "retry" and self.controls.stopping:
+            return "stop"
+        return answer  # type: ignore[return-value]

@@ -1,0 +1,155 @@
+"""The registrar's settings: one frozen value per concern, validated once, here, when it is made
+(docs/architecture.md, "Settings and options"). Defaults live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
+
+from . import _rules as rules
+from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
+from ._clock import Clock, SystemClock
+from ._status import Status
+from ._transport import Timeout, Token
+
+DEFAULT_BACKOFF = Backoff()
+"""The upstream schedule capped at 5 s (`Backoff`'s own defaults; docs/benchmarks.md)."""
+DEFAULT_WATCH_INTERVAL = 15.0
+"""Seconds between route checks. A restart is noticed on the idle connection, not by this
+timer, which remains for what sends no close (a partition, a host that vanished): 15 s costs
+about 0.01 % of a core and 4 requests a minute per registrar and recovers from a partition
+within 1.2 intervals + 1 s (docs/benchmarks.md)."""
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+DEFAULT_DIAGNOSE_AFTER = 30.0
+"""Seconds of requests reaching no bootstrap server before a diagnosis is stated: longer than
+SGLang takes to start its bootstrap server after the ranks (seconds), short enough to name a
+wrong port before an operator goes looking (docs/operations.md, troubleshooting)."""
+
+OnFailureName = Literal["retry", "stop", "exit"]
+OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
+"""What to do when the startup budget is spent. A callable is given the FAILED status and
+answers with one of the names (None means "stop")."""
+POLICIES = ("retry", "stop", "exit")
+EXIT_CODE = 3
+"""Process exit status for on_failure="exit"."""
+
+
+def default_exit(code: int) -> None:
+    """End the process now: the registrar's thread cannot raise SystemExit into the main one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _backoff(value: object) -> Backoff:
+    if not isinstance(value, Backoff):
+        raise rules.Invalid("must be a registrar.Backoff")
+    return value
+
+
+def _on_failure(value: object) -> OnFailure:
+    if not callable(value) and value not in POLICIES:
+        raise rules.Invalid("must be 'retry', 'stop', 'exit' or a callable")
+    return value  # type: ignore[return-value]
+
+
+def _token(value: object) -> Token | None:
+    """A provider (asked before each request), or a fixed token: a single-line string, which
+    `rules.header_token` then holds to what an HTTP header can carry."""
+    if value is None or callable(value):
+        return value
+    if not isinstance(value, str) or "\n" in value or "\r" in value:
+        raise rules.Invalid(
+            "must be a single-line string, or a callable answering one per request", secret=True
+        )
+    return rules.header_token(value)
+
+
+_retry_after_cap = rules.number_within(
+    lambda v: 0 <= v < math.inf, "must be a number of seconds >= 0 (0 ignores Retry-After)"
+)
+
+
+def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any]:
+    """Take out of `options` those that are fields of the dataclass `settings`."""
+    names = {f.name for f in fields(settings)}
+    return {name: options.pop(name) for name in list(options) if name in names}
+
+
+def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
+    """The rule of each field of a settings class (a surface checks a variable with it)."""
+    found: Mapping[str, rules.Rule] = settings.RULES
+    return found
+
+
+def default_of(settings: type[Any], name: str) -> Any:
+    """The default of field `name` of a settings class (what `--help` shows)."""
+    (found,) = (f for f in fields(settings) if f.name == name)
+    return found.default
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop and its startup budget: how often to retry, when to give up and what then, how
+    often to check the route once registered."""
+
+    backoff: Backoff = DEFAULT_BACKOFF
+    max_attempts: int | None = 5
+    max_elapsed: float | None = None
+    on_failure: OnFailure = "retry"
+    watch_interval: float | None = DEFAULT_WATCH_INTERVAL
+    max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    diagnose_after: float | None = DEFAULT_DIAGNOSE_AFTER
+
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "backoff": _backoff,
+        "max_attempts": rules.count_or_none,
+        "max_elapsed": rules.seconds_or_none,
+        "on_failure": _on_failure,
+        "watch_interval": rules.seconds_or_none,
+        "max_retry_after": _retry_after_cap,
+        "max_payload_bytes": rules.count,
+        "diagnose_after": rules.seconds_or_none,
+    }
+
+    def __post_init__(self) -> None:
+        rules.check_fields(self, self.RULES)
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Where and how to reach an HTTP server: its URL, each request's deadline, the bearer
+    token, and TLS (`verify`: True for the system's CAs, False, or a CA file or directory)."""
+
+    url: str
+    timeout: Timeout = 5.0
+    token: Token | None = None
+    verify: bool | str = True
+
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "url": rules.url,
+        "timeout": rules.timeout,
+        "token": _token,
+        "verify": rules.tls,
+    }
+
+    def __post_init__(self) -> None:
+        rules.check_fields(self, self.RULES)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What tests and embedders inject: the clock, the random source, and how to exit."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    rng: Callable[[], float] = random.random
+    exit: Callable[[int], None] = default_exit

@@ -1,0 +1,143 @@
+"""The transport contract: what the registrar's loop asks of a protocol (`Transport`), the
+optional abilities it detects, and nothing more (docs/architecture.md, "Adding a protocol in
+one file"). A transport answers with outcome values and never raises on what a server says.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from . import _rules as rules
+from ._errors import ConfigError
+from ._outcome import RegisterOutcome, RouteCheck
+from ._waker import Waker
+
+Timeout = float | tuple[float, float]
+"""Seconds for the whole request, or a (connect, read) pair."""
+
+TokenProvider = Callable[[], str | None]
+"""Answers the bearer token when a request is about to be sent (None: send none), so a rotated
+token (a re-written file, a refreshed secret) is used from the next request on."""
+Token = str | TokenProvider
+"""A fixed bearer token, or a provider asked before each request."""
+
+
+def deadline_seconds(timeout: Timeout) -> float:
+    """Seconds a request may take in all: the timeout, or a (connect, read) pair's sum."""
+    return sum(timeout) if isinstance(timeout, tuple) else timeout
+
+
+def connect_seconds(timeout: Timeout) -> float:
+    """Seconds connecting may take: the timeout, or a (connect, read) pair's first."""
+    return timeout[0] if isinstance(timeout, tuple) else timeout
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How a registrar talks to its server. Called from the registrar's thread only."""
+
+    @property
+    def display_url(self) -> str:
+        """The server's URL with credentials redacted, for status and logs."""
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        """Send the registration once; classify, never raise on what the server says."""
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
+        """Check once that the route is still there; None when the protocol cannot tell."""
+
+    def close(self) -> None:
+        """Release connections (and anything held on the server's side, such as a lease);
+        called once when the registrar's thread ends."""
+
+
+@runtime_checkable
+class IdleWatcher(Protocol):
+    """Optional: a transport that can tell, while idle between checks, that its route may be
+    gone (the server closed the kept-alive connection, a watch reported the key deleted)."""
+
+    def wait_idle(self, timeout: float, waker: Waker) -> bool:
+        """Wait up to `timeout` seconds: True at once on a sign of a lost route, False on timeout
+        or as soon as `waker` is set. Never raises; one that cannot watch now waits on `waker`."""
+
+
+@runtime_checkable
+class Abortable(Protocol):
+    """Optional: a transport that can end its request in flight early. `stop()` calls it so a
+    slow request does not hold the thread until its deadline."""
+
+    def abort(self) -> None:
+        """End the request in flight now, if any (called from another thread; never raises)."""
+
+
+@runtime_checkable
+class Resolving(Protocol):
+    """Optional: a transport that reaches its server by host name, and can say what the
+    resolver is doing to it (`Status.resolution`)."""
+
+    def resolution(self) -> str | None:
+        """ "resolving NAME ..." while its lookup stalls, the last good address in use while
+        it fails, else None (called from any thread; never blocks on a request)."""
+
+
+@runtime_checkable
+class FleetSized(Protocol):
+    """Optional: a transport that knows how many clients register with the same server (SGLang:
+    the prefill topology's size), over which the loop spreads a fleet's first contact and
+    probes (`registrar.core._backoff`). Without it the loop assumes a fleet of one."""
+
+    def fleet_size(self, payload: Mapping[str, Any]) -> int:
+        """How many clients (including this one) register with this server, at least 1."""
+
+
+@runtime_checkable
+class WatchBounded(Protocol):
+    """Optional: a transport whose route checks keep the registration alive (etcd's lease), so
+    the watch interval has a longest value. A registrar built by protocol name asks it."""
+
+    def fit_watch_interval(self, given: float | None) -> float:
+        """The watch interval to use: `given`, or the longest when None; `ConfigError` for one
+        longer than that."""
+
+
+@runtime_checkable
+class Gated(Protocol):
+    """Optional: a transport whose registration may be offered only while the served process is
+    ready. While `not_ready()` names a reason the loop waits `ready_interval` seconds and asks
+    again, spending no startup budget; withdrawing is the transport's business (`check` then
+    reports the route missing)."""
+
+    @property
+    def ready_interval(self) -> float:
+        """Seconds between readiness checks while not ready."""
+
+    def not_ready(self) -> str | None:
+        """None when the registration may be offered now; else why not, in one line. Never
+        raises."""
+
+
+def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:
+    """A provider reading the token from `path` before each request, so a rotated token is sent
+    from the next request on. `ConfigError` naming `name` when it cannot be read now or is
+    empty; a file missing later (mid-rotation) fails that request only, which is retried."""
+    source = Path(path)
+    try:
+        first = source.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {name} {str(source)!r}: {exc.strerror or exc}") from None
+    if not first:
+        raise ConfigError(f"{name} {str(source)!r} is empty")
+
+    def read() -> str | None:
+        return source.read_text().strip() or None
+
+    return read
+
+
+def validate_url(url: object, option: str = "url") -> str:
+    """`url` without a trailing slash, or `ConfigError` naming `option` (`rules.url`)."""
+    kept: str = rules.applied(option, url, rules.url)
+    return kept

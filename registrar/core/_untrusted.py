@@ -1,0 +1,74 @@
+"""JSON whose shape someone else chose: read (a server's answer, a payload file) with nesting
+bounded and every failure a `ValueError` naming what was wrong, never a `RecursionError`; and
+the payload, checked once at construction (one line saying what is wrong with it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import ConfigError
+from ._redact import clean
+
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays accepted; registration payloads are one level deep."""
+
+
+def nesting_depth(value: object, limit: int = MAX_DEPTH) -> int:
+    """How deeply `value`'s dicts, lists and tuples nest, counted without recursion; stops
+    counting past `limit` (returns `limit + 1`), so a cyclic or absurd value costs little."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return limit + 1
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def load_json(text: str | bytes, limit: int = MAX_DEPTH) -> Any:
+    """The JSON value in `text`, or `ValueError` (bad JSON, nested deeper than `limit`)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested more than {limit} levels deep") from None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
+        raise ValueError(f"not valid JSON: {clean(exc, 200)}") from None
+    if nesting_depth(value, limit) > limit:
+        raise ValueError(f"JSON nested more than {limit} levels deep")
+    return value
+
+
+def encode_payload(payload: object, limit: int) -> dict[str, Any]:
+    """A private JSON copy of `payload`, or ConfigError saying what is wrong with it."""
+    if not isinstance(payload, Mapping):
+        kind = type(payload).__name__
+        raise ConfigError(f"payload must be a mapping (a JSON object), got {kind}")
+    # Counted without recursion first: json.dumps would raise RecursionError, not a ConfigError.
+    if nesting_depth(dict(payload), MAX_DEPTH) > MAX_DEPTH:
+        raise ConfigError(
+            f"payload is nested more than {MAX_DEPTH} levels deep (or contains itself); "
+            "registration payloads are flat objects"
+        )
+    try:
+        encoded = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"payload is not JSON-serialisable: {exc}") from None
+    size = len(encoded.encode())
+    if size > limit:
+        raise ConfigError(
+            f"payload is {size} bytes, over max_payload_bytes={limit}; "
+            "shrink it or raise max_payload_bytes"
+        )
+    # A private copy: later changes to the caller's mapping cannot reach the thread.
+    decoded: dict[str, Any] = json.loads(encoded)
+    return decoded

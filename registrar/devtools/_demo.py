@@ -1,0 +1,162 @@
+"""`registrar demo`: a bootstrap server that starts late, `/readyz` turning 200, a restart that
+forgets every route and the route registered again, narrated as it happens on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+import requests
+
+from ..core._backoff import Backoff
+from ..core._machine import State
+from ..core._registrar import Registrar
+from ..protocols._sglang import make_payload
+from ..surfaces.health import start_health_server
+from .bootstrap_server import BootstrapServer
+
+
+class _Say(logging.Handler):
+    """Prints the demo's lines and registrar's INFO log, each with the time since the start."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__(logging.INFO)
+        self._out = out
+        self._start = time.monotonic()
+        self._print = threading.Lock()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
+
+    def __call__(self, message: str) -> None:
+        with self._print:
+            print(f"[{self.elapsed():5.2f}s] {message}", file=self._out, flush=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self(record.getMessage())
+
+
+def _readyz_checker(url: str, say: _Say, problems: list[str]) -> Callable[[int, str], None]:
+    """Narrate GET /readyz and note a problem when it does not answer `expected`."""
+
+    def expect(expected: int, when: str) -> None:
+        try:
+            code: int | None = requests.get(f"{url}/readyz", timeout=2).status_code
+        except requests.RequestException:
+            code = None
+        say(f"GET /readyz -> {code}")
+        if code != expected:
+            problems.append(f"/readyz answered {code} {when}, not {expected}")
+
+    return expect
+
+
+def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: float = 1.0) -> int:
+    """Run the demo; 0 when every step happened, 1 otherwise."""
+    say = _Say(out)
+    problems: list[str] = []
+    log = logging.getLogger("registrar")
+    saved = _narrate(log, say)
+
+    server = BootstrapServer("127.0.0.1", 0).start()
+    server.stop()  # keep the port, refuse connections: the startup race
+    reg = Registrar(
+        server.url,
+        make_payload("127.0.0.1", 20000),
+        backoff=Backoff(initial=0.5, multiplier=2.0, maximum=2.0, jitter=0.25),
+        max_attempts=None,
+        watch_interval=1.0,
+        timeout=(1.0, 2.0),
+    )
+
+    reg.add_listener(lambda old, new, status: say(f"state {old.value} -> {new.value}"))
+    health = start_health_server(reg, "127.0.0.1", 0)
+    try:
+        say(f"bootstrap server {server.url} is not up yet; health on {health.url}")
+        expect_readyz = _readyz_checker(health.url, say, problems)
+        expect_readyz(503, "before registration")
+        reg.start()
+        time.sleep(server_delay)
+        server.start()
+        up_at = say.elapsed()
+        say("bootstrap server is up (empty)")
+        if not reg.wait_for(State.REGISTERED, timeout=15):
+            problems.append("never registered after the server came up")
+            return _finish(say, problems)
+        registered_in = say.elapsed() - up_at
+        expect_readyz(200, "once registered")
+        time.sleep(1.5)
+        say(
+            f"the route is {reg.status().route or 'not checked yet'}; restarting the bootstrap "
+            f"server, down for {down_for:.1f} s: it forgets every route"
+        )
+        server.restart(down_for=down_for)
+        back_at = say.elapsed()
+        say("bootstrap server is back (empty)")
+        recovered = _wait(
+            lambda: reg.status().registrations >= 2 and reg.state is State.REGISTERED, 15
+        )
+        if not recovered:
+            problems.append("the route was not registered again after the restart")
+            return _finish(say, problems)
+        recovered_in = say.elapsed() - back_at
+        expect_readyz(200, "after recovery")
+        status = reg.status()
+        puts = sum(1 for r in server.records() if r.method == "PUT" and r.status == 200)
+        say(
+            f"summary: {status.attempts_total} registration attempts, "
+            f"registered {registered_in:.2f} s after the server came up, "
+            f"recovered {recovered_in:.2f} s after it came back, "
+            f"{status.reregistrations} re-registration, {puts} accepted PUTs "
+            f"(one per server lifetime)"
+        )
+        if puts != 2:
+            problems.append(f"{puts} accepted PUTs, expected exactly 2")
+        return _finish(say, problems)
+    finally:
+        reg.stop()
+        health.stop()
+        server.close()
+        log.removeHandler(say)
+        for lg, level in saved:
+            lg.setLevel(level)
+
+
+def _narrate(log: logging.Logger, narrator: logging.Handler) -> list[tuple[logging.Logger, int]]:
+    """Tell registrar's log through `narrator`, quiet the rest; the levels to restore."""
+    quiet = [
+        logging.getLogger(name)
+        for name in (
+            "transitions",
+            "registrar.devtools.bootstrap_server",
+            "registrar.surfaces.health",
+        )
+    ]
+    saved = [(lg, lg.level) for lg in [log, *quiet]]
+    log.addHandler(narrator)
+    log.setLevel(logging.INFO)
+    for lg in quiet:
+        lg.setLevel(logging.WARNING)
+    return saved
+
+
+def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _finish(say: _Say, problems: list[str]) -> int:
+    if problems:
+        for problem in problems:
+            say(f"demo FAILED: {problem}")
+        return 1
+    say("demo passed: registered late, kept registered through a restart")
+    return 0

@@ -1,0 +1,185 @@
+"""The SGLang server keeps itself listed by the smg gateway(s) named in `REGISTRAR_GATEWAY`,
+from node 0's HTTP process, gated on the server's own readiness, and drains from them at
+SIGTERM while uvicorn still serves (docs/sglang.md "The smg gateway").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...core._errors import ConfigError
+from ...core._group import RegistrarGroup
+from ...core._transport import validate_url
+from ._rows import current_config
+from ._settings import GatewayConfig
+from ._tables import readiness
+
+logger = logging.getLogger("registrar.integrations.sglang.gateway")
+
+WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "null": "regular", None: "regular"}
+"""SGLang's `--disaggregation-mode` to the gateway's worker type."""
+_SIGNAL_POLL = 0.25
+"""Seconds between looks at `gracefully_exit` while waiting for SIGTERM (a flag read)."""
+_PASSED = ("timeout", "verify", "backoff", "max_retry_after", "watch_interval")
+"""The shared `Registrar` options that also shape the gateway registrations (the bootstrap
+token and the failure policy are a prefill rank's, not the gateway's)."""
+
+_group: RegistrarGroup | None = None
+_lock = threading.Lock()
+
+
+def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]:
+    """`url`, `worker_type` and (a prefill) `bootstrap_port` from SGLang's server args, or
+    `ConfigError` naming what to set."""
+    mode = getattr(server_args, "disaggregation_mode", None)
+    if mode not in WORKER_TYPES:
+        raise ConfigError(f"--disaggregation-mode {mode!r} has no smg worker type")
+    kind = WORKER_TYPES[mode]
+    if worker_url is None:
+        worker_url = _own_url(server_args)
+    spec: dict[str, Any] = {"url": validate_url(worker_url, "worker url"), "worker_type": kind}
+    if kind == "prefill":
+        spec["bootstrap_port"] = int(server_args.disaggregation_bootstrap_port)
+    return spec
+
+
+def _own_url(server_args: Any) -> str:
+    host = str(getattr(server_args, "host", "") or "")
+    port = getattr(server_args, "port", None)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if not host or (address is not None and address.is_unspecified):
+        raise ConfigError(
+            f"--host {host or '(none)'} is no address a gateway can reach: set "
+            "REGISTRAR_WORKER_URL to this server's URL as the gateway reaches it"
+        )
+    scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
+    shown = f"[{host}]" if address is not None and address.version == 6 else host
+    return f"{scheme}://{shown}:{port}"
+
+
+def start(
+    config: GatewayConfig,
+    server_args: Any,
+    ready: Callable[[], bool],
+    *,
+    make: Callable[..., RegistrarGroup] | None = None,
+) -> RegistrarGroup:
+    """Start the group of gateway registrations for this server (the plugin keeps one)."""
+    global _group
+    worker = worker_of(server_args, config.worker_url)
+    extra: dict[str, Any] = {k: v for k, v in (config.options or {}).items() if k in _PASSED}
+    for name, value in (
+        ("key_file", config.key_file),
+        ("grace", config.grace),
+        ("drain_timeout", config.drain_timeout),
+        ("bootstrap_port", worker.get("bootstrap_port")),
+    ):
+        if value is not None:
+            extra[name] = value
+    if make is None:
+        from ..._assembly import smg_registrars  # noqa: PLC0415 - only with a gateway
+
+        make = smg_registrars
+    group = make(
+        list(config.gateways),
+        worker["url"],
+        worker["worker_type"],
+        ready=ready,
+        max_attempts=None,
+        **extra,
+    )
+    with _lock:
+        previous, _group = _group, group
+    if previous is not None:
+        previous.stop()
+    group.start()
+    logger.info(
+        "offering %s (%s) to the gateway%s %s once /ready holds; drained at SIGTERM",
+        worker["url"],
+        worker["worker_type"],
+        "" if len(config.gateways) == 1 else "s",
+        ", ".join(config.gateways),
+    )
+    return group
+
+
+def drain(reason: str) -> float | None:
+    """Stop the gateway registrations (each DELETEs its worker and waits, within its bound,
+    until it is no longer listed); the seconds it took, None when there was nothing to do."""
+    global _group
+    with _lock:
+        group, _group = _group, None
+    if group is None:
+        return None
+    started = time.monotonic()
+    ended = group.stop()
+    took = time.monotonic() - started
+    gone = all(s.state.value != "registered" for s in group.statuses())
+    logger.info(
+        "drained from %d gateway%s in %.2f s (%s)%s",
+        len(group),
+        "" if len(group) == 1 else "s",
+        took,
+        reason,
+        "" if ended and gone else "; not every drain finished within its bound",
+    )
+    return took
+
+
+def gateway_summary() -> list[dict[str, Any]] | None:
+    """Each gateway registration's status, for `/server_info` (None: no gateway)."""
+    with _lock:
+        group = _group
+    if group is None:
+        return None
+    return [
+        {**r.status().to_dict(), "running": r.running, "worker_id": _worker_id(r)} for r in group
+    ]
+
+
+def _worker_id(registrar: Any) -> str | None:
+    transport = getattr(registrar, "_transport", None)
+    found = getattr(transport, "worker_id", None)
+    return found if isinstance(found, str) else None
+
+
+def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE `_setup_and_run_http_server`: with `REGISTRAR_GATEWAY`, start the registrations.
+    A bad worker address stops the server with one line (nothing is served unlisted)."""
+    config = current_config().gateway
+    if config is None or tokenizer_manager is None:
+        return
+    try:
+        start(config, server_args, readiness(tokenizer_manager))
+    except ConfigError as exc:
+        raise SystemExit(f"sglang-registrar: REGISTRAR_GATEWAY: {exc}") from None
+
+
+async def around_sigterm_watchdog(
+    original: Callable[..., Any], manager: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """AROUND `TokenizerManager.sigterm_watchdog`: once SIGTERM set `gracefully_exit`, drain
+    from the gateways first (off the event loop: uvicorn keeps serving meanwhile), then let
+    SGLang's watchdog finish the requests in flight and stop the server."""
+    with _lock:
+        active = _group is not None
+    if active:
+        while not getattr(manager, "gracefully_exit", False):
+            await asyncio.sleep(_SIGNAL_POLL)
+        await asyncio.get_running_loop().run_in_executor(None, drain, "SIGTERM")
+    return await original(manager, *args, **kwargs)
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    drain("process exit")

@@ -1,0 +1,272 @@
+"""The plugin SGLang loads from the `sglang.srt.plugins` entry-point group: it installs, through
+SGLang's own `HookRegistry`, the targets of targets.py this release has, each guarded (guard.py),
+then checks that each took and logs the `ACTIVE` line or one ERROR naming what did not
+(docs/sglang.md "What changes in SGLang", "Is it active?"). It also holds the `/server_info`
+hooks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import pkgutil
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..._version import __version__
+from ...core._errors import ConfigError
+from ._gateway import around_sigterm_watchdog, gateway_summary, start_gateway
+from ._guard import guarded
+from ._probe import ImportProbe
+from ._rows import (
+    DISTRIBUTION,
+    before_teardown,
+    capture_registration,
+    configure,
+    current_config,
+    rank_summary,
+    register_row,
+)
+from ._settings import read_config
+from ._stale_prefill import after_heartbeat_success
+from ._tables import HTTP_SERVER, add_ready_route, around_is_ready, bootstrap_summary
+from ._targets import (
+    FEATURES,
+    NEWEST_KNOWN,
+    Choice,
+    Plan,
+    Target,
+    installed_version,
+    parse_release,
+    plan,
+    release_text,
+)
+
+logger = logging.getLogger("registrar.integrations.sglang.plugin")
+
+SUPPORTED_VERSIONS = ("0.5.13", "0.5.19", "0.5.20", "0.5.21", "0.5.23")
+"""SGLang releases tests/sglang_real runs on in CI; every release 0.5.11-0.5.23 is in the target
+table (targets.py), read from its wheel."""
+
+ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"
+"""The start of the one INFO line, per process, that proves the plugin is active (grep it)."""
+
+TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
+"""Every target of every release (which this SGLang has: `plan`)."""
+
+
+def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER `get_internal_state`, of the internal-state controller (0.5.22+, which holds the
+    scheduler) or of the scheduler itself (before): add this rank's registration summary."""
+    state = getattr(result, "internal_state", None)
+    scheduler = getattr(owner, "scheduler", owner)
+    queue = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
+    manager = getattr(queue, "kv_manager", None)
+    if isinstance(state, dict) and manager is not None:
+        state["registrar"] = rank_summary(manager)
+    return result
+
+
+def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server,
+    /server_info also says which rows the server is missing, and the gateway registrations."""
+    state = getattr(sys.modules.get(HTTP_SERVER), "_global_state", None)
+    manager = getattr(state, "tokenizer_manager", None)
+    server = getattr(manager, "bootstrap_server", None)
+    if isinstance(result, dict) and hasattr(server, "prefill_port_table"):
+        result["registrar_bootstrap"] = bootstrap_summary(server)
+    gateways = gateway_summary()
+    if isinstance(result, dict) and gateways is not None:
+        result["registrar_gateway"] = gateways
+    return result
+
+
+HOOKS: dict[str, Callable[..., Any]] = {
+    "register_row": register_row,
+    "capture_registration": capture_registration,
+    "around_is_ready": around_is_ready,
+    "add_ready_route": add_ready_route,
+    "before_teardown": before_teardown,
+    "after_internal_state": after_internal_state,
+    "after_server_info": after_server_info,
+    "after_heartbeat_success": after_heartbeat_success,
+    "start_gateway": start_gateway,
+    "around_sigterm_watchdog": around_sigterm_watchdog,
+}
+"""The hook functions the target table names."""
+
+_plan: Plan | None = None
+_registered: list[tuple[Target, Callable[..., Any]]] = []
+"""What this process registered with HookRegistry: each target and the guarded hook at it."""
+
+
+def _applied(target: str, hook: Callable[..., Any]) -> bool:
+    """Whether `hook` is in the wrapper chain now installed at `target`."""
+    try:
+        current = pkgutil.resolve_name(target)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    seen = 0
+    while current is not None and seen < 32:
+        cells = getattr(current, "__closure__", None) or ()
+        if any(_cell(c) is hook for c in cells):
+            return True
+        current = getattr(current, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
+
+
+def _cause(target: str, registered: bool = True) -> str:
+    """Why `target` is not patched: the error importing its module (a module SGLang needs that
+    is missing: `pkgutil.resolve_name` would turn it into an AttributeError), the attribute
+    that is not there (a renamed method), or that the registry did not apply the hook."""
+    parts = target.split(".")
+    for end in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module
+        name = ".".join(parts[:end])
+        try:
+            if importlib.util.find_spec(name) is None:
+                continue
+            found: Any = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # not a module: a class or function of a shorter prefix
+            return f"ModuleNotFoundError: {exc}"  # a module it imports is missing
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        try:
+            for attribute in parts[end:]:
+                found = getattr(found, attribute)
+        except AttributeError as exc:
+            return f"AttributeError: {exc}"
+        if not registered:
+            return "present, but not in the form the plugin hooks"
+        return "present, but SGLang's HookRegistry did not apply the hook (see its log above)"
+    return f"ModuleNotFoundError: No module named {parts[0]!r}"
+
+
+def verify(strict: bool | None = None) -> list[str]:
+    """Check each hook this process registered took effect and log what this SGLang gets (an
+    ERROR is `SystemExit` with `strict`, `REGISTRAR_STRICT=1`); the targets missing or unapplied."""
+    if strict is None:
+        strict = current_config().strict if _plan is not None else False
+    version = _sglang_version()
+    current = _plan if _plan is not None else plan(ImportProbe(), parse_release(version))
+    failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
+    lacking = [c for c in current.unavailable() if c.feature.required]
+    absent = [t.path for c in lacking for t in c.feature.covering(current.release)]
+    if failed or absent:
+        causes = "; ".join(
+            [f"{path} ({_cause(path)})" for path in failed]
+            + [f"{path} ({_cause(path, registered=False)})" for path in absent]
+        )
+        line = f"{DISTRIBUTION} {__version__} could not patch {causes} in sglang {version}"
+        if strict:
+            raise SystemExit(f"{line}; REGISTRAR_STRICT=1: stopping")
+        logger.error(
+            "%s; those parts are inactive and SGLang's own behaviour stands there "
+            "(REGISTRAR_STRICT=1 stops the server instead)",
+            line,
+        )
+    else:
+        _log_active(current, version)
+    _warn_unexpected(current, version)
+    unexpected = [t.path for c in current.unexpected() for t in c.feature.covering(current.release)]
+    return list(dict.fromkeys(failed + unexpected))
+
+
+def _log_active(current: Plan, version: str) -> None:
+    taken = len(_registered)
+    register = next(c.target for c in current.choices if c.feature.name == "registration")
+    how = "captured from register_to_bootstrap" if register and register.kind == "AROUND" else ""
+    cannot = [f"{c.feature.name} ({c.reason})" for c in current.lost()]
+    logger.info(
+        "%s %s (pid %d): %d of %d targets this sglang has applied, prefill ranks register in "
+        "the background%s%s (tested on sglang %s)",
+        ACTIVE,
+        version,
+        os.getpid(),
+        taken,
+        taken,
+        f" ({how})" if how else "",
+        f"; not on this release: {'; '.join(cannot)}" if cannot else "",
+        ", ".join(SUPPORTED_VERSIONS),
+    )
+
+
+def _warn_unexpected(current: Plan, version: str) -> None:
+    lacking = [c for c in current.unexpected() if not c.feature.required]
+    if not lacking:
+        return
+    if current.release is None:
+        which = " (a release the plugin cannot read)"
+    elif current.newer():
+        which = f" (newer than {release_text(NEWEST_KNOWN)}, the newest release the plugin knows)"
+    else:
+        which = ""
+    logger.warning(
+        "%s %s: sglang %s%s lacks targets the plugin looks for: %s; the rest is applied",
+        DISTRIBUTION,
+        __version__,
+        version,
+        which,
+        "; ".join(f"{c.feature.name} ({c.feature.without}: {_why(c, current)})" for c in lacking),
+    )
+
+
+def _why(choice: Choice, current: Plan) -> str:
+    """Each target a release should have for `choice`'s feature, and why it is not usable."""
+    covering = choice.feature.covering(current.release)
+    return ", ".join(f"{t.path} ({_cause(t.path, registered=False)})" for t in covering)
+
+
+def _sglang_version() -> str:
+    return installed_version() or "unknown"
+
+
+def load() -> None:
+    """The entry point. A bad or refused variable ends the process with one line naming it
+    (SystemExit's message, printed once by the interpreter)."""
+    global _plan
+    try:
+        config = read_config()
+    except ConfigError as exc:
+        raise SystemExit(f"{DISTRIBUTION}'s SGLang plugin: {exc}") from None
+    configure(config)
+    for warning in config.warnings:
+        logger.warning("%s: %s", DISTRIBUTION, warning)
+    hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
+    _plan = plan(ImportProbe(), parse_release(_sglang_version()))
+    for target in _plan.taken():
+        original = pkgutil.resolve_name(target.path) if target.kind == "REPLACE" else None
+        hook = guarded(HOOKS[target.hook], target.kind, target.path, original)
+        hooks.HookRegistry.register(target.path, hook, hooks.HookType[target.kind])
+        _registered.append((target, hook))
+    _verify_after_apply(hooks.HookRegistry)
+
+
+def _verify_after_apply(registry: Any) -> None:
+    """Run `verify()` right after SGLang's next `HookRegistry.apply_hooks()` (load_plugins
+    calls it once every plugin has registered), then put the original back."""
+    original = registry.__dict__["apply_hooks"]
+    if getattr(original.__func__, "_registrar_verifies", False):
+        return
+
+    def apply_then_verify(cls: Any) -> None:
+        try:
+            original.__func__(cls)
+        finally:
+            registry.apply_hooks = original
+        verify()
+
+    apply_then_verify._registrar_verifies = True  # type: ignore[attr-defined]
+    registry.apply_hooks = classmethod(apply_then_verify)

@@ -1,0 +1,123 @@
+"""What the plugin will do in this environment's SGLang, read without starting any of it, behind
+`registrar sglang`: below 0.5.11 SGLang never loads the plugin, so it cannot speak for itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from ._probe import SourceProbe, sglang_root
+from ._targets import (
+    NEWEST_KNOWN,
+    OLDEST_WITH_PLUGINS,
+    Choice,
+    Plan,
+    installed_version,
+    parse_release,
+    plan,
+    release_text,
+)
+
+_FULL = (0, 5, 22)
+"""The first release with every target."""
+
+
+def _entry_point() -> bool:
+    found = entry_points(group="sglang.srt.plugins")
+    return any(ep.value == "registrar.integrations.sglang:load" for ep in found)
+
+
+def installed_report(root: Path | None = None, found_version: str | None = None) -> dict[str, Any]:
+    """The report as a JSON-able dict (`registrar sglang --json`)."""
+    root = root if root is not None else sglang_root()
+    found_version = found_version if found_version is not None else installed_version()
+    report: dict[str, Any] = {
+        "python": sys.executable,
+        "sglang": found_version,
+        "path": str(root) if root is not None else None,
+        "entry_point": _entry_point(),
+    }
+    if root is None:
+        report.update(installed=False, plugin_system=False, features=[], advice=_advice(None))
+        return report
+    release = parse_release(found_version)
+    has_plugins = (root / "srt" / "plugins" / "hook_registry.py").is_file()
+    current = plan(SourceProbe(root), release)
+    report.update(
+        installed=True,
+        plugin_system=has_plugins,
+        features=[_feature(c) for c in current.choices] if has_plugins else [],
+        advice=_advice(current, has_plugins),
+    )
+    return report
+
+
+def _feature(choice: Choice) -> dict[str, Any]:
+    target = choice.target
+    return {
+        "feature": choice.feature.name,
+        "does": choice.feature.does,
+        "available": target is not None,
+        "target": target.path if target is not None else None,
+        "hook": target.kind if target is not None else None,
+        "why_not": choice.reason or None,
+        "expected": choice.expected,
+    }
+
+
+def _advice(current: Plan | None, has_plugins: bool = True) -> str:
+    newest = release_text(NEWEST_KNOWN)
+    if current is None:
+        return (
+            "SGLang is not installed in this Python environment: install sglang-registrar into "
+            "the environment SGLang runs in (the plugin is loaded by SGLang there)"
+        )
+    if not has_plugins:
+        return (
+            f"this SGLang has no plugin system (sglang.srt.plugins, added in "
+            f"{release_text(OLDEST_WITH_PLUGINS)}): it never loads the plugin, and its own "
+            f"registration runs. Upgrade to SGLang {release_text(_FULL)}-{newest} for every "
+            "feature (0.5.13 or later for background registration, /ready and the decode "
+            "check), or run `registrar register` as a sidecar (docs/sglang.md)"
+        )
+    missing = current.unexpected()
+    lost = [c.feature.name for c in current.lost()]
+    if any(c.feature.required for c in missing):
+        return "no registration hook found in this SGLang: the plugin would change nothing"
+    if current.newer():
+        return (
+            f"newer than {newest}, the newest release the plugin knows: it applies the targets "
+            "it finds"
+            + (f" (missing: {', '.join(c.feature.name for c in missing)})" if missing else "")
+        )
+    if current.release is not None and current.release < _FULL and lost:
+        return (
+            f"the plugin works here without: {', '.join(lost)}; SGLang {release_text(_FULL)} "
+            "or later has every feature"
+        )
+    return "every feature the plugin has works on this SGLang"
+
+
+def describe(report: dict[str, Any]) -> str:
+    """The report for a person."""
+    if not report["installed"]:
+        return f"sglang: not installed ({report['python']})\nadvice: {report['advice']}\n"
+    lines = [
+        f"sglang {report['sglang'] or '(version unknown)'} at {report['path']}",
+        f"plugin system: {'yes' if report['plugin_system'] else 'no (SGLang < 0.5.11)'}; "
+        f"registrar's entry point installed: {'yes' if report['entry_point'] else 'no'}",
+    ]
+    if report["features"]:
+        lines.append("what the plugin does there:")
+        width = max(len(f["feature"]) for f in report["features"])
+        for f in report["features"]:
+            if f["available"]:
+                where = f"{f['hook']} {f['target']}"
+                lines.append(f"  {f['feature']:<{width}}  yes  {f['does']} ({where})")
+            else:
+                lines.append(f"  {f['feature']:<{width}}  no   {f['why_not']}")
+    lines.append(f"advice: {report['advice']}")
+    return "\n".join(lines) + "\n"

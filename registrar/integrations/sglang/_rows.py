@@ -1,0 +1,257 @@
+"""A prefill rank's registrations inside SGLang: one `Registrar` per topology row, kept on the
+KV manager, started from SGLang's own URL and payload, stopped at a role switch or process exit.
+
+Where SGLang has no `_register_topology_row` to replace (0.5.11-0.5.19), `register_to_bootstrap`
+sends its PUT itself with the module-level `requests`, in a blocking loop. For the call's
+duration that `requests` is a proxy whose `put`, on the calling thread only, records
+`(url, json)` and answers 200, so SGLang builds everything and its loop ends at its first try;
+each recorded row then starts the registrar the REPLACE starts on 0.5.20+.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import logging
+import os
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ...core._machine import State
+from ...core._registrar import Registrar
+from ...core._settings import EXIT_CODE
+from ...protocols._sglang import rank_of
+from ...surfaces._verbose import make_verbose
+from ._settings import PluginConfig, read_config
+from ._stale_prefill import close_checks
+
+logger = logging.getLogger("registrar.integrations.sglang.rows")
+
+DISTRIBUTION = "sglang-registrar"
+"""The name on the package index, which every line the plugin logs starts with."""
+
+_ROWS = "_registrar_rows"
+"""The attribute on a KV manager that holds its registrars, one per topology row."""
+
+_config: PluginConfig | None = None
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def configure(config: PluginConfig | None) -> None:
+    """The configuration `load()` read (None: read it again from the environment on use)."""
+    global _config
+    _config = config
+
+
+def current_config() -> PluginConfig:
+    return _config if _config is not None else read_config()
+
+
+def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
+    """Start (or restart) the registrar of this row, SGLang's `url` and `payload` as they are."""
+    config = current_config()
+    root = url[: -len("/route")] if url.endswith("/route") else url
+    key = (root, tuple(rank_of(payload).query().values()))
+    rows: dict[tuple[Any, ...], Registrar] = manager.__dict__.setdefault(_ROWS, {})
+    previous = rows.pop(key, None)
+    if previous is not None:
+        previous.stop()
+    options = dict(config.registrar)
+    if options.get("on_failure") == "exit":
+        options["exit"] = _fail_rank
+    registrar = Registrar(root, payload, **options)
+    if config.verbose:
+        make_verbose(registrar)
+    rows[key] = registrar
+    with _live_lock:
+        _live.add(manager)
+    registrar.start()
+    logger.info(
+        "registering rank %s with %s in the background (registrar %s)",
+        dict(zip(("dp", "cp", "tp", "pp"), key[1], strict=True)),
+        registrar.status().url,
+        registrar.state.value,
+    )
+    if config.init_wait > 0 and not registrar.wait_for(State.REGISTERED, config.init_wait):
+        logger.warning(
+            "not registered within REGISTRAR_INIT_WAIT=%g s (%s); init goes on, registration "
+            "goes on in the background",
+            config.init_wait,
+            registrar.status().last_error,
+        )
+
+
+def _fail_rank(code: int) -> None:
+    """on_failure=exit inside SGLang: fail as a failing scheduler does (run_scheduler_process
+    sends SIGQUIT to its parent, whose handler takes the whole server down), then end."""
+    logger.error(
+        "%s: this prefill rank could not register with its bootstrap server "
+        "(REGISTRAR_ON_FAILURE=exit); failing the scheduler: SIGQUIT to the parent process %d",
+        DISTRIBUTION,
+        os.getppid(),
+    )
+    try:
+        os.kill(os.getppid(), signal.SIGQUIT)
+    except OSError as exc:
+        logger.error("could not signal the parent process: %s", exc)
+    logging.shutdown()
+    os._exit(code or EXIT_CODE)
+
+
+def stop_rows(manager: Any, reason: str) -> int:
+    """Stop every registrar kept on `manager`; how many were running."""
+    rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
+    stopped = 0
+    for registrar in list(rows.values()):
+        if registrar.running:
+            stopped += 1
+        registrar.stop(timeout=2.0)
+    if stopped:
+        logger.info("stopped %d registrar%s: %s", stopped, "" if stopped == 1 else "s", reason)
+    return stopped
+
+
+def before_teardown(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE `teardown_disaggregation`: a role switch ends this rank's registrations (the
+    server has no DELETE; the new role registers anew if it is prefill)."""
+    for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue"):
+        queue = getattr(scheduler, name, None)
+        manager = getattr(queue, "kv_manager", None)
+        if manager is not None:
+            stop_rows(manager, "PD role switch")
+            close_checks(manager)
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        managers = list(_live)
+    for manager in managers:
+        stop_rows(manager, "process exit")
+
+
+def rank_summary(manager: Any) -> dict[str, Any]:
+    """This rank's registrations, one entry per topology row, for `/server_info`."""
+    rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
+    out = []
+    for (_url, rank), registrar in rows.items():
+        status = registrar.status().to_dict()
+        out.append(
+            {
+                "url": status["url"],
+                "rank": dict(zip(("dp", "cp", "tp", "pp"), rank, strict=True)),
+                "running": registrar.running,
+                **{k: v for k, v in status.items() if k != "url"},
+            }
+        )
+    return {"rows": out}
+
+
+Row = tuple[str, dict[str, Any]]
+
+
+class Accepted:
+    """What the proxy answers SGLang's PUT: a 200, as `requests.Response` shows one."""
+
+    status_code = 200
+    ok = True
+    text = ""
+    content = b""
+    reason = "OK"
+
+    def json(self) -> Any:
+        return {}
+
+    def raise_for_status(self) -> None:
+        return None
+
+
+class CapturingRequests:
+    """Stands for the `requests` module inside SGLang's conn module while rows are captured."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self._local = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def put(self, url: Any, *args: Any, **kwargs: Any) -> Any:
+        rows: list[Row] | None = getattr(self._local, "rows", None)
+        payload = kwargs.get("json")
+        if rows is None or args or not isinstance(url, str) or not isinstance(payload, dict):
+            return self.real.put(url, *args, **kwargs)  # not the call we capture: SGLang's own
+        rows.append((url, dict(payload)))
+        return Accepted()
+
+
+_capture_lock = threading.Lock()
+_users: dict[int, int] = {}
+"""How many threads capture in each module namespace (id of its globals), to put the real
+`requests` back when the last one ends."""
+
+
+@contextmanager
+def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
+    """While inside, `namespace["requests"]` (SGLang's module globals) records this thread's
+    PUTs in the list yielded; other threads are not affected."""
+    key = id(namespace)
+    with _capture_lock:
+        proxy = namespace.get("requests")
+        if not isinstance(proxy, CapturingRequests):
+            proxy = CapturingRequests(proxy)
+            namespace["requests"] = proxy
+        _users[key] = _users.get(key, 0) + 1
+    rows: list[Row] = []
+    proxy._local.rows = rows
+    try:
+        yield rows
+    finally:
+        proxy._local.rows = None
+        with _capture_lock:
+            _users[key] -= 1
+            if _users[key] == 0:
+                del _users[key]
+                namespace["requests"] = proxy.real
+
+
+def capture_registration(
+    original: Callable[..., Any],
+    manager: Any,
+    *args: Any,
+    register: Callable[[Any, str, dict[str, Any]], None] = register_row,
+    **kwargs: Any,
+) -> Any:
+    """AROUND `register_to_bootstrap`: each captured row starts a registrar (`register`). A row
+    whose registrar cannot start is sent once as SGLang would, so the plugin never leaves the
+    rank unregistered."""
+    namespace = inspect.unwrap(original).__globals__
+    with capturing(namespace) as rows:
+        result = original(manager, *args, **kwargs)
+    for url, payload in rows:
+        try:
+            register(manager, url, payload)
+        except Exception:
+            logger.exception(
+                "sglang-registrar: could not start the registrar for %s; sending SGLang's PUT "
+                "once instead",
+                url,
+            )
+            _send_once(namespace, url, payload)
+    return result
+
+
+def _send_once(namespace: dict[str, Any], url: str, payload: dict[str, Any]) -> None:
+    requests = namespace.get("requests")
+    try:
+        response = requests.put(url, json=payload, timeout=5) if requests is not None else None
+        status = getattr(response, "status_code", None)
+        if status != 200:
+            logger.error("sglang-registrar: SGLang's PUT to %s answered %s", url, status)
+    except Exception as exc:
+        logger.error("sglang-registrar: SGLang's PUT to %s failed: %s", url, exc)

@@ -1,0 +1,172 @@
+"""What the SGLang plugin reads from the environment, and what it refuses: a row of the options
+table that means something only to `registrar register` stops the process with one line naming
+it, rather than being ignored while the operator believes it works (docs/sglang.md
+"Configuration").
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core import _rules as rules
+from ...core._errors import ConfigError
+from ...core._transport import file_token
+from ...protocols._httpvalues import validate_token
+from ...protocols._smg.settings import SmgSettings
+from ...surfaces._options import ENV_PREFIX
+from ...surfaces._options import OPTIONS as ENV_VARS
+from ...surfaces._options import Option as EnvVar
+from ...surfaces._parsers import parse_flag, parse_seconds_or_zero
+from ...surfaces.env import command_options_from_env, describe_env, options_from_env
+
+PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        "INIT_WAIT",
+        parse_seconds_or_zero,
+        "30",
+        "seconds a prefill rank's init waits for its first registration (0, the default: none; "
+        "registration goes on in the background either way)",
+        kwarg="init_wait",
+        rule=rules.seconds_or_zero,
+    ),
+    EnvVar(
+        "STRICT",
+        parse_flag,
+        "1",
+        "a patch that cannot be applied stops the server at load (default: one ERROR, and "
+        "SGLang's own behaviour stands for that part)",
+        kwarg="strict",
+    ),
+)
+"""The plugin's own variables (no other surface reads them): rows of the same kind as the
+options table's, in a table of their own."""
+
+HONOURED: tuple[str, ...] = tuple(v.name for v in ENV_VARS if v.plugin is None)
+"""The options table's variables the plugin honours (names after the prefix): the rows that
+give no reason to refuse them."""
+_COMMAND_ONLY_HONOURED = tuple(v.name for v in ENV_VARS if v.plugin is None and v.kwarg is None)
+"""Those that are no `Registrar` keyword: the token, VERBOSE, the gateway's."""
+_GATEWAY_HONOURED = tuple(
+    v.name for v in ENV_VARS if v.plugin is None and v.settings is SmgSettings
+)
+"""The gateway's variables the plugin honours (docs/gateway.md, docs/sglang.md), GATEWAY first."""
+
+REFUSED: dict[str, str] = {v.name: v.plugin for v in ENV_VARS if v.plugin is not None}
+"""The options table's variables that mean nothing inside SGLang, with the reason."""
+
+
+def plugin_env_table() -> tuple[EnvVar, ...]:
+    """Every variable the plugin reads: the honoured shared ones, then its own."""
+    shared = tuple(v for v in ENV_VARS if v.name in HONOURED)
+    return (*shared, *PLUGIN_ENV_VARS)
+
+
+def describe_plugin_env(prefix: str = ENV_PREFIX) -> str:
+    """One line per variable the plugin reads (what docs/sglang.md lists)."""
+    return describe_env(prefix, plugin_env_table())
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What the plugin reads for the gateway (`REGISTRAR_GATEWAY` and its companions)."""
+
+    gateways: tuple[str, ...]
+    worker_url: str | None = None
+    """Overrides the URL built from `--host`/`--port` (needed when the host is a wildcard)."""
+    key_file: str | None = None
+    grace: float | None = None
+    drain_timeout: float | None = None
+    options: Mapping[str, Any] | None = None
+    """`Registrar` options shared with the bootstrap registrations (gateway.py picks those)."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """The plugin's settings, read and validated once, at plugin load."""
+
+    registrar: Mapping[str, Any]
+    """Keyword arguments for every `Registrar` the plugin starts (the token included)."""
+    init_wait: float = 0.0
+    strict: bool = False
+    verbose: bool = False
+    gateway: GatewayConfig | None = None
+    """With `REGISTRAR_GATEWAY`: node 0's HTTP process keeps the server listed there."""
+    warnings: tuple[str, ...] = field(default=())
+    """One line each, for the log: names that look like a mistyped variable."""
+
+
+def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
+    """The settings from `REGISTRAR_*` variables, or `ConfigError` naming the variable (a bad
+    value, or one the plugin cannot honour)."""
+    env = os.environ if environ is None else environ
+    for name, reason in REFUSED.items():
+        key = ENV_PREFIX + name
+        if env.get(key, "").strip():
+            raise ConfigError(f"{key} is not read by the SGLang plugin: {reason}; unset it")
+    options = options_from_env(env)
+    command = command_options_from_env(env, names=_COMMAND_ONLY_HONOURED)
+    own = options_from_env(env, table=PLUGIN_ENV_VARS)
+    token = _token(command)
+    if token is not None:
+        options["token"] = token
+    return PluginConfig(
+        gateway=_gateway(command, options),
+        registrar=options,
+        init_wait=float(own.get("init_wait", 0.0)),
+        strict=bool(own.get("strict", False)),
+        verbose=bool(command.get("verbose", False)),
+        warnings=tuple(near_misses(env)),
+    )
+
+
+def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayConfig | None:
+    """The gateway settings, or None without `REGISTRAR_GATEWAY` (its companions alone are one
+    line naming the missing variable)."""
+    gateways = command.get("gateway")
+    if not gateways:
+        stray = [ENV_PREFIX + n for n in _GATEWAY_HONOURED[1:] if n.lower() in command]
+        if stray:
+            raise ConfigError(
+                f"{', '.join(stray)} go with {ENV_PREFIX}GATEWAY; set it or unset them"
+            )
+        return None
+    if command.get("gateway_key_file") is not None:
+        file_token(command["gateway_key_file"], f"{ENV_PREFIX}GATEWAY_KEY_FILE")  # checked now
+    return GatewayConfig(
+        gateways=tuple(gateways),
+        worker_url=command.get("worker_url"),
+        key_file=command.get("gateway_key_file"),
+        grace=command.get("ready_grace"),
+        drain_timeout=command.get("drain_timeout"),
+        options=dict(options),
+    )
+
+
+def _token(command: Mapping[str, Any]) -> str | Callable[[], str | None] | None:
+    """As `registrar register` reads them: the file (read before each request, for rotation)
+    wins over the fixed token; neither leaves SGLang's own variable to the registrar."""
+    path = command.get("token_file")
+    if path is not None:
+        return file_token(path, f"{ENV_PREFIX}TOKEN_FILE")
+    token: str | None = command.get("token")
+    return validate_token(token, f"{ENV_PREFIX}TOKEN")  # checked now, not in every rank
+
+
+def near_misses(environ: Mapping[str, str]) -> list[str]:
+    """A line for each set `REGISTRAR_*` name that is not a variable but is close to one."""
+    known = {v.name for v in ENV_VARS} | {v.name for v in PLUGIN_ENV_VARS}
+    lines = []
+    for key in sorted(environ):
+        name = key.removeprefix(ENV_PREFIX)
+        if not key.startswith(ENV_PREFIX) or name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close:
+            lines.append(
+                f"{key} is not a registrar variable (ignored); did you mean {ENV_PREFIX}{close[0]}?"
+            )
+    return lines

@@ -1,0 +1,198 @@
+"""The decode side: a prefill that restarted leaves stale addresses cached on the decode, which
+SGLang's `/health` heartbeat cannot tell from the old ones. After each successful heartbeat the
+decode asks the bootstrap server for every row it cached and drops the prefill through SGLang's
+own `_handle_node_failure` when the answers show a new server (docs/sglang.md "The decode side:
+a relaunched prefill"). No answer at all is left to SGLang's heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...core._redact import clean
+from ...core._untrusted import load_json
+from ...protocols._http import HttpTransport
+from ...protocols._httpvalues import with_query
+from ...protocols._sglang import Rank
+
+logger = logging.getLogger("registrar.integrations.sglang.stale_prefill")
+
+_STATE = "_registrar_prefill_checks"
+"""The attribute on a decode KV manager that holds one `_Watch` per prefill bootstrap address."""
+_TIMEOUT = (2.0, 3.0)
+"""As SGLang's heartbeat: (connect, read) seconds."""
+
+
+@dataclass(frozen=True)
+class CachedRow(Rank):
+    """One prefill rank's address as the decode cached it."""
+
+    ip: str
+    port: int
+
+    def name(self) -> str:
+        return f"dp {self.dp} cp {self.cp} tp {self.tp} pp {self.pp}"
+
+
+@dataclass(frozen=True)
+class RowAnswer:
+    """What the bootstrap server answers for a cached row now: a status (None: no answer), the
+    address it names on a 200, and whether our kept-alive connection had to be re-opened."""
+
+    status: int | None
+    ip: str | None = None
+    port: int | None = None
+    reconnected: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Drop the prefill (`drop` says why), or keep it with a new-lifetime suspicion pending."""
+
+    drop: str | None
+    pending: str | None
+
+
+def decide(
+    answers: Iterable[tuple[CachedRow, RowAnswer]], pending: str | None, same_cache: bool
+) -> Decision:
+    """Whether the cached rows belong to a server that is gone. `pending` is the new-lifetime
+    evidence seen by earlier checks of this same cache; `same_cache` is False on the first check
+    of a cache (a re-opened connection then predates it and says nothing)."""
+    present = True
+    for row, answer in answers:
+        # Before anything else: a request that re-opened the connection and then got no answer
+        # (cut at its deadline) is still evidence of a new process, and the only one there is.
+        if answer.reconnected and same_cache and pending is None:
+            pending = "its bootstrap server dropped our kept-alive connection (a new process)"
+        if answer.status is None:
+            return Decision(None, pending)  # down: SGLang's heartbeat decides
+        if answer.status == 200:
+            if (answer.ip, answer.port) != (row.ip, row.port):
+                return Decision(
+                    f"rank {row.name()} is now at {answer.ip}:{answer.port}, "
+                    f"cached {row.ip}:{row.port}",
+                    None,
+                )
+        elif answer.status == 404:
+            return Decision(f"rank {row.name()} is gone from a ready bootstrap server", None)
+        elif answer.status == 503:
+            present = False
+            pending = pending or (
+                "its bootstrap server has fewer ranks registered than when the decode cached "
+                "them (a new server)"
+            )
+        else:
+            present = False
+    if present and pending is not None:
+        return Decision(f"{pending}, and its ranks registered again", None)
+    return Decision(None, pending)
+
+
+def cached_rows(
+    addr: str, pool: Mapping[str, Sequence[Mapping[str, Any]]], info: Any
+) -> list[CachedRow]:
+    """The rows cached for the prefill at `addr`. SGLang lists one entry per (target tp, pp)
+    under each `{addr}_{dp}_{cp}_{tp}` key, tp outer and pp inner in reverse (the order of
+    `_setup_bootstrap_infos`, the same in every release from 0.5.10). An entry carries its pp
+    rank from 0.5.18; before, its pp is derived from its position in that order."""
+    tps = list(getattr(info, "target_tp_ranks", None) or [])
+    pps = list(reversed(getattr(info, "target_pp_ranks", None) or []))
+    prefix = f"{addr}_"
+    rows = []
+    for key, entries in pool.items():
+        parts = key[len(prefix) :].split("_") if key.startswith(prefix) else []
+        try:
+            dp, cp, key_tp = (int(part) for part in parts)
+        except ValueError:  # not a row of this prefill
+            continue
+        order = [(t, p) for t in tps for p in pps] if len(tps) * len(pps) == len(entries) else []
+        for i, entry in enumerate(entries):
+            ip, port = entry.get("rank_ip"), entry.get("rank_port")
+            if not isinstance(ip, str) or port is None:
+                continue
+            tp, pp = order[i] if order else (key_tp, None)
+            if "pp_rank" in entry:
+                pp = int(entry["pp_rank"])
+            if pp is None:  # no pp_rank and an unknown order: not checked rather than misfiled
+                continue
+            rows.append(CachedRow(dp, cp, tp, pp, ip, int(port)))
+    return rows
+
+
+class _Watch:
+    """The checks of one prefill from one decode manager: its connection and evidence."""
+
+    def __init__(self, addr: str) -> None:
+        self.transport = HttpTransport(f"http://{addr}", path="/route", timeout=_TIMEOUT)
+        self.cache: Any = None
+        self.pending: str | None = None
+
+    def ask(self, row: CachedRow) -> RowAnswer:
+        result = self.transport.send("GET", with_query("/route", row.query()))
+        if result.error is not None or result.status_code is None:
+            return RowAnswer(None, reconnected=result.reconnected)
+        ip = port = None
+        if result.status_code == 200:
+            try:
+                found = load_json(result.text)
+                ip, port = str(found["rank_ip"]), int(found["rank_port"])
+            except (ValueError, KeyError, TypeError):  # a 200 that names no address: no answer
+                return RowAnswer(None, reconnected=result.reconnected)
+        return RowAnswer(result.status_code, ip, port, result.reconnected)
+
+
+_lock = threading.Lock()
+
+
+def check_prefill(manager: Any, addr: str) -> str | None:
+    """Check the rows `manager` cached for the prefill at `addr`; drop them through SGLang's
+    `_handle_node_failure` if they are stale. Why they were dropped, or None."""
+    with manager.connection_lock:
+        info = manager.prefill_info_table.get(addr)
+        pool = {k: list(v) for k, v in manager.connection_pool.items() if k.startswith(addr + "_")}
+    rows = cached_rows(addr, pool, info) if info is not None else []
+    with _lock:
+        watches: dict[str, _Watch] = manager.__dict__.setdefault(_STATE, {})
+        watch = watches.setdefault(addr, _Watch(addr))
+    if not rows:
+        watch.cache, watch.pending = None, None
+        return None
+    same_cache = watch.cache is info
+    if not same_cache:
+        watch.cache, watch.pending = info, None
+    decision = decide(((row, watch.ask(row)) for row in rows), watch.pending, same_cache)
+    watch.pending = decision.pending
+    if decision.drop is None:
+        return None
+    watch.cache, watch.pending = None, None
+    logger.warning(
+        "registrar: the prefill at %s restarted (%s); dropping the decode's cached addresses "
+        "of it through SGLang's node-failure handling",
+        addr,
+        clean(decision.drop, 300),
+    )
+    manager._handle_node_failure(addr)
+    return decision.drop
+
+
+def close_checks(manager: Any) -> None:
+    """Close the connections the checks of `manager` keep (its teardown)."""
+    with _lock:
+        watches: dict[str, _Watch] = manager.__dict__.pop(_STATE, {})
+    for watch in watches.values():
+        watch.transport.close()
+
+
+def after_heartbeat_success(result: Any, manager: Any, addr: str, *args: Any, **kw: Any) -> Any:
+    """AFTER `CommonKVManager._on_heartbeat_success` (decode only): check that prefill's rows.
+    Never raises into SGLang's heartbeat thread."""
+    try:
+        check_prefill(manager, addr)
+    except Exception:
+        logger.exception("registrar: checking the prefill at %s for a restart failed", addr)
+    return result

@@ -1,0 +1,120 @@
+"""The node-0 bootstrap server's table, as this process holds it: complete or not, which rows are
+missing, and the readiness `/ready` and the gateway read from it. Where SGLang has no `/ready`
+(before 0.5.20), the plugin adds the route, with readiness computed as 0.5.20 computes it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("registrar.integrations.sglang.tables")
+
+_SIZES = ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")
+_MAX_LISTED = 64
+"""At most this many missing rows are listed in /server_info (the count is always there)."""
+HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+
+
+def _sizes(server: Any) -> tuple[int, int, int, int] | None:
+    sizes = [getattr(server, name, None) for name in _SIZES]
+    if not all(isinstance(size, int) and size >= 1 for size in sizes):
+        return None  # no rank has registered yet: the topology is unknown
+    dp, cp, tp, pp = (int(size) for size in sizes)  # type: ignore[arg-type]
+    return dp, cp, tp, pp
+
+
+def _missing(server: Any, sizes: tuple[int, int, int, int]) -> list[dict[str, int]] | None:
+    """The (dp, cp, tp, pp) rows not in the table; None if it changed under us."""
+    dp, cp, tp, pp = sizes
+    try:
+        table = server.prefill_port_table
+        return [
+            {"dp": d, "cp": c, "tp": t, "pp": p}
+            for d in range(dp)
+            for c in range(cp)
+            for t in range(tp)
+            for p in range(pp)
+            if p not in table.get(d, {}).get(c, {}).get(t, {})
+        ]
+    except (RuntimeError, AttributeError):  # changed under us by the server's thread
+        return None
+
+
+def table_complete(server: Any) -> bool:
+    """Whether a bootstrap server's table holds every (dp, cp, tp, pp) row of its topology (not
+    its count: the real server counts every PUT, so a doubled one would read as complete)."""
+    sizes = _sizes(server)
+    if sizes is None:
+        return False
+    return _missing(server, sizes) == []
+
+
+def bootstrap_summary(server: Any) -> dict[str, Any]:
+    """What a node-0 bootstrap server holds: its count, whether every row of its topology is
+    there, and which rows are missing (dp, cp, tp, pp)."""
+    summary: dict[str, Any] = {
+        "registered_count": getattr(server, "_registered_count", None),
+        "complete": table_complete(server),
+    }
+    sizes = _sizes(server)
+    if sizes is None:
+        summary["missing_rows"] = None
+        return summary
+    missing = _missing(server, sizes) or []
+    summary["expected_rows"] = sizes[0] * sizes[1] * sizes[2] * sizes[3]
+    summary["missing_count"] = len(missing)
+    summary["missing_rows"] = missing[:_MAX_LISTED]
+    return summary
+
+
+def _table_ready(manager: Any) -> bool:
+    server = getattr(manager, "bootstrap_server", None)
+    if server is None or not hasattr(server, "prefill_port_table"):
+        return True  # not the node-0 prefill HTTP process: nothing to wait for here
+    return table_complete(server)
+
+
+def around_is_ready(original: Callable[..., bool], manager: Any, *args: Any, **kwargs: Any) -> bool:
+    """AROUND `TokenizerManager.is_ready` (0.5.20+): also false until the node-0 bootstrap
+    server that this process holds has every row of its topology registered."""
+    return bool(original(manager, *args, **kwargs)) and _table_ready(manager)
+
+
+def server_ready(manager: Any) -> bool:
+    """Readiness where SGLang has no `is_ready` (before 0.5.20), computed as 0.5.20 does (not
+    paused, not exiting, status Up), and the table complete."""
+    status = getattr(manager, "server_status", None)
+    if getattr(manager, "is_pause", False) or getattr(manager, "gracefully_exit", False):
+        return False
+    return getattr(status, "name", None) == "Up" and _table_ready(manager)
+
+
+def readiness(manager: Any) -> Callable[[], bool]:
+    """The server's readiness as the gateway reads it: SGLang's `is_ready` (gated by the AROUND
+    hook) where it has one, `server_ready` otherwise."""
+    own = getattr(manager, "is_ready", None)
+    if callable(own):
+        return own  # type: ignore[no-any-return]
+    return lambda: server_ready(manager)
+
+
+def add_ready_route(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE `_setup_and_run_http_server` where SGLang has no `/ready` (before 0.5.20): add the
+    route to SGLang's FastAPI `app`, 200 when `readiness` holds, 503 otherwise (as 0.5.20's)."""
+    app = getattr(sys.modules.get(HTTP_SERVER), "app", None)
+    if app is None or tokenizer_manager is None:
+        return
+    if any(getattr(route, "path", None) == "/ready" for route in app.routes):
+        return
+    from starlette.responses import Response  # noqa: PLC0415 - SGLang's own dependency
+
+    ready = readiness(tokenizer_manager)
+
+    async def ready_route() -> Response:
+        """Whether the server is ready to receive new requests (added by sglang-registrar)."""
+        return Response(status_code=200 if ready() else 503)
+
+    app.add_api_route("/ready", ready_route, methods=["GET"])
+    logger.info("sglang-registrar: added GET /ready (this SGLang has none), gated on the table")

@@ -1,0 +1,156 @@
+"""The wall-clock deadline of a whole request, which no HTTP library bounds (a socket timeout
+bounds each read, not their sum): docs/reliability.md, "Hostile servers"."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import math
+import os
+import select
+import socket
+import struct
+import threading
+import time
+
+
+class DeadlineExceeded(TimeoutError):
+    """No complete answer within the request's deadline (however slowly bytes came)."""
+
+
+class _Deadlines:
+    """One helper thread for the whole process that ends requests past their deadline: a thread
+    per transport cost a thread per registrar and a wake-up per request. Entries of requests
+    that ended are dropped when they come due."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cond = threading.Condition()
+        self._heap: list[tuple[float, int, Watchdog]] = []
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, watchdog: Watchdog, at: float) -> None:
+        """Called with `cond` held."""
+        self._count += 1
+        soonest = self._heap[0][0] if self._heap else None
+        heapq.heappush(self._heap, (at, self._count, watchdog))
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="registrar-deadline", daemon=True
+            )
+            self._thread.start()
+        elif soonest is None or at < soonest:
+            self.cond.notify()
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                if not self._heap:
+                    self.cond.wait()
+                    continue
+                at, _, watchdog = self._heap[0]
+                if watchdog.at != at:  # that request ended (or was re-armed) meanwhile
+                    heapq.heappop(self._heap)
+                    continue
+                left = at - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                    continue
+                heapq.heappop(self._heap)
+                watchdog.expire()
+
+
+DEADLINES = _Deadlines()
+os.register_at_fork(after_in_child=DEADLINES._reset)  # the parent's thread is not in the child
+
+
+class Watchdog:
+    """Bounds each request of one transport: past its deadline, the deadline thread shuts the
+    transport's sockets down, which wakes a blocked connect, TLS handshake or read at once."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None  # when the request in flight is due; None between requests
+        self._fired = False
+        self.by_abort = False  # the request's end came from `fire()` (a stop), not its deadline
+        self._sockets: set[socket.socket] = set()
+        self._wakes: set[threading.Event] = set()  # its waits not on a socket (a name lookup)
+
+    def begin(self, seconds: float) -> float:
+        """Arm for a request of at most `seconds`; when it is due (monotonic)."""
+        with DEADLINES.cond:
+            self.at = due = time.monotonic() + seconds
+            self.by_abort = False
+            self._fired = False
+            DEADLINES.arm(self, due)
+            return due
+
+    def end(self) -> bool:
+        """Disarm; whether the deadline fired during the request."""
+        with DEADLINES.cond:
+            self.at = None
+            return self._fired
+
+    def fire(self) -> None:
+        """End the request in flight now, if any (from any thread). Not the next one: a
+        transport may still have requests to make as it closes (etcd revokes its lease)."""
+        with DEADLINES.cond:
+            if self.at is not None:
+                self.by_abort = True
+                self.at = time.monotonic()
+                DEADLINES.arm(self, self.at)
+
+    def expire(self) -> None:
+        """The deadline passed (called by the deadline thread, with its lock held)."""
+        self._fired = True
+        self.at = None
+        for sock in self._sockets:
+            shutdown(sock)
+        for wake in self._wakes:
+            wake.set()
+
+    def track(self, sock: socket.socket) -> None:
+        with DEADLINES.cond:
+            self._sockets.add(sock)
+            if self._fired:  # opened after the deadline passed, within the same request
+                shutdown(sock)
+
+    def untrack(self, sock: socket.socket) -> None:
+        with DEADLINES.cond:
+            self._sockets.discard(sock)
+
+    def attach(self, wake: threading.Event) -> bool:
+        """Set `wake` when the request in flight ends (its deadline, or a stop); False when it
+        already has (`registrar.protocols._resolver.Abandon`)."""
+        with DEADLINES.cond:
+            if self._fired:
+                return False
+            self._wakes.add(wake)
+            return True
+
+    def detach(self, wake: threading.Event) -> None:
+        with DEADLINES.cond:
+            self._wakes.discard(wake)
+
+
+def ready(fds: list[int], timeout: float, write: bool = False) -> set[int]:
+    """The descriptors among `fds` ready to read (or to write) within `timeout`, or closed or in
+    error. `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    return {fd for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000)))}
+
+
+def shutdown(sock: socket.socket) -> None:
+    """End a connection now, from any thread, without closing its descriptor."""
+    with contextlib.suppress(OSError):
+        # Reset when closed, not closed gracefully: a request given up at its deadline must not
+        # reach the server later from the send queue (a PUT counted after a look found nothing).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):  # already closed by its peer or its connection
+        # The plain socket's shutdown, on a TLS socket too: `SSLSocket.shutdown` would also
+        # unwrap it under the thread that is reading it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)

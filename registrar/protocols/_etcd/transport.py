@@ -1,0 +1,306 @@
+"""`EtcdTransport`: the payload under a key, held by a lease this process keeps alive
+(docs/etcd.md, "The model"). The requests go through `.client`; what etcd's answers mean for
+the registration is decided here: retry what one member or a passing state caused, stop on what
+only a person can fix, and never call a key lost before its lease has surely run out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ...core._errors import ConfigError
+from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ...core._redact import clean
+from ...core._waker import Waker
+from .._httpconn import TlsError
+from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
+from .settings import DEFAULT_KEEPALIVE_FRACTION, EtcdSettings
+from .watch import MAX_WATCH_MESSAGE, KeyWatch, message_limit
+
+logger = logging.getLogger("registrar.protocols.etcd.transport")
+
+
+# The loop's first wait after a registration is up to 1.5 watch intervals (a fleet spreads its
+# checks over a whole interval), so this many intervals fit in one keep-alive period.
+_LONGEST_WAIT = 1.5
+
+
+def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION) -> float:
+    """The watch interval that renews a lease of `ttl` seconds at least every
+    `keepalive_fraction * ttl` (each check renews it)."""
+    return ttl * keepalive_fraction / _LONGEST_WAIT
+
+
+class EtcdTransport:
+    """Keeps `payload` (as compact JSON) under the settings' `key`, held by a lease renewed
+    every `keepalive_fraction * ttl` seconds. `max_message_bytes` caps one watch message."""
+
+    def __init__(
+        self, settings: EtcdSettings, *, max_message_bytes: int = MAX_WATCH_MESSAGE
+    ) -> None:
+        self._key = settings.key.encode()
+        self._key_text = settings.key
+        self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
+        self._client = EtcdClient(settings)
+        self._watch = KeyWatch(self._client, self._key, message_limit(max_message_bytes))
+        self._value = b""
+        self.lease = 0
+        """The current lease ID (0 before the first grant)."""
+        self._granted_ttl = float(self._ttl)
+        self._renewed_at: float | None = None
+        """When the latest renewal (or grant) was acknowledged."""
+
+    @property
+    def display_url(self) -> str:
+        return f"{','.join(self._client.shown)} key {clean(self._key_text, 200)}"
+
+    def fit_watch_interval(self, given: float | None) -> float:
+        """`given` (a positive number, checked by the loop's settings), or the longest interval
+        that renews the lease in time (None); a longer one is a `ConfigError`."""
+        longest = watch_interval_for(self._ttl, self._fraction)
+        if given is None:
+            return longest
+        if given > longest:
+            self.close()
+            raise ConfigError(
+                f"watch_interval must be within (0, {longest:g}] s for ttl={self._ttl} and "
+                f"keepalive_fraction={self._fraction:g}: each check renews the lease, "
+                f"got {given!r}"
+            )
+        return given
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        """Put the key with the lease we hold if etcd still has it, else a new one. A key with
+        our value under another lease is overwritten, not adopted (docs/etcd.md, "The model")."""
+        # Compact, keys sorted: the same payload is the same bytes in every life of the process.
+        self._value = json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
+        if self.lease:
+            answer = self._put()
+            if answer.body is not None:
+                return self._accepted(answer.body, answer.status_code)
+            if answer.code != Grpc.NOT_FOUND:
+                return self._not_written(answer, "put")
+            logger.info("etcd: lease %x is gone; granting a new one", self.lease)
+            self.lease = 0
+        answer = self._client.call("/v3/lease/grant", {"TTL": str(self._ttl)})
+        if answer.body is None:
+            return self._not_written(answer, "lease grant")
+        self.lease = int64(answer.body.get("ID"))
+        self._granted_ttl = float(int64(answer.body.get("TTL")) or self._ttl)
+        self._renewed_at = time.monotonic()
+        if not self.lease:
+            return RegisterOutcome(
+                Verdict.RETRY, status_code=answer.status_code, error="lease grant without an ID"
+            )
+        answer = self._put()
+        if answer.body is not None:
+            return self._accepted(answer.body, answer.status_code)
+        return self._not_written(answer, "put")
+
+    def _put(self) -> EtcdAnswer:
+        body = {
+            "key": b64(self._key),
+            "value": b64(self._value),
+            "lease": str(self.lease),
+            "prev_kv": True,
+        }
+        return self._client.call("/v3/kv/put", body)
+
+    def _accepted(self, body: Mapping[str, Any], status: int | None) -> RegisterOutcome:
+        self._watch.seen_revision = header_revision(body)
+        if self._renewed_at is None:
+            self._renewed_at = time.monotonic()
+        previous = body.get("prev_kv")
+        previous = previous if isinstance(previous, Mapping) else {}
+        old_lease = int64(previous.get("lease"))
+        if old_lease and old_lease != self.lease:
+            same = unb64(previous.get("value")) == self._value
+            logger.info(
+                "etcd: key %s was held by lease %x (%s); now by ours, %x",
+                clean(self._key_text, 200),
+                old_lease,
+                "same value: a previous life of this process?" if same else "another value",
+                self.lease,
+            )
+        return RegisterOutcome(Verdict.ACCEPTED, status_code=status)
+
+    def _not_written(self, answer: EtcdAnswer, what: str) -> RegisterOutcome:
+        """A failed grant or put: retried unless only a person can fix it."""
+        text = answer.failure
+        if answer.status_code is None:
+            fatal = isinstance(answer.error, TlsError)
+            alert = answer.message.upper()
+            if fatal and ("ALERT_BAD_CERTIFICATE" in alert or "CERTIFICATE_REQUIRED" in alert):
+                # The server's alert is about our certificate, not its own.
+                cert = self._client.settings.cert
+                given = "was refused" if cert else "is required, and none was given"
+                text = self._client.clean(
+                    f"{answer.endpoint}: a TLS client certificate {given} ({answer.message}); "
+                    "pass cert=(certificate file, key file) signed by a CA the cluster trusts"
+                )
+            verdict = Verdict.FATAL if fatal else Verdict.RETRY
+            refused = not fatal and self._client.all_refused
+            return RegisterOutcome(verdict, error=text, refused=refused)
+        if answer.member_trouble or answer.code == Grpc.EXHAUSTED or answer.status_code == 429:
+            return RegisterOutcome(
+                Verdict.RETRY, status_code=answer.status_code, error=f"{what}: {text}"
+            )
+        return RegisterOutcome(
+            Verdict.FATAL,
+            status_code=answer.status_code,
+            error=f"{what}: {text}; {self._hint(answer)}",
+        )
+
+    def _hint(self, answer: EtcdAnswer) -> str:
+        """What a person must fix for a refused grant or put."""
+        code = answer.code
+        if code == Grpc.UNAUTHENTICATED or (
+            code == Grpc.INVALID and "authentication" in answer.message
+        ):
+            return "check the etcd user and password"
+        if code == Grpc.PERMISSION:
+            return (
+                f"etcd user {self._client.settings.username!r} may not write "
+                f"{clean(self._key_text, 200)!r}; grant its role readwrite on the key"
+            )
+        if code == Grpc.INVALID and "user name is empty" in answer.message:
+            return "etcd requires authentication: give a username and password"
+        return "check the key, the value and the TTL"
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
+        """Renew the lease, then read the key back."""
+        if not self.lease:
+            return RouteCheck(Route.MISSING, evidence="no lease yet")
+        answer = self._client.call("/v3/lease/keepalive", {"ID": str(self.lease)})
+        if answer.body is None:
+            return self._not_renewed(answer)
+        ttl = int64(answer.body.get("TTL"))
+        if ttl <= 0:
+            return RouteCheck(
+                Route.MISSING,
+                status_code=answer.status_code,
+                evidence=f"lease {self.lease:x} has expired or was revoked",
+            )
+        self._granted_ttl = float(ttl)
+        self._renewed_at = time.monotonic()
+        answer = self._client.call("/v3/kv/range", {"key": b64(self._key)})
+        if answer.body is None:
+            route = _unanswered(answer)
+            return RouteCheck(route, status_code=answer.status_code, evidence=answer.failure)
+        check, self._watch.seen_revision = key_check(
+            answer.body, answer.status_code, self._value, self.lease
+        )
+        return check
+
+    def _not_renewed(self, answer: EtcdAnswer) -> RouteCheck:
+        """Not lost until no renewal has been acknowledged for the lease's TTL."""
+        since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
+        if since is not None and since > self._granted_ttl:
+            return RouteCheck(
+                Route.MISSING,
+                status_code=answer.status_code,
+                evidence=(
+                    f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
+                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})"
+                ),
+            )
+        route = _unanswered(answer)
+        refused = route is Route.UNREACHABLE and self._client.all_refused
+        evidence = answer.failure
+        return RouteCheck(route, status_code=answer.status_code, evidence=evidence, refused=refused)
+
+    def wait_idle(self, timeout: float, waker: Waker) -> bool:
+        """Wait on the watch stream, the waker and the renewal schedule; True when the key
+        changed, the watch broke or came back after a break, or the lease is due for renewal."""
+        end = time.monotonic() + max(0.0, timeout)
+        while True:
+            if waker.is_set():
+                return False
+            now = time.monotonic()
+            due = self._renewal_due()
+            if due is not None and now >= due:
+                return True
+            if now >= end:
+                return False
+            limit = end - now if due is None else min(end, due) - now
+            changed = self._watch.wait(self._value, self.lease, waker, now, limit)
+            if changed is not None:
+                return changed
+
+    def _renewal_due(self) -> float | None:
+        if not self.lease or self._renewed_at is None:
+            return None
+        # A little past the schedule the loop keeps (watch_interval): this only fires when the
+        # registrar was given a longer watch interval than the TTL allows.
+        return self._renewed_at + self._fraction * self._granted_ttl * 1.1
+
+    def resolution(self) -> str | None:
+        return self._client.resolution()
+
+    def abort(self) -> None:
+        """End the request in flight (from `stop()`); no failover after it. The revoke that
+        `close()` sends is not cut: the registrar's thread may already be sending it."""
+        self._client.abort()
+
+    def close(self) -> None:
+        """Revoke the lease, so the key disappears now rather than a TTL later."""
+        self._client.closing()
+        self._watch.close()
+        if self.lease:
+            answer = self._client.call("/v3/lease/revoke", {"ID": str(self.lease)})
+            if answer.ok or answer.code == Grpc.NOT_FOUND:
+                logger.info("etcd: revoked lease %x; key %s removed", self.lease, self._key_text)
+            else:
+                logger.warning(
+                    "etcd: could not revoke lease %x (%s); the key expires within %g s",
+                    self.lease,
+                    answer.failure,
+                    self._granted_ttl,
+                )
+            self.lease = 0
+        self._client.close()
+
+
+def _unanswered(answer: EtcdAnswer) -> Route:
+    """A renewal or read that failed: unreachable when no member answered, else undetermined."""
+    if answer.status_code is None or answer.member_trouble:
+        return Route.UNREACHABLE
+    return Route.UNDETERMINED
+
+
+def key_check(
+    body: Mapping[str, Any], status: int | None, value: bytes, lease: int
+) -> tuple[RouteCheck, int]:
+    """What a range answer says of our `value` under our `lease`, and the revision the
+    registration now knows of (the watch reports only later changes)."""
+    kvs = body.get("kvs")
+    kv = kvs[0] if isinstance(kvs, list) and kvs and isinstance(kvs[0], Mapping) else None
+    if kv is None:
+        missing = RouteCheck(Route.MISSING, status_code=status, evidence="the key is not there")
+        return missing, header_revision(body)
+    # The key as of the answer's revision: later changes are what the watch must report
+    # (watching from there, not from the key's own older revision, also keeps clear of
+    # history that compaction removed).
+    seen = max(int64(kv.get("mod_revision")), header_revision(body))
+    holder = int64(kv.get("lease"))
+    route, evidence = _holding(unb64(kv.get("value")) == value, holder, lease)
+    return RouteCheck(route, status_code=status, evidence=evidence), seen
+
+
+def _holding(ours: bool, holder: int, lease: int) -> tuple[Route, str]:
+    if ours and holder == lease:
+        return Route.PRESENT, f"lease {holder:x}"
+    if ours and holder:
+        # A twin with our value: the key is right and will not outlive its holder; taking
+        # it over would only make the twin take it back.
+        return Route.PRESENT, f"our value, held by another lease ({holder:x})"
+    if not holder:
+        return Route.MISSING, "the key was overwritten without a lease"
+    if holder == lease:
+        return Route.MISSING, "another value under our lease"
+    # Another live registrant holds the key with its own value: fighting over it would
+    # flip readers between the two; take it back only once its lease ends.
+    return Route.CONFLICT, f"the key holds another value under lease {holder:x}"

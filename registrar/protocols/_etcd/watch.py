@@ -1,0 +1,360 @@
+"""The watch on our key: a `POST /v3/watch` stream that tells at once when the key is deleted or
+overwritten. Read from a plain (or TLS) socket, not a buffered HTTP client, so that `select()`
+sees exactly the bytes not yet read, and each piece is bounded as it arrives (a `StreamError`,
+never a growing buffer)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import selectors
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..._version import __version__
+from ...core._errors import ConfigError, describe_exception
+from ...core._redact import clean
+from ...core._transport import connect_seconds
+from ...core._untrusted import load_json
+from ...core._waker import Waker
+from .._resolver import RESOLVER, connect
+from .client import EtcdClient, b64, int64, unb64
+
+logger = logging.getLogger("registrar.protocols.etcd.watch")
+
+MAX_WATCH_MESSAGE = 1024 * 1024
+"""Bytes one watch message may take (an event carries our value and maybe a previous one)."""
+_MAX_HEAD = 16 * 1024
+_MAX_SIZE_LINE = 1024
+_READ = 64 * 1024
+_WATCH_RETRY = 1.0
+"""Seconds between attempts to re-open a broken watch (jittered by +-50 %)."""
+
+
+def message_limit(value: object) -> int:
+    """`max_message_bytes` checked: a whole number of bytes, 1 KiB or more."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024:
+        return value
+    raise ConfigError(f"max_message_bytes must be an integer >= 1024, got {value!r}")
+
+
+class StreamError(ValueError):
+    """The watch stream broke its framing or a bound."""
+
+
+class ChunkedLines:
+    """Decodes an HTTP/1.1 chunked body of newline-separated JSON messages, fed in pieces of
+    any size (a message may span chunks, a chunk may hold several)."""
+
+    def __init__(self, limit: int = MAX_WATCH_MESSAGE) -> None:
+        self._limit = limit
+        self._raw = bytearray()
+        self._line = bytearray()
+        self._left = 0
+        self._state = "size"
+        self.ended = False
+        """The zero-size chunk arrived: the server ended the stream."""
+
+    def feed(self, data: bytes) -> list[Any]:
+        """The complete messages `data` finishes, in order."""
+        self._raw += data
+        messages: list[Any] = []
+        steps = {"size": self._size, "data": self._data, "crlf": self._crlf}
+        while self._raw and not self.ended:
+            if not steps[self._state](messages):
+                break
+        return messages
+
+    def _size(self, messages: list[Any]) -> bool:
+        """False when more bytes are needed (or the stream ended)."""
+        end = self._raw.find(b"\r\n")
+        if end < 0:
+            if len(self._raw) > _MAX_SIZE_LINE:
+                raise StreamError("chunk-size line too long")
+            return False
+        text = bytes(self._raw[:end]).split(b";", 1)[0].strip()
+        del self._raw[: end + 2]
+        try:
+            size = int(text, 16)
+        except ValueError:
+            raise StreamError(f"bad chunk size {clean(text, 40)!r}") from None
+        if size < 0:
+            raise StreamError("negative chunk size")
+        if size == 0:
+            self.ended = True
+            return False
+        self._left, self._state = size, "data"
+        return True
+
+    def _data(self, messages: list[Any]) -> bool:
+        take = min(self._left, len(self._raw))
+        self._line += self._raw[:take]
+        del self._raw[:take]
+        self._left -= take
+        if self._left == 0:
+            self._state = "crlf"
+        while (end := self._line.find(b"\n")) >= 0:
+            line = bytes(self._line[:end]).strip()
+            del self._line[: end + 1]
+            if line:
+                try:
+                    messages.append(load_json(line))
+                except ValueError as exc:
+                    raise StreamError(f"unreadable watch message: {exc}") from None
+        if len(self._line) > self._limit:
+            raise StreamError(f"watch message over {self._limit} bytes")
+        return True
+
+    def _crlf(self, messages: list[Any]) -> bool:
+        if len(self._raw) < 2:
+            return False
+        if self._raw[:2] != b"\r\n":
+            raise StreamError("chunk not followed by CRLF")
+        del self._raw[:2]
+        self._state = "size"
+        return True
+
+
+class WatchStream:
+    """One `POST /v3/watch` on a non-blocking socket, on member `index`."""
+
+    def __init__(self, client: EtcdClient, index: int, request: bytes, limit: int) -> None:
+        parts = urlsplit(client.urls[index])
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        timeout = connect_seconds(client.settings.timeout)
+        context = client.tls_context(index)
+        # Resolved within the connect timeout (a stalled resolver must not hold the watch).
+        sock = connect(RESOLVER.resolve(host, port, timeout), timeout)
+        try:
+            if context is not None:
+                sock = context.wrap_socket(sock, server_hostname=host)
+            sock.sendall(request)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self.endpoint = client.shown[index]
+        self.index = index
+        self.sock: socket.socket = sock
+        self.created = False
+        self._head = bytearray()
+        self._body: ChunkedLines | None = None
+        self._limit = limit
+
+    def wait_readable(self, waker: Waker, limit: float) -> bool | None:
+        """True when readable, False when the waker is set (or closed: the registrar is
+        ending), None when `limit` seconds passed."""
+        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0:
+            return True  # decrypted bytes that select() cannot see
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ)
+            try:
+                selector.register(waker.fileno(), selectors.EVENT_READ, "waker")
+            except (ValueError, OSError):
+                return False
+            ready = selector.select(limit)
+        if any(key.data == "waker" for key, _ in ready):
+            return False
+        return True if ready else None
+
+    def read(self) -> list[Any]:
+        """The messages that arrived; `StreamError` or `OSError` when the stream is over."""
+        try:
+            data = self.sock.recv(_READ)
+        except (ssl.SSLWantReadError, BlockingIOError):
+            return []
+        if not data:
+            raise StreamError("the server closed the watch stream")
+        if self._body is None:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > _MAX_HEAD:
+                    raise StreamError("watch answer head too long")
+                return []
+            data = bytes(self._head[end + 4 :])
+            self._body = _chunked_body(bytes(self._head[:end]).decode("latin-1"), self._limit)
+        messages = self._body.feed(data)
+        if self._body.ended:
+            raise StreamError("the server ended the watch stream")
+        return messages
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _chunked_body(head: str, limit: int) -> ChunkedLines:
+    """The decoder of the body a watch answer's `head` announces; `StreamError` unless a 200
+    stream."""
+    lines = head.split("\r\n")
+    status = lines[0].split(" ", 2)
+    if len(status) < 2 or status[1] != "200":
+        raise StreamError(f"watch refused: {clean(lines[0], 80)}")
+    fields = {
+        name.strip().lower(): value.strip().lower()
+        for name, _, value in (line.partition(":") for line in lines[1:])
+    }
+    if "chunked" not in fields.get("transfer-encoding", ""):
+        raise StreamError("watch answer is not a stream")
+    return ChunkedLines(limit)
+
+
+def watch_change(
+    message: Mapping[str, Any], key: bytes, value: bytes, lease: int, from_revision: int
+) -> str | None:
+    """Why a watch message means our registration may have changed, or None (pure)."""
+    result = message.get("result", message)
+    if not isinstance(result, Mapping):
+        return "the watch sent an unreadable message"
+    if isinstance(message.get("error"), Mapping):
+        return "the watch ended with an error"
+    if result.get("canceled"):
+        reason = clean(result.get("cancel_reason") or "", 120)
+        if int64(result.get("compact_revision")):
+            reason = f"history compacted up to {int64(result.get('compact_revision'))}"
+        return f"the watch was cancelled ({reason or 'no reason given'})"
+    events = result.get("events")
+    for event in events if isinstance(events, list) else ():
+        kv = event.get("kv") if isinstance(event, Mapping) else None
+        if not isinstance(kv, Mapping) or unb64(kv.get("key")) != key:
+            continue
+        revision = int64(kv.get("mod_revision"))
+        if revision < from_revision:
+            continue  # before (or at) the state we last saw: already accounted for
+        if event.get("type") == "DELETE":
+            return f"the key was deleted (revision {revision})"
+        if unb64(kv.get("value")) != value or int64(kv.get("lease")) != lease:
+            return f"the key was overwritten (revision {revision})"
+    return None
+
+
+class KeyWatch:
+    """Follows `key` on the member `client` uses (following its failover), re-opening a broken
+    stream after a jittered second; `seen_revision` is the key's last revision the registration
+    knows of (the watch reports only later changes)."""
+
+    def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
+        self._client = client
+        self._key = key
+        self._limit = limit
+        self.seen_revision = 0
+        self._stream: WatchStream | None = None
+        self._broken = False
+        self._denied = False
+        self._next_try = 0.0
+
+    def wait(self, value: bytes, lease: int, waker: Waker, now: float, limit: float) -> bool | None:
+        """Wait up to `limit` seconds for news of `value` under `lease`: True when the key
+        changed, the watch broke or came back after a break (a member that restarted may have
+        lost its data); False when the waker is set; None when nothing happened."""
+        stream = self._ensure_stream(now, value, lease)
+        if stream is None:
+            if lease and self._broken:
+                limit = min(limit, max(0.0, self._next_try - now))
+            return False if waker.wait(limit) else None
+        return self._wait_stream(stream, waker, limit, value, lease)
+
+    def close(self) -> None:
+        self._drop_stream(broken=False)
+
+    def _ensure_stream(self, now: float, value: bytes, lease: int) -> WatchStream | None:
+        if not lease or not value or self._denied:
+            return None
+        if self._stream is not None and self._stream.index != self._client.current:
+            self._drop_stream(broken=False)  # follow the failover
+        if self._stream is not None or now < self._next_try:
+            return self._stream
+        index = self._client.current
+        try:
+            self._stream = WatchStream(self._client, index, self._request(index), self._limit)
+        except (OSError, ValueError) as exc:
+            logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
+            self._broken = True
+            self._next_try = now + _WATCH_RETRY * (0.5 + random.random())
+        return self._stream
+
+    def _wait_stream(
+        self, stream: WatchStream, waker: Waker, limit: float, value: bytes, lease: int
+    ) -> bool | None:
+        ready = stream.wait_readable(waker, limit)
+        if ready is not True:
+            return ready
+        try:
+            messages = stream.read()
+        except (OSError, StreamError) as exc:
+            self._drop_stream(broken=True)
+            logger.info("etcd watch at %s ended: %s", stream.endpoint, describe_exception(exc))
+            # An established watch that breaks may mean the member restarted, perhaps without
+            # its data: check now. One that never got going only waits for its next try.
+            return True if stream.created else None
+        for message in messages:
+            if isinstance(message, Mapping):
+                done, answer = self._on_message(stream, message, value, lease)
+                if done:
+                    return answer
+        return None
+
+    def _on_message(
+        self, stream: WatchStream, message: Mapping[str, Any], value: bytes, lease: int
+    ) -> tuple[bool, bool | None]:
+        """What one watch message means: (done, what `_wait_stream` answers when done)."""
+        result = message.get("result")
+        result = result if isinstance(result, Mapping) else {}
+        compacted = int64(result.get("compact_revision"))
+        if compacted:
+            # History before it is gone: the next watch starts there (the check that follows
+            # reads the key as it is now).
+            self.seen_revision = max(self.seen_revision, compacted - 1)
+        reason = watch_change(message, self._key, value, lease, self.seen_revision + 1)
+        if reason is not None and "permission denied" in reason:
+            # Checks still renew the lease and read the key; only the early notice is lost.
+            logger.warning(
+                "etcd watch at %s: %s; the key is checked every watch interval only",
+                stream.endpoint,
+                reason,
+            )
+            self._drop_stream(broken=False)
+            self._denied = True
+            return True, None
+        if reason is not None:
+            logger.info("etcd watch at %s: %s", stream.endpoint, reason)
+            if reason.startswith("the watch"):  # cancelled or failed: open a new one
+                self._drop_stream(broken=True)
+            return True, True
+        if result.get("created") and not stream.created:
+            stream.created = True
+            if self._broken:
+                self._broken = False
+                logger.info("etcd watch at %s is back; checking now", stream.endpoint)
+                return True, True
+        return False, None
+
+    def _request(self, index: int) -> bytes:
+        start = {"key": b64(self._key), "start_revision": str(self.seen_revision + 1)}
+        body = json.dumps({"create_request": start}).encode()
+        lines = [
+            "POST /v3/watch HTTP/1.1",
+            f"Host: {urlsplit(self._client.urls[index]).netloc.rpartition('@')[2]}",
+            f"User-Agent: registrar/{__version__}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+        ]
+        if self._client.token:
+            lines.append(f"Authorization: {self._client.token}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+    def _drop_stream(self, broken: bool) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if broken:
+            self._broken = True
+            self._next_try = time.monotonic() + _WATCH_RETRY * (0.5 + random.random())

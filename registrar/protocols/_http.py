@@ -1,0 +1,393 @@
+"""The generic HTTP transport: the payload sent as JSON, classified by status, on one kept-alive
+connection it opens itself (a pool would hide the re-opening that is evidence of a restart, and
+costs two to five times the CPU: docs/benchmarks.md). docs/architecture.md, "The layers"."""
+
+from __future__ import annotations
+
+import http.client
+import json as _json
+import logging
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import urllib3
+from urllib3.exceptions import HTTPError
+
+from .._version import __version__
+from ..core import _rules as rules
+from ..core._diagnosis import Evidence
+from ..core._errors import describe_exception, root_cause
+from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ..core._redact import clean, redact_url
+from ..core._settings import HttpSettings
+from ..core._transport import Timeout, Token, connect_seconds, deadline_seconds
+from ..core._waker import Waker
+from ._deadline import DeadlineExceeded
+from ._deadline import Watchdog as _Watchdog
+from ._httpconn import (
+    ConnectTimeout,
+    Link,
+    LocalError,
+    ReadTimeout,
+    TlsError,
+    TlsFiles,
+    exchange,
+)
+from ._httpvalues import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    Credentials,
+    HttpResult,
+    TokenUnavailable,
+    parse_retry_after,
+    phrase,
+)
+from ._idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
+from ._probe import Answer, gather
+from ._resolver import RESOLVER, Unresolved
+
+logger = logging.getLogger("registrar.protocols.http")
+
+_RETRIED_4XX = frozenset({408, 429})
+_RETRY_AFTER_CODES = frozenset({429, 503})
+EXCERPT_BYTES = 1024  # an error answer is read up to this many bytes
+# How an exchange fails rather than answers; anything else is a bug, left to the loop's log.
+_EXCHANGE_ERRORS = (HTTPError, http.client.HTTPException, OSError, ValueError)
+
+
+class HttpTransport:
+    """Registers by sending the payload as JSON (`PUT {url}{path}` by default).
+
+    `timeout` is the request's deadline: a float bounds the whole request and each step within
+    it; a (connect, read) pair bounds connecting and each read, and the whole by their sum.
+    `token_source` names where the token came from, for messages; `max_answer_bytes` caps what
+    is read of a successful answer.
+    """
+
+    token_hint = "check the auth token"
+    token_how = "pass one with token="
+
+    def __init__(  # noqa: PLR0913 - the documented keyword front door; the values it builds check
+        self,
+        url: str,
+        *,
+        path: str = "/route",
+        method: str = "PUT",
+        token: Token | None = None,
+        token_source: str = "token",
+        timeout: Timeout = 5.0,
+        verify: bool | str = True,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        cert: tuple[str, str] | None = None,
+    ) -> None:
+        settings = HttpSettings(url, timeout=timeout, token=token, verify=verify)
+        self._url = settings.url
+        parts = urlsplit(self._url)
+        self._auth = Credentials(self._url, settings.token, token_source)
+        self.display_url = redact_url(self._url)
+        self._path = path if path.startswith("/") else f"/{path}"
+        self._method = method
+        self.deadline = deadline_seconds(settings.timeout)  # seconds one request may take in all
+        self._connect_timeout = connect_seconds(settings.timeout)
+        read = settings.timeout
+        self._read_timeout = read[1] if isinstance(read, tuple) else read
+        self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
+        self._watchdog = _Watchdog()
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        # Proxies from the environment are not followed: the server is on the cluster's network.
+        tls = TlsFiles(settings.verify, cert) if parts.scheme == "https" else None
+        self._link = Link(parts.hostname or "", port, tls, self._watchdog)
+        self._prefix = parts.path.rstrip("/")
+        self._headers = {
+            "User-Agent": f"registrar/{__version__}",
+            "Accept-Encoding": "gzip, deflate",  # only what httpconn decodes, with a cap
+            **self._auth.fixed,
+        }
+        self._last_end: float | None = None
+        self._kept_alive = False
+        self._refused = False  # the last exchange was refused: probe before the next
+        self._closes = IdleCloses()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.display_url}{self._path}"
+
+    def close(self) -> None:
+        self._link.discard_probe()
+        self._link.close()
+        self._watchdog.end()
+
+    def abort(self) -> None:
+        """End the request in flight now, as if its deadline had passed (any thread)."""
+        self._watchdog.fire()
+
+    def resolution(self) -> str | None:
+        """For the status: "resolving NAME" while the lookup stalls or fails (any thread)."""
+        return RESOLVER.describe(self._link.host)
+
+    def wait_idle(self, timeout: float, waker: Waker) -> bool:
+        """Wait on the idle kept-alive connection (module idle): True when the server closed it,
+        a sign that the route may be gone, unless `IdleCloses` takes it for the server's own
+        idle timeout. A connection not kept alive is not watched."""
+        deadline = time.monotonic() + timeout
+        sock = self._link.sock if self._kept_alive else None
+        if not wait_readable(sock, timeout, waker):
+            return False
+        # Readable while idle: closed, reset or written on; not reusable either way.
+        age = time.monotonic() - (self._last_end if self._last_end is not None else 0.0)
+        self._link.close()
+        if self._closes.is_sign(age):
+            return True
+        # The server's own idle timeout: opening the connection again proves nothing.
+        self._kept_alive = False
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            waker.wait(remaining)
+        return False
+
+    def settle_idle_signal(self, route_survived: bool) -> None:
+        """What the check after a `wait_idle` sign found (a route that survived: the close was
+        the server's idle timeout)."""
+        learned = self._closes.settle(route_survived)
+        if learned is not None:
+            logger.info(
+                "%s closes idle connections after about %.1f s; such closes no longer trigger "
+                "a route check",
+                self.display_url,
+                learned,
+            )
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
+        """A generic service has no route query; the SGLang transport overrides this."""
+        return None
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        limit: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> HttpResult:
+        """One request within the deadline; failures are returned, never raised. The body is
+        read up to `limit` bytes, by default as `_cap` says."""
+        if self._refused:
+            refusal = self._link.probe_port(self._connect_timeout)
+            if refusal is not None:
+                self._last_end = time.monotonic()
+                return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
+        try:
+            return self._send(method, path, json, limit, headers)
+        finally:
+            self._link.discard_probe()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        limit: int | None,
+        headers: Mapping[str, str] | None,
+    ) -> HttpResult:
+        opened_before, moves_before = self._link.opened_count, self._link.moves
+        started = time.monotonic()
+        was_alive = (
+            self._kept_alive
+            and self._last_end is not None
+            and started - self._last_end < KEEPALIVE_WINDOW
+        )
+        prepared = self._prepare(method, path, json, headers)
+        if isinstance(prepared, HttpResult):
+            return prepared
+        target, data, sent = prepared
+        response: urllib3.BaseHTTPResponse | None = None
+        error: BaseException | None = None
+        body, complete = b"", False
+        due = self._watchdog.begin(self.deadline)
+        try:
+            conn = self._link.ensure(self._connect_timeout)
+            request = (method, target, data, sent)
+            response, body, complete = exchange(conn, request, self._read_timeout, self._cap(limit))
+            # An HTTP/1.1 answer read whole that did not close it (`http.client` closes the
+            # connection of a `Connection: close` or HTTP/1.0 answer).
+            kept = complete and response.version == 11 and conn.sock is not None
+        except _EXCHANGE_ERRORS as exc:
+            error = exc
+        finally:
+            fired = self._watchdog.end()
+        self._last_end = time.monotonic()
+        self._refused = False
+        # Evidence even of a request cut at its deadline; a moved address is a replaced server.
+        reconnected = (
+            was_alive and self._link.opened_count > opened_before
+        ) or self._link.moves > moves_before
+        # A socket timeout as long as the deadline may beat the deadline thread: the same time
+        # ran out. A lookup says so itself ("could not resolve NAME within 1.0 s").
+        unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
+        timed_out = isinstance(error, TimeoutError) and self._last_end >= due
+        if not unresolved and (fired or timed_out):
+            return self._abandoned(reconnected)
+        if error is not None or response is None:
+            return self._failed(error, was_alive, reconnected)
+        # Only an answer read whole leaves its connection reusable (re-opening one cut at the
+        # cap is our doing, not evidence).
+        self._kept_alive = kept
+        if not self._kept_alive:
+            self._link.close()
+        text = body.decode("utf-8", "replace")
+        return HttpResult(
+            response.status, response.headers, text, None, reconnected, complete=complete
+        )
+
+    def _prepare(
+        self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
+    ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
+        """The request's target, body and headers, or the result of one that cannot be made."""
+        try:
+            auth = self._auth.asked()
+        except Exception as exc:  # a provider that fails fails this request, like the network
+            return HttpResult(None, {}, "", TokenUnavailable(describe_exception(exc)), False)
+        sent = dict(self._headers)
+        if auth is not None:
+            sent.update(auth)
+        if headers:
+            sent.update(headers)
+        data: bytes | None = None
+        if json is not None:
+            try:
+                data = _json.dumps(json, allow_nan=False).encode()
+            except (TypeError, ValueError) as exc:
+                return HttpResult(None, {}, "", ValueError(f"payload is not JSON: {exc}"), False)
+            sent["Content-Type"] = "application/json"
+        elif method in ("PUT", "POST", "PATCH"):
+            data = b""
+        return f"{self._prefix}{path}", data, sent
+
+    def _abandoned(self, reconnected: bool) -> HttpResult:
+        """The deadline (or a stop) ended the request, whatever the shutdown made the exchange
+        look like (an EOF inside the headers can pass for a complete answer)."""
+        self._kept_alive = False
+        self._link.close()
+        exceeded = DeadlineExceeded(
+            "request abandoned: stopping"
+            if self._watchdog.by_abort
+            else f"no complete answer within the request deadline of {self.deadline:g} s"
+        )
+        return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
+
+    def _failed(self, error: BaseException | None, was_alive: bool, reopened: bool) -> HttpResult:
+        self._kept_alive = False
+        self._link.close()
+        # Our kept-alive connection broken under the request, or re-opened for it: server-closed.
+        broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
+            error, TimeoutError | TlsError | LocalError | Unresolved
+        )
+        # A refusal is evidence of its own; this is about the connection we had.
+        refused = isinstance(error, ConnectionRefusedError)
+        lost = (reopened or (was_alive and broken)) and not refused
+        self._refused = refused
+        return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
+
+    def _cap(self, limit: int | None) -> Callable[[int], int]:
+        """How much of an answer to read by its status: `limit`, else `max_answer_bytes` for a
+        success and `EXCERPT_BYTES` otherwise."""
+        if limit is not None:
+            return lambda _: limit
+        return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        result = self.send(self._method, self._path, json=dict(payload))
+        return self.classify_registration(result)
+
+    def evidence(self, payload: Mapping[str, Any]) -> Evidence:
+        """What a fresh probe sees, the rank's own HTTP port knocked on too when it has one."""
+        port = payload.get("prefill_http_port")
+        http_port = port if isinstance(port, int) and not isinstance(port, bool) else None
+        path = self.probe_path or self._path
+        return gather(self._url, path, self.recognise, http_port=http_port)
+
+    probe_path: str | None = None  # what the probe GETs (None: the registration path)
+
+    def recognise(self, answer: Answer) -> bool:
+        """Whether the probe's answer is this server's own: a generic endpoint has no signature,
+        so any but an HTML page."""
+        return answer.content_type != "text/html"
+
+    def describe_error(self, exc: BaseException) -> str:
+        """Root cause of a failed exchange: one line, escaped, capped, secret-free."""
+        if isinstance(exc, DeadlineExceeded):
+            text = str(exc)
+        elif isinstance(exc, TokenUnavailable):
+            text = f"no bearer token: {exc}"
+        elif isinstance(exc, TlsError):
+            if isinstance(root_cause(exc), ssl.SSLCertVerificationError | ssl.CertificateError):
+                text = (
+                    f"TLS certificate verification failed for {self.endpoint}: "
+                    f"{describe_exception(exc)}; pass the server's CA bundle (ca_bundle=...)"
+                )
+            else:
+                text = f"TLS failed with {self.endpoint}: {describe_exception(exc)}"
+        elif isinstance(exc, ConnectTimeout):
+            text = f"connect timed out after {self._connect_timeout} s"
+        elif isinstance(exc, ReadTimeout):
+            text = f"no answer within the read timeout of {self._read_timeout} s"
+        else:
+            text = describe_exception(exc)
+        return clean(text, secrets=self._auth.secrets)
+
+    def unreachable(self, result: HttpResult) -> RouteCheck:
+        """The route check of an exchange that failed (no answer)."""
+        assert result.error is not None
+        return RouteCheck(
+            Route.UNREACHABLE,
+            evidence=self.describe_error(result.error),
+            refused=result.refused,
+            broken=result.reconnected,
+        )
+
+    def excerpt(self, result: HttpResult) -> str:
+        """A short, single-line, escaped, secret-free piece of a response body."""
+        flat = " ".join(result.text.split())
+        return clean(flat, 200, self._auth.secrets, cut=not result.complete)
+
+    def classify_registration(self, result: HttpResult) -> RegisterOutcome:
+        if result.error is not None:
+            fatal = isinstance(result.error, TlsError | http.client.InvalidURL)
+            return RegisterOutcome(
+                Verdict.FATAL if fatal else Verdict.RETRY,
+                error=self.describe_error(result.error),
+                refused=result.refused,
+                unsent=result.unsent,
+            )
+        code = result.status_code
+        assert code is not None
+        if 200 <= code < 300:
+            return RegisterOutcome(Verdict.ACCEPTED, status_code=code)
+        label = f"{code} {phrase(code)} from {self.endpoint}"
+        body = self.excerpt(result)
+        if code >= 500 or code in _RETRIED_4XX:
+            retry_after = None
+            if code in _RETRY_AFTER_CODES:
+                retry_after = parse_retry_after(result.headers.get("Retry-After"), time.time())
+            detail = f"{label}: {body}" if body else label
+            return RegisterOutcome(
+                Verdict.RETRY, status_code=code, error=detail, retry_after=retry_after
+            )
+        if code in (401, 403):
+            hint = self._auth.hint(self.token_hint, self.token_how)
+        elif 300 <= code < 400:
+            # Not even a redacted Location: its query may carry a token of its own.
+            hint = (
+                "redirected elsewhere (the Location is not shown: it may carry credentials); "
+                "point the URL at the bootstrap server itself"
+            )
+        elif code in (404, 405):
+            hint = "check the bootstrap URL: this server does not take registrations there"
+        elif code == 413:
+            hint = "the payload is larger than the server accepts"
+        else:
+            hint = f"check the payload ({body})" if body else "check the payload"
+        return RegisterOutcome(Verdict.FATAL, status_code=code, error=f"{label}: {hint}")

@@ -1,0 +1,332 @@
+"""One kept-alive HTTP/1.1 connection on urllib3's connection classes (no pool: the transport
+must see every time it is opened again), and one exchange on it read up to a cap; urllib3's
+exceptions mapped to the transport's. docs/architecture.md, "The layers"."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import DecodeError, HTTPError, ReadTimeoutError
+from urllib3.exceptions import SSLError as Urllib3SSLError
+from urllib3.util.ssl_ import create_urllib3_context
+
+from ..core._errors import describe_exception
+from ..core._redact import clean
+from ._deadline import Watchdog
+from ._resolver import RESOLVER, Resolved, connect
+
+_CHUNK = 16 * 1024
+_NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
+_RAW_SLACK = 4  # compressed bytes may exceed the cap this many times (empty gzip blocks)
+_DECODED = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
+"""The encodings asked for: urllib3 would pass an unknown one through undecoded (and decodes
+brotli or zstd when installed); an answer in any other is an error, not garbage."""
+
+
+class ConnectTimeout(TimeoutError):
+    """Connecting (TCP, then the TLS handshake) took longer than the connect timeout."""
+
+
+class ReadTimeout(TimeoutError):
+    """No byte of the answer within the read timeout."""
+
+
+class TlsError(ConnectionError):
+    """TLS refused the exchange (verification, handshake, an alert): retrying does not fix it."""
+
+
+class LocalError(OSError):
+    """A file this side needs (CA bundle, client certificate) is unreadable: retried (it may be
+    mid-rotation); it says nothing of the server."""
+
+
+_HANDSHAKING = threading.local()  # the watch of the connection this thread is opening
+
+
+class _WatchedSSLSocket(ssl.SSLSocket):
+    """Our contexts' TLS socket, handed to the watchdog before its handshake (the wrap detaches
+    the plain socket it held), so a deadline reaches a handshake too."""
+
+    def do_handshake(self, block: bool = False) -> None:
+        watch: Callable[[socket.socket], None] | None = getattr(_HANDSHAKING, "watch", None)
+        if watch is not None:
+            watch(self)
+        super().do_handshake(block)
+
+
+class TlsFiles:
+    """The TLS context for `verify` (True: the system's CAs; False: none; a path: that bundle or
+    folder) and a client `cert` (certificate file, key file), built by urllib3. Kept while those
+    files are unchanged: a rotated one is read again, a missing one fails that connection."""
+
+    def __init__(self, verify: bool | str, cert: tuple[str, str] | None) -> None:
+        self._verify = verify
+        self._cert = cert
+        self._files = ([verify] if isinstance(verify, str) else []) + list(cert or ())
+        self._built: tuple[tuple[float, ...], ssl.SSLContext] | None = None
+
+    def context(self) -> ssl.SSLContext:
+        try:
+            stamp = tuple(os.stat(path).st_mtime for path in self._files)
+        except OSError as exc:
+            which = "CA certificate bundle" if exc.filename == self._verify else "certificate"
+            raise LocalError(
+                f"could not read the TLS {which} {exc.filename!s}: {exc.strerror}"
+            ) from None
+        if self._built is not None and self._built[0] == stamp:
+            return self._built[1]
+        context = self._verifying()
+        if self._cert is not None:
+            try:
+                context.load_cert_chain(*self._cert)
+            except (OSError, ValueError) as exc:
+                raise LocalError(
+                    f"could not load the TLS client certificate {self._cert[0]}: "
+                    f"{describe_exception(exc)}"
+                ) from None
+        context.sslsocket_class = _WatchedSSLSocket
+        self._built = (stamp, context)
+        return context
+
+    def _verifying(self) -> ssl.SSLContext:
+        try:
+            if self._verify is False:
+                return create_urllib3_context(cert_reqs=ssl.CERT_NONE)
+            context = create_urllib3_context()
+            if isinstance(self._verify, str):
+                if os.path.isdir(self._verify):
+                    context.load_verify_locations(capath=self._verify)
+                else:
+                    context.load_verify_locations(cafile=self._verify)
+            else:
+                context.load_default_certs()
+        except (OSError, ValueError) as exc:
+            raise LocalError(
+                f"could not load the TLS CA certificate bundle {self._verify}: "
+                f"{describe_exception(exc)}"
+            ) from None
+        return context
+
+
+class _Http(HTTPConnection):
+    """urllib3's connection, on the socket its link opens (`Link.opened`)."""
+
+    link: Link
+
+    def _new_conn(self) -> socket.socket:
+        return self.link.opened(self.socket_options or ())
+
+
+class _Https(HTTPSConnection, _Http):
+    """The same over TLS (the certificate is checked against the host name, not the address)."""
+
+
+class Link:
+    """The transport's one connection to the server, used by one thread at a time: opened on
+    demand (on a probe's socket, when there is one), counted (re-opening a kept-alive one is
+    evidence of a restart) and watched by the watchdog."""
+
+    def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: Watchdog) -> None:
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.watchdog = watchdog
+        self.conn: HTTPConnection | None = None
+        self.watched: socket.socket | None = None
+        self.opened_count = 0
+        self.probe: socket.socket | None = None
+        self.address: str | None = None  # the last connection's, kept while the name has it
+        self.moves = 0  # times the name lost that address: evidence of a replaced server
+        self._resolved = Resolved(())
+        self._timeout = 0.0
+
+    @property
+    def sock(self) -> socket.socket | None:
+        sock = self.conn.sock if self.conn is not None else None
+        return sock if isinstance(sock, socket.socket) and sock.fileno() >= 0 else None
+
+    def ensure(self, connect_timeout: float) -> HTTPConnection:
+        """A usable connection: the kept one, unless the server closed it meanwhile (or wrote
+        on it unasked: it cannot be reused either way) or its name moved, else a new one."""
+        self.look(connect_timeout)
+        if self.conn is not None and self.sock is not None:
+            try:
+                if self.conn.is_connected:
+                    return self.conn
+            except (OSError, ValueError):
+                pass
+        self.close()
+        self.opened_count += 1
+        conn: _Http
+        if self.tls is None:
+            conn = _Http(self.host, self.port)
+        else:
+            conn = _Https(self.host, self.port, ssl_context=self.tls.context())
+        conn.link = self
+        conn.timeout = connect_timeout
+        self._timeout = connect_timeout
+        self.conn = conn
+        _HANDSHAKING.watch = self.watch
+        try:
+            conn.connect()
+        except ConnectTimeout:
+            raise
+        except OSError as exc:
+            raise _connect_error(exc, connect_timeout) from exc
+        finally:
+            _HANDSHAKING.watch = None
+        if conn.sock is not None:
+            self.watch(conn.sock)
+        return conn
+
+    def look(self, timeout: float) -> None:
+        """Resolve the host within the request's deadline (`Unresolved` when it has no address):
+        an answer without the address in use closes the kept connection (and a probe's) and
+        counts a move."""
+        resolved = RESOLVER.resolve(self.host, self.port, timeout, self.watchdog)
+        if self.address is not None and self.address not in resolved.hosts:
+            self.moves += 1
+            self.address = None
+            self.discard_probe()
+            self.close()
+        self._resolved = resolved
+
+    def opened(self, options: Sequence[tuple[int, int, int | bytes]]) -> socket.socket:
+        """The new connection's socket, watched from now on: the probe's, or one connected to
+        the addresses `look()` found (urllib3 would call `getaddrinfo` outside the deadline)."""
+        sock = self.take_probe()
+        if sock is None:
+            try:
+                sock = connect(self._resolved, self._timeout, self.address, options)
+            except TimeoutError as exc:
+                raise ConnectTimeout(f"connect timed out after {self._timeout:g} s") from exc
+        else:
+            sock.settimeout(self._timeout)
+        with contextlib.suppress(OSError):
+            self.address = str(sock.getpeername()[0])
+        self.watch(sock)
+        return sock
+
+    def watch(self, sock: socket.socket) -> None:
+        """Hand the connection's own socket to the watchdog (no duplicate: one descriptor
+        per connection, so a fleet of registrars in one process stays within its limit)."""
+        if self.watched is sock:
+            return
+        if self.watched is not None:
+            self.watchdog.untrack(self.watched)
+        self.watched = sock
+        self.watchdog.track(sock)
+
+    def probe_port(self, timeout: float) -> ConnectionRefusedError | None:
+        """After a refusal, a bare connect first (another refusal costs tens of µs of CPU, not a
+        whole request); a connected socket becomes the next connection's. The refusal, or None
+        when it cannot tell (the request will meet the error and name it)."""
+        try:
+            first = RESOLVER.resolve(self.host, self.port, timeout).addresses[0]
+            sock = connect(Resolved((first,)), timeout, options=_NODELAY)
+        except ConnectionRefusedError as exc:
+            return exc
+        except OSError:
+            return None
+        self.discard_probe()
+        self.probe = sock
+        return None
+
+    def take_probe(self) -> socket.socket | None:
+        sock, self.probe = self.probe, None
+        return sock
+
+    def discard_probe(self) -> None:
+        sock = self.take_probe()
+        if sock is not None:
+            sock.close()
+
+    def close(self) -> None:
+        # Untracked before it is closed: the deadline thread never shuts down a descriptor
+        # that may have been closed and numbered again for another connection.
+        watched, self.watched = self.watched, None
+        if watched is not None:
+            self.watchdog.untrack(watched)
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _connect_error(exc: OSError, connect_timeout: float) -> OSError:
+    """What a failed TLS handshake was: too slow, a closed connection, or a TLS verdict."""
+    if isinstance(exc, TimeoutError):
+        return ConnectTimeout(f"TLS handshake timed out after {connect_timeout:g} s")
+    if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return exc  # the server closed the connection: broken, not a TLS verdict
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError | Urllib3SSLError):
+        return TlsError(describe_exception(exc))
+    return exc
+
+
+def exchange(
+    conn: HTTPConnection,
+    request: tuple[str, str, bytes | None, Mapping[str, str]],
+    read_timeout: float,
+    limit: Callable[[int], int],
+) -> tuple[urllib3.BaseHTTPResponse, bytes, bool]:
+    """Send one request on `conn` and read the answer, its body up to `limit(status)` decoded
+    bytes; a timeout, a TLS alert or a broken connection is named for what it is."""
+    method, target, data, headers = request
+    conn.timeout = read_timeout
+    try:
+        conn.request(method, target, body=data, headers=headers, preload_content=False)
+        response = conn.getresponse()
+        try:
+            body, complete = _read_capped(response, limit(response.status))
+        finally:
+            response.close()
+        return response, body, complete
+    except (TimeoutError, ReadTimeoutError) as exc:
+        raise ReadTimeout(f"no answer within the read timeout of {read_timeout:g} s") from exc
+    except HTTPError as exc:  # ProtocolError, SSLError, InvalidHeader: what it wrapped
+        raise _cause(exc) from exc
+    except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+        raise  # the server closed the connection
+    except ssl.SSLError as exc:
+        raise TlsError(describe_exception(exc)) from exc
+
+
+def _cause(exc: HTTPError) -> Exception:
+    """The error urllib3 wrapped while reading: the connection's own (reset, a short body
+    against its Content-Length) or the TLS layer's verdict."""
+    cause = exc.__cause__
+    if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return cause
+    if isinstance(exc, Urllib3SSLError):
+        return TlsError(describe_exception(cause if cause is not None else exc))
+    return cause if isinstance(cause, Exception) else exc
+
+
+def _read_capped(response: urllib3.BaseHTTPResponse, limit: int) -> tuple[bytes, bool]:
+    """Up to `limit` decoded bytes of the body, and whether that was all of it. urllib3 bounds
+    inflation as it happens (`read(amt)` decodes at most `amt` bytes), so a small bomb costs
+    no more than `limit`; compressed bytes that inflate to nothing are bounded too."""
+    encoding = response.headers.get("Content-Encoding", "")
+    name = encoding.strip().lower()
+    if name not in _DECODED:
+        raise ValueError(f"answer in an unsupported Content-Encoding {clean(encoding, 40)!r}")
+    body = bytearray()
+    while True:
+        try:
+            chunk = response.read(_CHUNK, decode_content=True)
+        except DecodeError as exc:
+            raise ValueError(f"undecodable {name} answer: {exc.__cause__ or exc}") from None
+        if not chunk:
+            return bytes(body), True
+        body += chunk
+        if len(body) > limit or response.tell() > _RAW_SLACK * limit + _CHUNK:
+            return bytes(body[:limit]), False
+        if name in ("", "identity") and response.length_remaining == 0:
+            return bytes(body), True  # all its Content-Length: no read to find the end

@@ -1,0 +1,138 @@
+"""The values of one HTTP exchange: its result, the credential it carries, the `Retry-After`
+it may answer."""
+
+from __future__ import annotations
+
+import http
+import math
+import re
+from base64 import b64encode
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import mktime_tz, parsedate_tz
+from urllib.parse import unquote, urlencode, urlsplit
+
+from ..core import _rules as rules
+from ..core._errors import ConfigError
+from ..core._redact import Secrets
+from ..core._transport import Token
+from ._resolver import Unresolved
+
+RETRY_AFTER_CEILING = 365 * 24 * 3600.0  # a year (the registrar's own cap is far smaller)
+_DELTA_SECONDS = re.compile("[0-9]+")
+DEFAULT_MAX_ANSWER_BYTES = 64 * 1024  # of a successful answer (SGLang's are under 200)
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a `Retry-After` header asks to wait (ASCII digits or an HTTP-date, as urllib3
+    reads it), at most `RETRY_AFTER_CEILING`; None when it is neither. Never raises:
+    `str.isdigit()` accepts `²`, which `float()` refuses, and a date may overflow."""
+    if value is None:
+        return None
+    text = value.strip(" \t")
+    if _DELTA_SECONDS.fullmatch(text):
+        # Compare digit counts before converting: int() refuses over 4300 digits.
+        if len(text.lstrip("0")) > len(str(int(RETRY_AFTER_CEILING))):
+            return RETRY_AFTER_CEILING
+        return min(float(int(text)), RETRY_AFTER_CEILING)
+    try:
+        moment = parsedate_tz(text)
+        seconds = float(mktime_tz(moment)) - now if moment is not None else math.nan
+    except (TypeError, ValueError, OverflowError, IndexError):  # a date that overflows
+        return None
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), RETRY_AFTER_CEILING)
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """One HTTP exchange: an answer, or the exception that stopped it."""
+
+    status_code: int | None
+    headers: Mapping[str, str]
+    text: str
+    error: BaseException | None
+    reconnected: bool  # the kept-alive connection was re-opened for it, or broke under it
+    refused: bool = False
+    complete: bool = True  # False: the body was cut at the cap
+
+    @property
+    def unsent(self) -> bool:
+        """Nothing of the request left this side: its host name did not resolve."""
+        return isinstance(self.error, Unresolved)
+
+
+class TokenUnavailable(RuntimeError):
+    """The token provider failed: the request is not sent, and is retried like a network
+    failure."""
+
+
+def validate_token(token: object, source: str = "token") -> str | None:
+    """`token` (None or empty: no token), or `ConfigError` naming its source but never its
+    value (the rule: `registrar.core._rules.header_token`)."""
+    kept: str | None = rules.applied(source, token, rules.header_token)
+    return kept
+
+
+def with_query(path: str, params: Mapping[str, str | int] | None) -> str:
+    """`path` with `params` as its query (`HttpTransport.send` takes the two as one)."""
+    return f"{path}?{urlencode(params)}" if params else path
+
+
+class Credentials:
+    """One credential, never two: a bearer token (`source` names it in messages; a provider is
+    asked before each request) or the URL's `user:password@` as basic auth."""
+
+    def __init__(self, url: str, token: Token | None, source: str) -> None:
+        parts = urlsplit(url)
+        userinfo = parts.username is not None or parts.password is not None
+        if token and userinfo:
+            raise ConfigError(
+                f"url carries credentials (user:password@) and {source} sets a bearer token; "
+                "give one of them (a request carries one Authorization header)"
+            )
+        self.source = source
+        self.has_token = bool(token)
+        self._provider = token if callable(token) else None
+        self._seen: set[str] = set() if callable(token) or not token else {token}
+        self._basic = (parts.username or "", parts.password or "") if userinfo else None
+        self.secrets = Secrets.of(self._seen, basic=self._basic)
+        self.fixed: dict[str, str] = {}  # the Authorization every request carries
+        if isinstance(token, str) and token:
+            self.fixed["Authorization"] = f"Bearer {token}"
+        elif self._basic is not None:
+            user, password = (unquote(part) for part in self._basic)
+            basic = b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
+            self.fixed["Authorization"] = f"Basic {basic}"
+
+    def asked(self) -> dict[str, str] | None:
+        """The Authorization header from the token provider, if there is one (it may raise:
+        that request fails); every token it answers joins the secrets."""
+        if self._provider is None:
+            return None
+        token = self._provider()
+        if not token:
+            return None
+        # The same rule as a fixed token; the error names the provider, never the token.
+        token = validate_token(token, f"the token from {self.source}")
+        assert token is not None
+        if token not in self._seen:
+            self._seen.add(token)
+            self.secrets = Secrets.of(self._seen, basic=self._basic)
+        return {"Authorization": f"Bearer {token}"}
+
+    def hint(self, token_hint: str, token_how: str) -> str:
+        """What to check after a 401/403: the credential that was actually sent."""
+        if self.has_token:
+            return f"{token_hint} (from {self.source})"
+        if self._basic is not None:
+            return "check the user name and password in the URL (sent as basic auth)"
+        return f"the server wants credentials and none were sent; {token_how}"
+
+
+def phrase(code: int) -> str:
+    try:
+        return http.HTTPStatus(code).phrase
+    except ValueError:
+        return "Unknown Status"

@@ -1,0 +1,242 @@
+"""The cheap probe behind a diagnosis: resolve, connect, see what speaks there, knock on the
+rank's own port. Each step has a short timeout and never raises (what failed is evidence). Its
+own fresh connections, never the transport's (whose re-opening is evidence); no credential."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
+
+from urllib3.connection import HTTPConnection, HTTPSConnection
+
+from .._version import __version__
+from ..core._diagnosis import Evidence, Knock, Seen, port_text
+from ..core._errors import describe_exception
+from ..core._redact import clean, redact_url
+from ..core._untrusted import load_json
+from ._resolver import RESOLVER, Unresolved, is_ip_literal
+
+PROBE_TIMEOUT = 2.0  # seconds for each step (resolve, connect, one answer)
+_HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP answer a probe read: status, content type and the start of the body."""
+
+    status: int
+    content_type: str
+    text: str
+
+    def describe(self, request: str) -> str:
+        shown = clean(" ".join(self.text.split()), 80)
+        kind = self.content_type or "no content type"
+        return f"{request} answered {self.status} {kind}" + (f": {shown}" if shown else "")
+
+
+Recognise = Callable[[Answer], bool]
+"""Whether an answer to the probe's GET is the bootstrap server's own."""
+
+
+def resolve(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], str]:
+    """The addresses `host` resolves to, and why none. The transports' own lookup (`RESOLVER`),
+    so a probe under a stalled resolver costs no thread of its own."""
+    try:
+        resolved = RESOLVER.resolve(host, port, timeout)
+    except Unresolved as exc:
+        return [], describe_exception(exc)
+    return list(dict.fromkeys(str(address[3][0]) for address in resolved.addresses)), ""
+
+
+def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]:
+    """None when something accepts the connection; else NOTHING or SILENCE and why."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return None, ""
+    except ConnectionRefusedError:
+        return Seen.NOTHING, "connection refused"
+    except TimeoutError:
+        return Seen.SILENCE, f"no answer within {timeout:g} s"
+    except OSError as exc:
+        return Seen.SILENCE, describe_exception(exc)
+
+
+def _tls_context() -> ssl.SSLContext:
+    """Only to see whether TLS answers: nothing secret is sent, so nothing is verified."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def speaks_tls(address: str, port: int, host: str, timeout: float) -> tuple[bool, str]:
+    """Whether a TLS handshake completes on the port, and why not."""
+    try:
+        with (
+            socket.create_connection((address, port), timeout=timeout) as raw,
+            _tls_context().wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            return True, f"TLS handshake completed ({tls.version()})"
+    except (OSError, ValueError) as exc:
+        return False, describe_exception(exc)
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """Each step's timeout, and headers for every GET (a gateway's key)."""
+
+    timeout: float = PROBE_TIMEOUT
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
+    address: str,
+    port: int,
+    path: str,
+    *,
+    host: str,
+    tls: bool,
+    options: ProbeOptions = ProbeOptions(),
+) -> Answer | str:
+    """One GET on a fresh connection: the answer, or why there was none."""
+    timeout = options.timeout
+    conn: HTTPConnection
+    if tls:
+        conn = HTTPSConnection(
+            address,
+            port,
+            timeout=timeout,
+            ssl_context=_tls_context(),
+            server_hostname=host,
+            assert_hostname=False,
+        )
+    else:
+        conn = HTTPConnection(address, port, timeout=timeout)
+    with contextlib.ExitStack() as opened:
+        opened.callback(conn.close)
+        try:
+            headers = {**_HEADERS, **options.headers, "Host": host}
+            conn.request("GET", path, headers=headers, preload_content=False)
+            response = conn.getresponse()
+            opened.callback(response.close)  # its file holds the socket open until closed
+            body = response.read(4096, decode_content=False)
+            kind = response.headers.get("Content-Type", "").split(";")[0].strip()
+            return Answer(response.status, kind, body.decode("utf-8", "replace"))
+        except Exception as exc:  # whatever broke is the evidence
+            return describe_exception(exc)
+
+
+def _gateway(answer: Answer | str) -> bool:
+    """smg's `GET /workers`: a JSON object with a `workers` list."""
+    if isinstance(answer, str) or answer.status != 200:
+        return False
+    try:
+        body = load_json(answer.text)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("workers"), list)
+
+
+@dataclass(frozen=True)
+class _Target:
+    address: str
+    port: int
+    host: str
+    prefix: str
+    tls: bool
+    options: ProbeOptions
+
+    def get(self, path: str, tls: bool | None = None) -> Answer | str:
+        use = self.tls if tls is None else tls
+        return fetch(
+            self.address,
+            self.port,
+            self.prefix + path,
+            host=self.host,
+            tls=use,
+            options=self.options,
+        )
+
+
+def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[Seen, str]:
+    """What speaks on a port that accepts connections."""
+    answer = target.get(path)
+    if isinstance(answer, str):
+        return _not_http(target, answer)
+    described = answer.describe(f"GET {path.partition('?')[0]}")
+    if recognise(answer):
+        return Seen.BOOTSTRAP, described
+    if answer.status in (401, 403):
+        return Seen.DENIED, described
+    if answer.content_type == "text/html" or answer.text.lstrip().startswith("<"):
+        return Seen.HTML, described
+    if _gateway(target.get("/workers")):
+        return Seen.GATEWAY, f"{described}; GET /workers lists workers"
+    return Seen.OTHER, described
+
+
+def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
+    """No HTTP answer on the scheme the URL names: try the other one (unless the server went
+    away meanwhile: then that is what was seen)."""
+    timeout = target.options.timeout
+    gone, how = _connect(target.address, target.port, timeout)
+    if gone is not None:
+        return gone, how
+    if target.tls:
+        plain = target.get("/", tls=False)
+        if isinstance(plain, Answer):
+            return Seen.PLAIN, f"TLS: {why}; plain GET / answered {plain.status}"
+        return Seen.TLS_FAILED, why
+    shaken, how = speaks_tls(target.address, target.port, target.host, timeout)
+    if shaken:
+        return Seen.TLS, f"plain HTTP: {why}; {how}"
+    return Seen.OTHER, f"not HTTP: {why}"
+
+
+def _knock(address: str, port: int, host: str, timeout: float) -> Knock:
+    label = "the prefill's HTTP port"
+    refused, _ = _connect(address, port, timeout)
+    if refused is not None:
+        return Knock(port, label, listens=False, http=False)
+    answer = fetch(address, port, "/", host=host, tls=False, options=ProbeOptions(timeout))
+    return Knock(port, label, listens=True, http=isinstance(answer, Answer))
+
+
+def gather(
+    url: str,
+    path: str,
+    recognise: Recognise,
+    *,
+    http_port: int | None = None,
+    options: ProbeOptions = ProbeOptions(),
+) -> Evidence:
+    """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
+    listens, knock on `http_port` (the rank's own HTTP port) on the same host."""
+    timeout = options.timeout
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    seen = Evidence(
+        redact_url(url), host, port_text(parts.netloc), parts.scheme, http_port=http_port
+    )
+    port = seen.port
+    if not port or not host:
+        return seen
+    if is_ip_literal(host):
+        address = host
+    else:
+        addresses, why = resolve(host, port, timeout)
+        if not addresses:
+            return replace(seen, resolved=False, detail=why)
+        seen, address = replace(seen, resolved=True), addresses[0]
+    failed, why = _connect(address, port, timeout)
+    if failed is not None:
+        own = http_port if http_port != port else None
+        knocks = (_knock(address, own, host, timeout),) if own else ()
+        return replace(seen, seen=failed, detail=why, others=knocks)
+    target = _Target(address, port, host, parts.path.rstrip("/"), parts.scheme == "https", options)
+    kind, detail = _what_answers(target, path, recognise)
+    return replace(seen, seen=kind, detail=detail)

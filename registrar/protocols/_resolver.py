@@ -1,0 +1,287 @@
+"""Host names resolved inside a request's deadline (`getaddrinfo` cannot be interrupted, so it
+runs on a worker thread, one in flight per name), and the last good address kept while the
+resolver fails or stalls: docs/reliability.md, "A resolver that stalls, fails or moves"."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core._errors import describe_exception
+from ..core._redact import clean
+from ._deadline import Watchdog
+
+logger = logging.getLogger("registrar")
+
+FRESH = 0.5  # seconds an answer (or a failure) is reused: a fleet asks twice a second at most
+STALE_WAIT = 0.5
+"""With a last good answer, how long a caller waits for a lookup in flight before using it."""
+STALLED_AFTER = 1.0  # a lookup in flight longer shows in the status ("resolving NAME")
+QUIET = 60.0  # after a warning about a name, its next outage is logged at DEBUG this long
+
+Address = tuple[int, int, int, tuple[Any, ...]]  # family, type, protocol, socket address
+Lookup = Callable[..., Sequence[tuple[Any, ...]]]  # `socket.getaddrinfo`'s (a fake in tests)
+
+
+class Unresolved(OSError):
+    """No address within the deadline, or none at all: retried like a failed connection."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The addresses to connect to, in the resolver's order."""
+
+    addresses: tuple[Address, ...]
+    stale: bool = False  # the last good answer, used because the resolver fails or stalls
+
+    @property
+    def hosts(self) -> frozenset[str]:
+        return frozenset(str(address[3][0]) for address in self.addresses)
+
+
+@dataclass
+class _Pending:
+    """One lookup in flight, and its waiters' events."""
+
+    started: float
+    waiters: set[threading.Event] = field(default_factory=set)
+    done: bool = False
+
+
+@dataclass
+class _Name:
+    """What is known of one name."""
+
+    good: tuple[Address, ...] | None = None  # the last good answer (port 0)
+    asked_at: float | None = None  # when the last lookup ended
+    error: str | None = None  # why the last lookup failed; None after an answer
+    pending: _Pending | None = None
+    stale_said: int = 0  # the level the stale answer was logged at in this outage (0: not)
+    warned_at: float | None = None
+
+
+def seconds(value: float) -> str:
+    """A duration as messages show it: `1.0`, `0.25`, `12.0`."""
+    text = f"{value:g}"
+    return text if "." in text or "e" in text else f"{text}.0"
+
+
+def is_ip_literal(host: str) -> bool:
+    """An address written as such: nothing to look up."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _numeric(host: str, port: int) -> Resolved:
+    """An IP literal's address, without a lookup (cached: a request to one asks every time)."""
+    answer = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    return Resolved(tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer))
+
+
+def _with_port(addresses: tuple[Address, ...], port: int) -> tuple[Address, ...]:
+    return tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in addresses)
+
+
+def _shown(addresses: tuple[Address, ...]) -> str:
+    return ", ".join(dict.fromkeys(str(a[3][0]) for a in addresses))
+
+
+class Resolver:
+    """The process's lookups, at most one in flight per name, and each name's last answer."""
+
+    def __init__(
+        self, lookup: Lookup | None = None, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._lookup = lookup  # None: `socket.getaddrinfo`, looked up at each call
+        self._monotonic = monotonic
+        self._reset()
+
+    def _reset(self) -> None:
+        """Fresh locks and no lookup in flight (after a fork: the parent's workers are not in
+        the child); the answers already had are kept."""
+        self._lock = threading.Lock()
+        names: dict[str, _Name] = getattr(self, "_names", {})
+        for name in names.values():
+            name.pending = None
+        self._names = names
+
+    def resolve(
+        self, host: str, port: int, timeout: float, abandon: Watchdog | None = None
+    ) -> Resolved:
+        """The addresses of `host` within `timeout` (or before `abandon`'s request ends): the
+        last good answer when the resolver fails or stalls, else `Unresolved`."""
+        host = host.strip("[]")
+        if is_ip_literal(host):
+            return _numeric(host, port)
+        key = host.rstrip(".").lower()
+        now = self._monotonic()
+        with self._lock:
+            name = self._names.setdefault(key, _Name())
+            if name.asked_at is not None and now - name.asked_at < FRESH and name.pending is None:
+                return self._known(name, host, port, timeout)
+            pending = name.pending or self._start(name, host, now)
+            wait = timeout
+            if name.good is not None:
+                wait = min(timeout, max(0.0, STALE_WAIT - (now - pending.started)))
+            wake = threading.Event()
+            pending.waiters.add(wake)
+        try:
+            if wait > 0 and (abandon is None or abandon.attach(wake)):
+                wake.wait(wait)
+        finally:
+            if abandon is not None:
+                abandon.detach(wake)
+            with self._lock:
+                pending.waiters.discard(wake)
+        with self._lock:
+            return self._known(name, host, port, timeout, pending)
+
+    def _known(
+        self, name: _Name, host: str, port: int, timeout: float, pending: _Pending | None = None
+    ) -> Resolved:
+        """What the caller gets from what is known now (the lock held)."""
+        answered = name.error is None and name.good is not None
+        if answered and (pending is None or pending.done):
+            assert name.good is not None
+            return Resolved(_with_port(name.good, port))
+        if name.good is not None:
+            in_flight = pending is not None and not pending.done
+            started = pending.started if pending is not None else 0.0
+            if not in_flight or self._monotonic() - started >= STALLED_AFTER:  # not merely slow
+                self._say_stale(name, host, "no answer" if in_flight else name.error)
+            return Resolved(_with_port(name.good, port), stale=True)
+        if pending is None or pending.done:
+            raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")
+        raise Unresolved(f"could not resolve {clean(host, 200)} within {seconds(timeout)} s")
+
+    def _say_stale(self, name: _Name, host: str, why: str | None) -> None:
+        """Log once per outage (a minute apart at most) that the last good answer is in use."""
+        if name.stale_said:
+            return
+        now = self._monotonic()
+        quiet = name.warned_at is not None and now - name.warned_at < QUIET
+        if not quiet:
+            name.warned_at = now
+        name.stale_said = logging.DEBUG if quiet else logging.WARNING
+        assert name.good is not None
+        logger.log(
+            name.stale_said,
+            "%s did not resolve (%s); using its last good address %s until the resolver "
+            "answers again",
+            clean(host, 200),
+            why,
+            _shown(name.good),
+        )
+
+    def _start(self, name: _Name, host: str, now: float) -> _Pending:
+        pending = _Pending(now)
+        name.pending = pending
+        worker = threading.Thread(
+            target=self._run, args=(name, pending, host), name="registrar-resolve", daemon=True
+        )
+        worker.start()
+        return pending
+
+    def _run(self, name: _Name, pending: _Pending, host: str) -> None:
+        """The lookup, on its own thread: nobody waits for it past their deadline."""
+        error: str | None = None
+        found: tuple[Address, ...] = ()
+        try:
+            lookup = self._lookup or socket.getaddrinfo
+            answer = lookup(host, None, 0, socket.SOCK_STREAM)
+            found = tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer)
+            if not found:
+                error = "no address"
+        except (OSError, UnicodeError) as exc:
+            error = describe_exception(exc)
+        except Exception as exc:  # a lookup must never kill its waiters' requests
+            error = f"{type(exc).__name__}: {describe_exception(exc)}"
+        with self._lock:
+            self._settle(name, host, found, error)
+            pending.done = True
+            if name.pending is pending:
+                name.pending = None
+            for wake in pending.waiters:
+                wake.set()
+
+    def _settle(
+        self, name: _Name, host: str, found: tuple[Address, ...], error: str | None
+    ) -> None:
+        """Keep what the lookup found (the lock held), and say in the log what changed."""
+        name.asked_at = self._monotonic()
+        name.error = error
+        if error is not None:
+            return
+        shown = clean(host, 200)
+        if name.good is not None and {a[3][0] for a in found} != {a[3][0] for a in name.good}:
+            was = _shown(name.good)
+            logger.warning("%s now resolves to %s (was %s)", shown, _shown(found), was)
+        elif name.stale_said:
+            level = logging.INFO if name.stale_said == logging.WARNING else logging.DEBUG
+            logger.log(level, "%s resolves again: %s", shown, _shown(found))
+        name.stale_said = 0
+        name.good = found
+
+    def describe(self, host: str) -> str | None:
+        """For the status: a lookup stalled ("resolving NAME"), or the last good address in use;
+        None while the name resolves normally."""
+        key = host.strip("[]").rstrip(".").lower()
+        with self._lock:
+            name = self._names.get(key)
+            if name is None:
+                return None
+            good = f"; using its last good address {_shown(name.good)}" if name.good else ""
+            pending = name.pending
+            if pending is not None:
+                age = self._monotonic() - pending.started
+                if age >= STALLED_AFTER:
+                    return f"resolving {clean(host, 200)} (no answer for {age:.0f} s){good}"
+            if name.error is not None and name.good is not None:
+                return f"{clean(host, 200)} did not resolve ({name.error}){good}"
+        return None
+
+    def in_flight(self) -> int:
+        """Lookups in flight (a thread each)."""
+        with self._lock:
+            return sum(1 for name in self._names.values() if name.pending is not None)
+
+
+RESOLVER = Resolver()  # the process's: every transport's lookups go through it
+os.register_at_fork(after_in_child=RESOLVER._reset)
+
+
+def connect(
+    resolved: Resolved,
+    timeout: float | None,
+    prefer: str | None = None,
+    options: Sequence[tuple[int, int, int | bytes]] = (),
+) -> socket.socket:
+    """A socket connected to one of `resolved`'s addresses, tried in turn (`prefer`, the address
+    in use, first), each within `timeout`; the last error when none connects."""
+    addresses = sorted(resolved.addresses, key=lambda a: a[3][0] != prefer)
+    error: OSError = OSError("no address to connect to")
+    for family, kind, proto, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            for option in options:
+                sock.setsockopt(*option)
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        return sock
+    raise error

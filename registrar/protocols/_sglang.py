@@ -1,0 +1,316 @@
+"""SGLang's bootstrap protocol: payload validation, the rank a payload occupies, and a route
+check that tells a server that forgot us from one merely not ready, by the evidence kept per
+server lifetime (docs/sglang.md, "How a missing route is detected")."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..core._errors import ConfigError
+from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ..core._redact import clean
+from ..core._transport import Token
+from ..core._untrusted import load_json
+from ._http import HttpTransport
+from ._httpvalues import HttpResult, validate_token, with_query
+from ._probe import Answer
+
+TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
+
+REQUIRED_FIELDS: Mapping[str, type] = {
+    "attn_tp_size": int,
+    "attn_tp_rank": int,
+    "attn_cp_size": int,
+    "attn_cp_rank": int,
+    "attn_dp_size": int,
+    "attn_dp_rank": int,
+    "pp_size": int,
+    "pp_rank": int,
+    "system_dp_size": int,
+    "system_dp_rank": int,
+    "rank_ip": str,
+    "rank_port": int,
+    "page_size": int,
+    "kv_cache_dtype": str,
+}
+"""Fields the real server reads; a missing one makes it answer a bare 500."""
+
+_SIZE_RANK = (
+    ("attn_tp_size", "attn_tp_rank"),
+    ("attn_cp_size", "attn_cp_rank"),
+    ("attn_dp_size", "attn_dp_rank"),
+    ("pp_size", "pp_rank"),
+    ("system_dp_size", "system_dp_rank"),
+)
+# ASCII digits, and few enough that int() stays cheap and within its digit limit.
+_COUNT = re.compile(r"\(([0-9]{1,9}) workers? registered\)")
+
+
+def count_in(text: str) -> int | None:
+    """The registered count a 503 "(N workers registered)" states, or None."""
+    match = _COUNT.search(text)
+    return int(match.group(1)) if match else None
+
+
+def is_bootstrap_answer(answer: Answer) -> bool:
+    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's: its server info (200,
+    with the topology's sizes), or 503 "(N workers registered)"."""
+    if answer.status == 503:
+        return count_in(answer.text) is not None
+    if answer.status != 200:
+        return False
+    try:
+        info = load_json(answer.text)
+    except ValueError:
+        return False
+    return isinstance(info, dict) and "attn_tp_size" in info
+
+
+@dataclass(frozen=True)
+class Rank:
+    """The slot a payload occupies in the server's table."""
+
+    dp: int
+    cp: int
+    tp: int
+    pp: int
+
+    def query(self) -> dict[str, int]:
+        return {
+            "prefill_dp_rank": self.dp,
+            "prefill_cp_rank": self.cp,
+            "target_tp_rank": self.tp,
+            "target_pp_rank": self.pp,
+        }
+
+
+PROBE_PATH = with_query("/route", Rank(-1, -1, -1, -1).query())
+"""The all-`-1` route query: the server's info once every rank is in, 503 with the count before."""
+
+
+def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as documented
+    rank_ip: str,
+    rank_port: int,
+    *,
+    attn_tp_size: int = 1,
+    attn_tp_rank: int = 0,
+    pp_size: int = 1,
+    pp_rank: int = 0,
+    page_size: int = 16,
+    kv_cache_dtype: str = "auto",
+    **fields: Any,
+) -> dict[str, Any]:
+    """A complete payload for one rank: every required field a single-rank default unless given
+    (any other field too may be passed as a keyword)."""
+    payload: dict[str, Any] = {
+        "attn_tp_size": attn_tp_size,
+        "attn_tp_rank": attn_tp_rank,
+        "attn_cp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_dp_size": 1,
+        "attn_dp_rank": 0,
+        "pp_size": pp_size,
+        "pp_rank": pp_rank,
+        "system_dp_size": 1,
+        "system_dp_rank": 0,
+        "rank_ip": rank_ip,
+        "rank_port": rank_port,
+        "page_size": page_size,
+        "kv_cache_dtype": kv_cache_dtype,
+    }
+    payload.update(fields)
+    return payload
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_payload(payload: object) -> dict[str, Any]:
+    """A copy of `payload`, or one `ConfigError` listing every missing or wrong field."""
+    if not isinstance(payload, Mapping):
+        raise ConfigError(
+            f"payload must be a mapping of SGLang registration fields, got {type(payload).__name__}"
+        )
+    problems = [*_field_problems(payload), *_range_problems(payload)]
+    if problems:
+        raise ConfigError("invalid SGLang payload: " + "; ".join(problems))
+    return dict(payload)
+
+
+def _field_problems(payload: Mapping[str, Any]) -> list[str]:
+    problems: list[str] = []
+    missing = [name for name in REQUIRED_FIELDS if name not in payload]
+    if missing:
+        problems.append("missing " + ", ".join(missing))
+    for name, kind in REQUIRED_FIELDS.items():
+        if name not in payload:
+            continue
+        value = payload[name]
+        if kind is int and not _is_int(value):
+            problems.append(f"{name} must be an integer, got {value!r}")
+        elif kind is str and (not isinstance(value, str) or not value):
+            problems.append(f"{name} must be a non-empty string, got {value!r}")
+    return problems
+
+
+def _range_problems(payload: Mapping[str, Any]) -> list[str]:
+    """Sizes below 1, ranks outside their size, a port outside [1, 65535]."""
+    problems: list[str] = []
+    for size, rank in _SIZE_RANK:
+        s, r = payload.get(size), payload.get(rank)
+        if _is_int(s) and s < 1:  # type: ignore[operator]
+            problems.append(f"{size} must be >= 1, got {s!r}")
+        elif _is_int(s) and _is_int(r) and not 0 <= r < s:  # type: ignore[operator]
+            problems.append(f"{rank} must be within [0, {size}={s}), got {r!r}")
+    port = payload.get("rank_port")
+    if _is_int(port) and not 1 <= port <= 65535:  # type: ignore[operator]
+        problems.append(f"rank_port must be within [1, 65535], got {port!r}")
+    return problems
+
+
+def rank_of(payload: Mapping[str, Any]) -> Rank:
+    """The rank the server files this payload under: dp is `system_dp_rank` when
+    `system_dp_size > 1`, else `attn_dp_rank`."""
+    dp = payload["system_dp_rank"] if payload["system_dp_size"] > 1 else payload["attn_dp_rank"]
+    return Rank(
+        dp=int(dp),
+        cp=int(payload["attn_cp_rank"]),
+        tp=int(payload["attn_tp_rank"]),
+        pp=int(payload["pp_rank"]),
+    )
+
+
+def token_from_env(token: Token | None) -> Token | None:
+    """The explicit token (or provider), else the one SGLang reads from its environment."""
+    if token is not None:
+        return token or None
+    return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV)
+
+
+def token_source(token: Token | None) -> str:
+    """Where `token_from_env(token)` takes it from, for messages."""
+    return "token" if token else TOKEN_ENV
+
+
+@dataclass
+class _Evidence:
+    """What has been seen of the server since our last accepted PUT."""
+
+    seen_ready: bool = False
+    highest_count: int = 0
+    refused: bool = False
+    reconnected: bool = False
+
+    def reasons_forgotten(self, count: int) -> list[str]:
+        reasons = []
+        if count == 0:
+            reasons.append("the server has 0 workers registered")
+        if self.seen_ready:
+            reasons.append("the topology was ready since our registration")
+        if count < self.highest_count:
+            reasons.append(f"the count fell from {self.highest_count} to {count}")
+        if self.refused:
+            reasons.append("a connection was refused since our registration")
+        if self.reconnected:
+            reasons.append("the kept-alive connection was re-opened since our registration")
+        return reasons
+
+
+class SGLangTransport(HttpTransport):
+    """`PUT {url}/route` and the rank query of SGLang's bootstrap server."""
+
+    token_hint = "check the bootstrap auth token"
+    token_how = f"pass one with token= or {TOKEN_ENV}"
+
+    def __init__(self, url: str, **options: Any) -> None:
+        """`options` are `HttpTransport`'s; the path is SGLang's."""
+        super().__init__(url, path="/route", **options)
+        self._evidence = _Evidence()
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        result = self.send("PUT", "/route", json=dict(payload))
+        self._note(result)
+        outcome = self.classify_registration(result)
+        if outcome.verdict is Verdict.ACCEPTED:
+            self._evidence = _Evidence()
+        return outcome
+
+    def _note(self, result: HttpResult) -> None:
+        if result.refused:
+            self._evidence.refused = True
+        if result.reconnected:
+            self._evidence.reconnected = True
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck:
+        result = self.send("GET", with_query("/route", rank_of(payload).query()))
+        self._note(result)
+        check = self._classify_check(payload, result)
+        self.settle_idle_signal(check.route in (Route.PRESENT, Route.CONFLICT))
+        return check
+
+    probe_path = PROBE_PATH
+    recognise = staticmethod(is_bootstrap_answer)
+
+    def fleet_size(self, payload: Mapping[str, Any]) -> int:
+        """The ranks of the topology: all register with this one server."""
+        dp = payload["system_dp_size"] if payload["system_dp_size"] > 1 else payload["attn_dp_size"]
+        size = dp * payload["attn_cp_size"] * payload["attn_tp_size"] * payload["pp_size"]
+        return max(1, int(size))
+
+    def _classify_check(self, payload: Mapping[str, Any], result: HttpResult) -> RouteCheck:
+        code = result.status_code
+        if result.error is not None:
+            return self.unreachable(result)
+        assert code is not None
+        body = self.excerpt(result)
+        if code == 200:
+            return self._classify_found(payload, result, body)
+        if code == 404:
+            return RouteCheck(Route.MISSING, code, f"404 for our rank from a ready server: {body}")
+        if code == 503:
+            return self._classify_not_ready(body)
+        return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {body}")
+
+    def _classify_found(
+        self, payload: Mapping[str, Any], result: HttpResult, body: str
+    ) -> RouteCheck:
+        """A 200 names who holds our rank; any answer that does not, plainly, is undetermined
+        (never an error that could end the loop, whatever its shape or size)."""
+        if not result.complete:
+            return RouteCheck(Route.UNDETERMINED, 200, f"200 answer too large to read: {body}")
+        try:
+            found = load_json(result.text)
+        except ValueError as exc:
+            return RouteCheck(Route.UNDETERMINED, 200, f"unparseable 200 answer ({exc}): {body}")
+        ip = found.get("rank_ip") if isinstance(found, dict) else None
+        port = found.get("rank_port") if isinstance(found, dict) else None
+        if not isinstance(ip, str) or not _is_int(port):
+            return RouteCheck(
+                Route.UNDETERMINED,
+                200,
+                f"200 answer without a string rank_ip and an integer rank_port: {body}",
+            )
+        self._evidence.seen_ready = True
+        ours = f"{payload['rank_ip']}:{payload['rank_port']}"
+        if ip == payload["rank_ip"] and port == payload["rank_port"]:
+            return RouteCheck(Route.PRESENT, 200, f"registered as {ours}")
+        # The server's words, escaped and capped: a newline in them must not forge a log line.
+        theirs = clean(f"{ip}:{port}", 120, self._auth.secrets)
+        return RouteCheck(Route.CONFLICT, 200, f"our rank is registered as {theirs}, not {ours}")
+
+    def _classify_not_ready(self, body: str) -> RouteCheck:
+        count = count_in(body)
+        if count is None:
+            return RouteCheck(Route.UNDETERMINED, 503, f"503 without a worker count: {body}")
+        reasons = self._evidence.reasons_forgotten(count)
+        self._evidence.highest_count = max(self._evidence.highest_count, count)
+        if reasons:
+            text = f"503 with {count} workers registered: " + "; ".join(reasons)
+            return RouteCheck(Route.MISSING, 503, text, count=count)
+        text = f"503 with {count} workers registered (other ranks missing)"
+        return RouteCheck(Route.UNDETERMINED, 503, text, count=count)

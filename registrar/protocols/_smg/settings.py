@@ -1,0 +1,91 @@
+"""The smg gateway registration's settings (docs/gateway.md, "Settings"): every rule of the
+gateway options is here, and only here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...core import _rules as rules
+from ...core._errors import ConfigError
+from ...core._transport import Timeout, Token, deadline_seconds, file_token
+from . import spec
+
+KEY_ENV = "REGISTRAR_GATEWAY_KEY"
+DEFAULT_CONFIRM_TIMEOUT = 30.0
+"""A stand-in worker is listed in about 0.1 s; one whose /health fails is dropped in about 2 s."""
+
+
+def _ready(value: object) -> str | Callable[[], bool] | None:
+    if value is None or callable(value):
+        return value
+    return rules.url(value)
+
+
+def _worker_url(value: object) -> str | None:
+    return None if value is None else rules.url(value)
+
+
+def _seconds(value: object) -> float:
+    kept = rules.seconds(value)
+    if kept >= 1e9:
+        raise rules.Invalid("must be a positive number of seconds")
+    return kept
+
+
+@dataclass(frozen=True)
+class SmgSettings:
+    """The worker kept listed by one or more smg gateways, when it may be offered, the waits
+    for the gateway, the control-plane key, and how to reach the gateways."""
+
+    gateways: str | Sequence[str]
+    worker_url: str | None = None
+    """None: the payload is the worker's spec (`protocol="smg"`)."""
+    worker_type: str = "regular"
+    bootstrap_port: int | None = None
+    ready: str | Callable[[], bool] | None = None
+    grace: float = 10.0
+    ready_interval: float = 1.0
+    confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
+    drain_timeout: float = 15.0  # the gateway's own settle time is 5 s by default
+    key: Token | None = None
+    key_file: str | None = None
+    timeout: Timeout = 5.0
+    verify: bool | str = True
+
+    RULES: ClassVar[Mapping[str, rules.Rule]] = {
+        "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
+        "worker_url": _worker_url,
+        "worker_type": spec.worker_type,
+        "bootstrap_port": rules.port_or_none,
+        "ready": _ready,
+        "grace": _seconds,
+        "ready_interval": _seconds,
+        "confirm_timeout": _seconds,
+        "drain_timeout": _seconds,
+        "timeout": rules.timeout,
+        "verify": rules.tls,
+    }
+
+    def __post_init__(self) -> None:
+        rules.check_fields(self, self.RULES)
+        if self.key is not None and self.key_file is not None:
+            raise ConfigError("give the gateway key or the gateway key file, not both")
+        self.token()  # a key file that cannot be read now is an error now
+
+    @property
+    def stop_timeout(self) -> float:
+        """How long stopping may take: the drain's DELETE and last look, each within a request
+        deadline, and the wait for the gateway."""
+        return self.drain_timeout + 2 * deadline_seconds(self.timeout) + 1.0
+
+    def token(self) -> tuple[Token | None, str]:
+        """The control-plane key (or a provider reading the key file) and where it comes from."""
+        if self.key_file is not None:
+            source = f"the key file {self.key_file}"
+            return file_token(self.key_file, "the gateway key file"), source
+        if self.key:
+            return self.key, "the gateway key"
+        return os.environ.get(KEY_ENV) or None, f"${KEY_ENV}"

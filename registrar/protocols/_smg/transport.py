@@ -1,0 +1,368 @@
+"""`SmgTransport`: one worker kept listed by the gateway, from the POST that offers it to the
+DELETE that drains it (docs/gateway.md, "How the protocol keeps the worker listed"). The
+gateway's answers are read here, never trusting a type; the served process's readiness is
+followed by `.gate`."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ...core._clock import Clock, SystemClock
+from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ...core._redact import clean
+from ...core._untrusted import load_json
+from ...core._waker import Waker
+from .._http import HttpTransport
+from .._httpvalues import HttpResult
+from .gate import Readiness, ReadinessGate
+from .settings import KEY_ENV, SmgSettings
+
+logger = logging.getLogger("registrar.protocols.smg.transport")
+
+DEFAULT_WATCH_INTERVAL = 5.0
+"""Seconds between checks of our worker: an operator's DELETE is undone within about this."""
+MAX_LIST_BYTES = 16 * 1024 * 1024
+"""`GET /workers` is read up to this (about 600 bytes per worker); every other answer up to the
+HTTP transport's usual cap (64 KiB)."""
+_POLL_FIRST, _POLL_MAX = 0.05, 1.0
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+class SmgTransport:
+    """Keeps the worker of `settings` listed by the gateway at `gateway` (by default the first
+    the settings name). `ready` replaces the settings' readiness check; `clock` and `sender`
+    are for tests (a fake clock; an object whose `send` answers like `HttpTransport.send`)."""
+
+    def __init__(
+        self,
+        settings: SmgSettings,
+        gateway: str | None = None,
+        *,
+        ready: Readiness | None = None,
+        clock: Clock | None = None,
+        sender: Any = None,
+    ) -> None:
+        token, source = settings.token()
+        self._http = HttpTransport(
+            gateway if gateway is not None else settings.gateways[0],
+            path="/workers",
+            method="POST",
+            token=token,
+            token_source=source,
+            timeout=settings.timeout,
+            verify=settings.verify,
+        )
+        self._http.token_hint = "check the gateway's control-plane key"
+        self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
+        self._settings = settings
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._gate = ReadinessGate(settings, self._clock, ready)
+        self._sender = sender.send if sender is not None else self._http.send
+        self.requests_sent = 0
+        """Requests that reached the gateway so far (a refused connection is not counted)."""
+        self._stopping = threading.Event()
+        self._abort_lock = threading.Lock()
+        self._closing = False
+        self.worker_id: str | None = None
+        """The gateway's id of our worker, when known."""
+        self._url: str | None = None
+        self._posted = False
+        """A POST was sent whose worker we may not know the id of (its answer was lost)."""
+        self._draining_seen = False
+        """The worker an attempt follows was being removed (a withdrawal or an operator's
+        DELETE not finished yet): once it is gone, POST again at once."""
+
+    @property
+    def display_url(self) -> str:
+        return self._http.display_url
+
+    @property
+    def ready_interval(self) -> float:
+        return self._gate.interval
+
+    def not_ready(self) -> str | None:
+        """The `Gated` hook: why the worker must not be offered now (None: offer it)."""
+        return self._gate.not_ready()
+
+    def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
+        self._url = str(payload["url"])
+        if self.worker_id is not None:
+            # An earlier attempt's worker may still be in the gateway's queue: follow it.
+            outcome = self._confirm(self.worker_id)
+            if outcome is not None:
+                return outcome
+        for _ in range(2):  # again at once when the worker we adopted was being removed
+            self._draining_seen = False
+            result = self._send("POST", "/workers", json=dict(payload))
+            # Sent, unless refused (or unresolved): its worker may exist even if its answer is lost.
+            self._posted = self._posted or not (result.refused or result.unsent)
+            code = result.status_code
+            if result.error is not None or code not in (200, 201, 202, 409):
+                return self._http.classify_registration(result)
+            worker_id = _worker_id_in(result)
+            if worker_id is None:
+                return RegisterOutcome(
+                    Verdict.RETRY,
+                    code,
+                    f"{code} from {self._http.endpoint} names no worker id: "
+                    f"{self._http.excerpt(result)}",
+                )
+            if code == 409:
+                logger.info(
+                    "%s already holds worker %s at %s: adopted",
+                    self.display_url,
+                    worker_id,
+                    clean(self._url, 200),
+                )
+            self.worker_id = worker_id
+            self._posted = False
+            outcome = self._confirm(worker_id)
+            if outcome is not None:
+                return outcome
+            if not self._draining_seen:
+                break
+        return RegisterOutcome(
+            Verdict.RETRY,
+            404,
+            f"the gateway dropped worker {clean(self._url, 200)} before "
+            "listing it ready: its add job failed (does the worker answer the gateway's "
+            "/health?) or the gateway restarted",
+        )
+
+    def _confirm(self, worker_id: str) -> RegisterOutcome | None:
+        """Poll our worker until listed ready, within `confirm_timeout`; None when the gateway
+        does not know the id (POST again). A RETRY keeps the id: the next attempt follows the
+        same worker instead of adding another."""
+        deadline = self._clock.monotonic() + self._settings.confirm_timeout
+        delay = _POLL_FIRST
+        while True:
+            result = self._send("GET", f"/workers/{worker_id}")
+            code = result.status_code
+            if result.error is None and code in (400, 404):
+                self.worker_id = None
+                return None
+            info = _json_object(result) if code == 200 else None
+            if info is None:
+                return self._http.classify_registration(result)
+            status = info.get("status")
+            self._draining_seen = self._draining_seen or status == "draining"
+            if status == "ready" and info.get("is_healthy", True):
+                return RegisterOutcome(Verdict.ACCEPTED, status_code=code)
+            left = deadline - self._clock.monotonic()
+            if left <= 0 or self._stopping.is_set():
+                job = info.get("job_status")
+                job = job if isinstance(job, dict) else {}
+                return RegisterOutcome(
+                    Verdict.RETRY,
+                    code,
+                    f"worker {clean(self._url, 200)} not listed ready within "
+                    f"{self._settings.confirm_timeout:g} s (status {clean(status, 40)!s}, job "
+                    f"{clean(job.get('status'), 40)!s})",
+                )
+            if self._clock.wait(self._stopping, min(delay, left)):
+                continue  # stopping: one last look, then the answer above
+            delay = min(delay * 2, _POLL_MAX)
+
+    def _send(self, method: str, path: str, **kw: Any) -> HttpResult:
+        result: HttpResult = self._sender(method, path, **kw)
+        if not result.refused:
+            self.requests_sent += 1
+        return result
+
+    def check(self, payload: Mapping[str, Any]) -> RouteCheck:
+        self._url = str(payload["url"])
+        if self._gate.ready is not None and self.worker_id is not None:
+            unready = self._gate.unready_for()
+            if unready >= self._gate.grace:
+                return self._withdraw_unready(unready)
+        if self.worker_id is None:
+            return self._find()
+        result = self._send("GET", f"/workers/{self.worker_id}")
+        check = self._classify(result)
+        self._http.settle_idle_signal(check.route is Route.PRESENT)
+        return check
+
+    def _classify(self, result: HttpResult) -> RouteCheck:
+        """What `GET /workers/{id}` answered: MISSING (the loop registers again) only when the
+        gateway does not know the id."""
+        if result.error is not None:
+            return self._http.unreachable(result)
+        code = result.status_code
+        if code in (400, 404):
+            evidence = (
+                f"the gateway does not know worker {self.worker_id} (it restarted, "
+                "or the worker was removed)"
+            )
+            self.worker_id = None
+            return RouteCheck(Route.MISSING, code, evidence)
+        info = _json_object(result) if code == 200 else None
+        if info is None:
+            excerpt = self._http.excerpt(result)
+            return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {excerpt}")
+        return _listed_check(info, code, self._url, self.worker_id)
+
+    def _find(self) -> RouteCheck:
+        """Before we know an id: our URL in the gateway's list, adopted when found."""
+        result = self._send("GET", "/workers", limit=MAX_LIST_BYTES)
+        if result.error is not None:
+            return self._http.unreachable(result)
+        if result.status_code != 200:
+            return RouteCheck(
+                Route.UNDETERMINED,
+                result.status_code,
+                f"unexpected {result.status_code} for the worker list: "
+                f"{self._http.excerpt(result)}",
+            )
+        ours = (self._url or "").rstrip("/")
+        listed = (_json_object(result) or {}).get("workers")
+        if not isinstance(listed, list):
+            return RouteCheck(Route.UNDETERMINED, 200, "the worker list could not be read")
+        mine = [
+            w
+            for w in listed
+            if isinstance(w, dict)
+            and str(w.get("url", "")).rstrip("/") == ours
+            and isinstance(w.get("id"), str)
+        ]
+        if not mine:
+            return RouteCheck(Route.MISSING, 200, f"the gateway lists no worker at {ours}")
+        self.worker_id = str(mine[0]["id"])
+        self._posted = False
+        return _listed_check(mine[0], 200, self._url, self.worker_id)
+
+    def _withdraw_unready(self, unready: float) -> RouteCheck:
+        reason = self.not_ready() or "not ready"
+        logger.warning(
+            "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the gateway",
+            self.display_url,
+            unready,
+            clean(reason, 200),
+        )
+        removed = self._remove(wait=False)
+        return RouteCheck(
+            Route.MISSING,
+            None,
+            f"withdrawn: not ready for {unready:.1f} s ({clean(reason, 200)})"
+            + ("" if removed else "; the gateway did not take the removal"),
+        )
+
+    def wait_idle(self, timeout: float, waker: Waker) -> bool:
+        """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
+        True once the served process has been not ready for `grace` (the check withdraws it)."""
+        if self._gate.ready is None:
+            return self._http.wait_idle(timeout, waker)
+        return self._gate.wait(self._http.wait_idle, timeout, waker)
+
+    def _remove(self, wait: bool = True) -> bool:
+        """DELETE our worker and (`wait`) wait, within `drain_timeout`, until the gateway no
+        longer lists it. True when it is gone (without `wait`: when the DELETE was taken)."""
+        worker_id = self.worker_id
+        if worker_id is None and self._posted:
+            self._find()  # a POST whose answer was lost: its worker may be listed
+            worker_id = self.worker_id
+        if worker_id is None:
+            return True
+        started = self._clock.monotonic()
+        result = self._send("DELETE", f"/workers/{worker_id}")
+        if result.error is not None or result.status_code not in (200, 202, 204, 400, 404):
+            what = (
+                self._http.describe_error(result.error)
+                if result.error is not None
+                else f"{result.status_code}: {self._http.excerpt(result)}"
+            )
+            logger.warning("%s: could not remove worker %s: %s", self.display_url, worker_id, what)
+            return False
+        if not wait:
+            self.worker_id = None
+            return True
+        delay = _POLL_FIRST
+        while True:
+            probe = self._send("GET", f"/workers/{worker_id}")
+            if probe.error is None and probe.status_code in (400, 404):
+                self.worker_id = None
+                logger.info(
+                    "%s: worker %s removed after %.2f s",
+                    self.display_url,
+                    worker_id,
+                    self._clock.monotonic() - started,
+                )
+                return True
+            left = started + self._settings.drain_timeout - self._clock.monotonic()
+            if left <= 0:
+                logger.warning(
+                    "%s: worker %s still listed %g s after its DELETE",
+                    self.display_url,
+                    worker_id,
+                    self._settings.drain_timeout,
+                )
+                return False
+            self._clock.wait(threading.Event(), min(delay, left))
+            delay = min(delay * 2, _POLL_MAX)
+
+    def resolution(self) -> str | None:
+        return self._http.resolution()
+
+    def abort(self) -> None:
+        """End an attempt's wait for the gateway now (from `stop()`); `close` still drains,
+        and a request of the drain is never cut (`stop()` may be called again meanwhile)."""
+        with self._abort_lock:
+            if self._closing:
+                return
+            self._stopping.set()
+            self._http.abort()
+
+    def close(self) -> None:
+        """Drain: remove our worker from the gateway and wait until it is gone (bounded)."""
+        with self._abort_lock:
+            self._closing = True
+        try:
+            self._remove()
+        finally:
+            self._http.close()
+            self._gate.close()
+
+
+def _worker_id_in(result: HttpResult) -> str | None:
+    """The worker id a 202 (`worker_id`) or a 409 (in its error text) names."""
+    body = _json_object(result) or {}
+    if isinstance(body.get("worker_id"), str) and _UUID.fullmatch(body["worker_id"]):
+        return str(body["worker_id"])
+    found = _UUID.search(body["error"]) if isinstance(body.get("error"), str) else None
+    return found.group(0) if found else None
+
+
+def _json_object(result: HttpResult) -> dict[str, Any] | None:
+    """A complete answer's JSON object, or None."""
+    if not result.complete:
+        return None
+    try:
+        body = load_json(result.text)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _listed_check(
+    info: Mapping[str, Any], code: int | None, url: str | None, worker_id: str | None
+) -> RouteCheck:
+    """What the listing `info` of our worker `worker_id` (at `url`) means for the route."""
+    listed = str(info.get("url", "")).rstrip("/")
+    ours = (url or "").rstrip("/")
+    if listed != ours:
+        theirs = clean(listed, 200)
+        return RouteCheck(Route.CONFLICT, code, f"our worker id lists {theirs}, not {ours}")
+    if info.get("status") == "pending":
+        return RouteCheck(Route.UNDETERMINED, code, "the gateway is still adding the worker")
+    if info.get("status") == "draining":
+        return RouteCheck(
+            Route.UNDETERMINED,
+            code,
+            "the gateway is removing the worker (draining); it is added again once gone",
+        )
+    health = "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
+    status = clean(info.get("status"), 40)
+    return RouteCheck(Route.PRESENT, code, f"listed as {worker_id} ({status}, {health})")

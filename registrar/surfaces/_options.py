@@ -1,0 +1,424 @@
+"""The one table of options. Each row defines an option once: its name (the `REGISTRAR_<NAME>`
+variable and the `--<name>` flag of `registrar register`), the settings field it sets, a parser
+that only turns text into a typed value, the settings' rule for that value, the help, an example
+and what the SGLang plugin does with it. The environment reader (`surfaces/env.py`), the command's
+flags and `--help` (`surfaces/cli/`), the plugin's tables (`integrations/sglang/settings.py`) and
+docs/configuration.md (`docs/hooks/envdoc.py`) are all read from `OPTIONS`: an option is added here,
+in one row, and appears in all of them (tests/test_options.py).
+
+Defaults are never written here: `--help` and the docs read them from the settings classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass
+from typing import Any
+
+from ..core import _rules as rules
+from ..core._backoff import Backoff
+from ..core._settings import HttpSettings, LoopSettings, default_of, rules_of
+from ..protocols._etcd.settings import EtcdSettings
+from ..protocols._smg.settings import SmgSettings
+from ..protocols._smg.transport import DEFAULT_WATCH_INTERVAL as SMG_WATCH_INTERVAL
+from ._parsers import (
+    int_or_off,
+    integer,
+    number,
+    parse_flag,
+    parse_port,
+    parse_seconds_or_zero,
+    seconds,
+    seconds_or_off,
+    text,
+    timeout,
+    urls,
+    word,
+)
+
+ENV_PREFIX = "REGISTRAR_"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the table (see the module's docstring)."""
+
+    name: str
+    parse: Callable[[str], Any]
+    """Text to a typed value; ValueError says what text is expected."""
+    example: str
+    help: str
+    settings: type | None = None
+    """The settings class whose field this sets (its rule checks the value, its default is
+    the one `--help` shows); None for an option of the command alone."""
+    field: str | None = None
+    kwarg: str | None = None
+    """The `Registrar` keyword argument it is (`backoff.<field>` for a field of its `Backoff`),
+    for `options_from_env`."""
+    flag: bool = True
+    """False: from the environment only (a secret must not show in `ps`)."""
+    plugin: str | None = None
+    """Why the SGLang plugin refuses it; None when the plugin honours it."""
+    rule: rules.Rule | None = None
+    """The value rule, when not the settings field's own (a timeout per part)."""
+    defaults: tuple[tuple[str, type, str], ...] = ()
+    """Other defaults to show: (when, settings class, field)."""
+    metavar: str | None = None
+    repeat: bool = False
+    """The flag may be given several times (its values are joined)."""
+    show_default: bool = True
+    """False where the settings' default is not the whole story (the help says it)."""
+
+    @property
+    def variable(self) -> str:
+        return ENV_PREFIX + self.name
+
+    @property
+    def flag_name(self) -> str | None:
+        return "--" + self.name.lower().replace("_", "-") if self.flag else None
+
+    @property
+    def key(self) -> str:
+        """The name the command resolves it by (`health_port`)."""
+        return self.name.lower()
+
+    def check(self, value: Any) -> Any:
+        rule = self.rule
+        if rule is None and self.settings is not None and self.field is not None:
+            rule = rules_of(self.settings).get(self.field)
+        return value if rule is None else rule(value)
+
+    def read(self, text: str) -> Any:
+        """Parse and check `text`; ValueError (`rules.Invalid` is one) says what is allowed."""
+        return self.check(self.parse(text))
+
+    def default_text(self) -> str:
+        """The defaults, read from the settings classes: "5; with --etcd: 2"."""
+        if self.settings is None or self.field is None:
+            return ""
+        base = default_of(self.settings, self.field)
+        if base is MISSING or not self.show_default:
+            return ""
+        shown = [_shown(base)]
+        shown += [
+            f"with {when}: {_shown(default_of(c, f))}"
+            for when, c, f in self.defaults
+            if default_of(c, f) != base
+        ]
+        return "; ".join(shown)
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+_SGLANG_BUILDS = "SGLang builds each row's bootstrap URL and payload itself"
+_SGLANG_ADDRESS = _SGLANG_BUILDS + " (the rank's address: --host, --dist-init-addr)"
+_NO_ETCD = "the plugin registers with SGLang's bootstrap server, not etcd"
+_FROM_SERVER_ARGS = "with REGISTRAR_GATEWAY the plugin reads it from SGLang's own arguments"
+_REPORTED_BY_SGLANG = "inside SGLang, /ready and /server_info report registration (docs/sglang.md)"
+DEFAULT_HEALTH_HOST = "127.0.0.1"
+"""Where `registrar register` serves health unless told (the command's own default)."""
+
+
+def _loop(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
+    field = name.lower()
+    return Option(name, parse, example, help, LoopSettings, field, field, **more)
+
+
+def _backoff(name: str, field: str, example: str, help: str, **more: Any) -> Option:
+    return Option(name, number, example, help, Backoff, field, f"backoff.{field}", **more)
+
+
+def _etcd(
+    name: str, field: str, parse: Callable[[str], Any], example: str, help: str, **more: Any
+) -> Option:
+    # A certificate and its key are one field of the settings (a pair): each file is checked
+    # here, the pair when the settings are made.
+    rule = rules.existing_path if field == "cert" else None
+    return Option(
+        name, parse, example, help, EtcdSettings, field, plugin=_NO_ETCD, rule=rule, **more
+    )
+
+
+def _smg(
+    name: str, field: str, parse: Callable[[str], Any], example: str, help: str, **more: Any
+) -> Option:
+    return Option(name, parse, example, help, SmgSettings, field, **more)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _loop(
+        "ON_FAILURE",
+        word("retry", "stop", "exit"),
+        "exit",
+        "when the startup budget is spent: retry (in the background), stop, or exit",
+        metavar="retry|stop|exit",
+    ),
+    _loop(
+        "MAX_ATTEMPTS",
+        int_or_off,
+        "5",
+        "startup attempts before on_failure applies (unlimited: never)",
+        metavar="N",
+    ),
+    _loop(
+        "MAX_ELAPSED",
+        seconds_or_off,
+        "60",
+        "startup time budget in seconds before on_failure applies (off: none)",
+        metavar="S",
+    ),
+    _loop(
+        "WATCH_INTERVAL",
+        seconds_or_off,
+        "15",
+        "seconds between route checks once registered; 'off' for none (0 is refused); "
+        f"with --gateway: {SMG_WATCH_INTERVAL:g}, with --etcd: from --ttl",
+        metavar="S",
+    ),
+    Option(
+        "TIMEOUT",
+        timeout,
+        "5",
+        "each request's deadline in seconds, the whole request, or CONNECT,READ",
+        HttpSettings,
+        "timeout",
+        "timeout",
+        rule=rules.each_seconds,
+        defaults=(("--etcd", EtcdSettings, "timeout"), ("--gateway", SmgSettings, "timeout")),
+        metavar="S",
+    ),
+    _loop(
+        "MAX_RETRY_AFTER",
+        parse_seconds_or_zero,
+        "60",
+        "longest wait a server's Retry-After may impose, seconds (0: ignore it)",
+        metavar="S",
+    ),
+    _loop(
+        "DIAGNOSE_AFTER",
+        seconds_or_off,
+        "30",
+        "seconds of requests reaching no bootstrap server before a diagnosis (a wrong port, "
+        "host, scheme) is stated in the log, status, health and metrics; 'off' for none",
+        metavar="S",
+    ),
+    Option(
+        "VERIFY",
+        parse_flag,
+        "true",
+        "verify the server's TLS certificate",
+        HttpSettings,
+        "verify",
+        "verify",
+    ),
+    Option(
+        "CA_BUNDLE",
+        text,
+        "/etc/ssl/bootstrap-ca.pem",
+        "CA bundle (a file) or CA directory to verify an https server",
+        HttpSettings,
+        "verify",
+        "verify",
+        rule=rules.existing_path,
+        show_default=False,
+        metavar="PATH",
+    ),
+    _backoff("BACKOFF_INITIAL", "initial", "1", "first retry delay, seconds", metavar="S"),
+    _backoff("BACKOFF_MAX", "maximum", "5", "retry delay cap, seconds", metavar="S"),
+    _backoff("BACKOFF_MULTIPLIER", "multiplier", "2", "retry delay growth factor", metavar="X"),
+    _backoff("BACKOFF_JITTER", "jitter", "0.25", "random part of each delay", metavar="F"),
+    # The command's own (the plugin honours some: SGLang gives it the rest).
+    Option(
+        "URL",
+        text,
+        "http://127.0.0.1:8998",
+        "the bootstrap server (required, unless --etcd or --gateway)",
+        HttpSettings,
+        "url",
+        plugin=_SGLANG_BUILDS,
+    ),
+    Option(
+        "PAYLOAD",
+        text,
+        "@/etc/registrar/rank0.json",
+        "the payload: JSON, or @FILE to read it (required, unless --gateway)",
+        plugin=_SGLANG_BUILDS,
+        metavar="JSON|@FILE",
+    ),
+    Option(
+        "PROTOCOL",
+        text,
+        "sglang",
+        "sglang (PUT /route and watch the rank) or http (PUT only) (default: sglang)",
+        plugin="the plugin speaks SGLang's bootstrap protocol",
+    ),
+    Option(
+        "TOKEN",
+        text,
+        "s3cret",
+        "bearer token (visible in ps: prefer TOKEN_FILE; "
+        "default: $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)",
+        HttpSettings,
+        "token",
+        show_default=False,
+    ),
+    Option(
+        "TOKEN_FILE",
+        text,
+        "/var/run/secrets/bootstrap/token",
+        "file holding the bearer token, read again before each request (rotation)",
+        metavar="FILE",
+    ),
+    Option("RANK_IP", text, "10.0.0.5", "sets the payload's rank_ip", plugin=_SGLANG_ADDRESS),
+    Option(
+        "RANK_IP_ENV",
+        text,
+        "POD_IP",
+        "the variable that holds the payload's rank_ip (Kubernetes: status.podIP)",
+        plugin=_SGLANG_ADDRESS,
+        metavar="VAR",
+    ),
+    _etcd(
+        "ETCD",
+        "endpoints",
+        text,
+        "http://127.0.0.1:2379",
+        "instead of URL: etcd client URLs, comma-separated (docs/etcd.md)",
+        metavar="URLS",
+    ),
+    _etcd("KEY", "key", text, "/services/prefill/rank0", "with ETCD: the key", metavar="KEY"),
+    _etcd("TTL", "ttl", seconds, "10", "with ETCD: the lease TTL, seconds", metavar="S"),
+    _etcd("ETCD_USER", "username", text, "registrar", "with ETCD: the etcd user", metavar="NAME"),
+    Option(
+        "ETCD_PASSWORD",
+        text,
+        "s3cret",
+        "with ETCD_USER: the etcd password (from the environment only: no flag)",
+        EtcdSettings,
+        "password",
+        flag=False,
+        plugin=_NO_ETCD,
+    ),
+    _etcd(
+        "ETCD_CERT",
+        "cert",
+        text,
+        "/etc/etcd/client.pem",
+        "with ETCD: a TLS client certificate",
+        metavar="FILE",
+    ),
+    _etcd(
+        "ETCD_CERT_KEY",
+        "cert",
+        text,
+        "/etc/etcd/client.key",
+        "with ETCD: its key file",
+        metavar="FILE",
+    ),
+    _smg(
+        "GATEWAY",
+        "gateways",
+        urls,
+        "http://127.0.0.1:30000",
+        "instead of URL: smg gateway URLs, comma-separated, or the flag repeated (docs/gateway.md)",
+        repeat=True,
+        metavar="URL",
+    ),
+    _smg(
+        "WORKER_URL",
+        "worker_url",
+        text,
+        "http://10.0.0.5:30001",
+        "with GATEWAY: the worker, as the gateway reaches it",
+        show_default=False,
+    ),
+    _smg(
+        "WORKER_TYPE",
+        "worker_type",
+        text,
+        "prefill",
+        "with GATEWAY: prefill, decode or regular",
+        plugin=_FROM_SERVER_ARGS + " (--disaggregation-mode)",
+        metavar="prefill|decode|regular",
+    ),
+    _smg(
+        "BOOTSTRAP_PORT",
+        "bootstrap_port",
+        integer,
+        "8998",
+        "with GATEWAY: a prefill worker's bootstrap server port",
+        plugin=_FROM_SERVER_ARGS + " (--disaggregation-bootstrap-port)",
+        metavar="N",
+    ),
+    _smg(
+        "READY_URL",
+        "ready",
+        text,
+        "http://127.0.0.1:30001/ready",
+        "with GATEWAY: offer the worker only while this answers 2xx (SGLang: /ready)",
+        plugin="with REGISTRAR_GATEWAY the server's own /ready gates the offer",
+    ),
+    _smg(
+        "READY_GRACE",
+        "grace",
+        seconds,
+        "10",
+        "with READY_URL: not ready this long, the worker is withdrawn",
+        metavar="S",
+    ),
+    _smg(
+        "GATEWAY_KEY_FILE",
+        "key_file",
+        text,
+        "/var/run/secrets/smg/key",
+        "with GATEWAY: file holding the control-plane key, read before each request "
+        "(else $REGISTRAR_GATEWAY_KEY)",
+        metavar="FILE",
+    ),
+    _smg(
+        "DRAIN_TIMEOUT",
+        "drain_timeout",
+        seconds,
+        "15",
+        "with GATEWAY: at stop, wait this long for the gateway to remove the worker",
+        metavar="S",
+    ),
+    Option(
+        "HEALTH_HOST",
+        text,
+        "0.0.0.0",
+        f"address of the health server (default: {DEFAULT_HEALTH_HOST})",
+        plugin=_REPORTED_BY_SGLANG,
+        metavar="H",
+    ),
+    Option(
+        "HEALTH_PORT",
+        parse_port,
+        "8081",
+        "serve /livez /readyz /health on this port (0: any free port)",
+        plugin=_REPORTED_BY_SGLANG,
+        metavar="P",
+    ),
+    Option(
+        "EXPOSE_PAYLOAD",
+        parse_flag,
+        "false",
+        "show the payload in /health",
+        plugin=_REPORTED_BY_SGLANG,
+    ),
+    Option(
+        "VERBOSE",
+        parse_flag,
+        "false",
+        "log each request with its status and time, and each route check",
+    ),
+)
+"""Every option, in the order `--help` and the docs list them."""

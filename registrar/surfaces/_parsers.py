@@ -1,0 +1,106 @@
+"""The options table's parsers: each turns the text of a variable or a flag into a typed value,
+and nothing more; the value's rule is the settings field's (`registrar.core._rules`). A
+ValueError says what text is expected."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+_T = TypeVar("_T")
+_OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _reading(parse: Callable[[str], _T], text: str, expected: str) -> _T:
+    try:
+        return parse(text)
+    except ValueError:
+        raise ValueError(expected) from None
+
+
+def _off_or(parse: Callable[[str], _T], text: str, expected: str) -> _T | None:
+    if text.strip().lower() in _OFF:
+        return None
+    return _reading(parse, text, expected)
+
+
+def seconds(text: str) -> float:
+    return _reading(number, text, "must be a positive number of seconds")
+
+
+def parse_seconds_or_zero(text: str) -> float:
+    return _reading(number, text, "must be a number of seconds >= 0")
+
+
+def seconds_or_off(text: str) -> float | None:
+    return _off_or(number, text, "must be a positive number of seconds, or off")
+
+
+def int_or_off(text: str) -> int | None:
+    return _off_or(int, text, "must be an integer >= 1, or unlimited")
+
+
+def integer(text: str) -> int:
+    return _reading(int, text, "must be an integer")
+
+
+def timeout(text: str) -> float | tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) == 1:
+        return seconds(parts[0])
+    if len(parts) == 2:
+        return (seconds(parts[0]), seconds(parts[1]))
+    raise ValueError("must be seconds, or connect,read seconds")
+
+
+def word(*words: str) -> Callable[[str], str]:
+    """One of `words` (an enumeration: the text names a value, or names none)."""
+
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in words:
+            raise ValueError(f"must be {', '.join(words[:-1])} or {words[-1]}")
+        return value
+
+    return parse
+
+
+def parse_flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("must be true or false")
+
+
+def parse_port(text: str) -> int:
+    """A TCP port to listen on, 0 meaning any free one (the health server's own rule: it is no
+    registration setting)."""
+    expected = "must be a port number within [0, 65535] (0: any free port)"
+    value = _reading(int, text, expected)
+    if not 0 <= value <= 65535:
+        raise ValueError(expected)
+    return value
+
+
+def text(text: str) -> str:
+    """Text as given (a flag's newline is the URL rule's to refuse)."""
+    return text
+
+
+def urls(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]

@@ -1,0 +1,398 @@
+"""`registrar doctor` (docs/cli.md): a deployment's bootstrap server, gateways and etcd
+endpoints, each looked at the way the registrar would reach it, with the same probe and the
+same diagnoses as a running registrar's (`core.diagnosis`, `protocols.probe`), said in words or
+as JSON; exit 0 only when every check made passed. Nothing here registers anything, sends a
+credential or verifies a certificate: it looks. And `registrar sglang`: what the SGLang plugin
+will do in this environment's SGLang, read from its installed source without starting it."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from ...core import _rules as rules
+from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
+from ...core._redact import clean
+from ...core._untrusted import load_json
+from ...protocols._probe import Answer, ProbeOptions, fetch, gather
+from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
+from .._parsers import urls
+from ._common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
+
+MAX_RANKS = 4096
+"""At most this many ranks are asked for one by one (the count is always checked)."""
+
+Verdict = Literal["pass", "fail", "skip"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check of one target (bootstrap, gateway, etcd, sglang): `status` skip when not
+    applicable, what was seen (`detail`), and figures for scripts (`data`)."""
+
+    target: str
+    url: str
+    check: str
+    status: Verdict
+    detail: str
+    diagnosis: Diagnosis | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+@dataclass(frozen=True)
+class Report:
+    findings: tuple[Finding, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return all(f.status != "fail" for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "checks": [asdict(f) for f in self.findings]}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the doctor is asked to look at."""
+
+    bootstrap: str | None = None
+    expect: int | None = None
+    """Rows the topology should have (dp * cp * tp * pp); else read from the server."""
+    http_port: int | None = None
+    """The prefill's HTTP port: compared with the bootstrap port, knocked on when refused."""
+    gateways: tuple[str, ...] = ()
+    etcd: tuple[str, ...] = ()
+    timeout: float = 2.0
+    gateway_key: str | None = None
+    """The gateways' control-plane key (`GET /workers` needs it when smg has `--api-key`)."""
+
+    @property
+    def options(self) -> ProbeOptions:
+        return ProbeOptions(self.timeout)
+
+    @property
+    def gateway_options(self) -> ProbeOptions:
+        key = self.gateway_key
+        return ProbeOptions(self.timeout, {"Authorization": f"Bearer {key}"} if key else {})
+
+
+_WRONG_SERVICE = frozenset({Code.NOT_BOOTSTRAP, Code.GATEWAY, Code.HTTP_PORT})
+
+
+def _reach(kind: str, url: str, evidence: Evidence, protocol: str) -> list[Finding]:
+    """Resolves, listens, speaks: the findings of one probe, the diagnosis on the step that
+    failed, later steps skipped."""
+    diagnosis = diagnose(evidence)
+    at = hostport(evidence.host, evidence.port_text)
+    if diagnosis is not None and kind != "bootstrap" and diagnosis.code in _WRONG_SERVICE:
+        # The diagnoses of what answers speak of a bootstrap server: say it for this kind.
+        diagnosis = Diagnosis(
+            f"not-{kind}",
+            f"{at} answers, but not as {protocol} ({evidence.detail}): check the {kind} URL",
+        )
+    steps: list[tuple[str, bool | None, str]] = [
+        (
+            "resolves",
+            evidence.resolved,
+            f"{evidence.host} resolves"
+            if evidence.resolved
+            else f"{evidence.host} is an address (nothing to resolve)",
+        ),
+        (
+            "listens",
+            evidence.seen is not None and evidence.seen.value not in ("nothing", "silence"),
+            f"something accepts connections on {at}",
+        ),
+        ("protocol", diagnosis is None, f"speaks {protocol} ({evidence.detail})"),
+    ]
+    out: list[Finding] = []
+    failed = False
+    for name, ok, words in steps:
+        if failed:
+            out.append(Finding(kind, url, name, "skip", "not checked: an earlier check failed"))
+        elif (ok is None and name == "resolves") or ok:
+            out.append(Finding(kind, url, name, "pass", words))
+        else:
+            failed = True
+            sentence = diagnosis.sentence if diagnosis else evidence.detail
+            out.append(Finding(kind, url, name, "fail", sentence, diagnosis))
+    return out
+
+
+def _failed(findings: Sequence[Finding]) -> bool:
+    return any(f.status == "fail" for f in findings)
+
+
+def bootstrap_findings(target: Target) -> list[Finding]:
+    """The bootstrap server: reachable and SGLang's, then its rows."""
+    url = (target.bootstrap or "").rstrip("/")
+    unfilled = port_problem(url)
+    if unfilled is not None:
+        return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
+    seen = gather(
+        url,
+        PROBE_PATH,
+        is_bootstrap_answer,
+        http_port=target.http_port,
+        options=target.options,
+    )
+    found = _reach("bootstrap", url, seen, "SGLang's bootstrap protocol")
+    if _failed(found):
+        found.append(Finding("bootstrap", url, "rows", "skip", "not checked: unreachable"))
+        return found
+    return [*found, _rows(url, target)]
+
+
+def _get(url: str, path: str, options: ProbeOptions) -> Answer | str:
+    parts = urlsplit(url)
+    scheme_port = 443 if parts.scheme == "https" else 80
+    return fetch(
+        parts.hostname or "",
+        parts.port or scheme_port,
+        parts.path.rstrip("/") + path,
+        host=parts.hostname or "",
+        tls=parts.scheme == "https",
+        options=options,
+    )
+
+
+def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
+    sizes = [info.get(k) for k in ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")]
+    if not all(isinstance(s, int) and s >= 1 for s in sizes):
+        return None
+    dp, cp, tp, pp = (range(int(s)) for s in sizes)  # type: ignore[arg-type]
+    return [Rank(*r) for r in itertools.product(dp, cp, tp, pp)]
+
+
+def _rows(url: str, target: Target) -> Finding:
+    """How many rows are in against the topology, and which ranks are missing."""
+    answer = _get(url, PROBE_PATH, target.options)
+    if isinstance(answer, str):
+        return Finding("bootstrap", url, "rows", "fail", f"no answer: {answer}")
+    if answer.status == 503:
+        count = count_in(answer.text) or 0
+        want = f" of {target.expect}" if target.expect else ""
+        return Finding(
+            "bootstrap",
+            url,
+            "rows",
+            "fail",
+            f"{count}{want} rows registered: the topology is not complete; which ranks are "
+            "missing cannot be read before it is (the server answers 503 for every rank)",
+            data={"registered": count, "expected": target.expect, "missing": None},
+        )
+    info = load_json(answer.text)
+    ranks = _ranks(info if isinstance(info, dict) else {})
+    if ranks is None:
+        return Finding("bootstrap", url, "rows", "fail", f"unreadable server info: {answer.text!r}")
+    return _missing(url, target, ranks)
+
+
+def _missing(url: str, target: Target, ranks: list[Rank]) -> Finding:
+    expected = len(ranks)
+    asked = ranks[:MAX_RANKS]
+    missing = [r for r in asked if _status_of(url, r, target.options) == 404]
+    shown = [{"dp": r.dp, "cp": r.cp, "tp": r.tp, "pp": r.pp} for r in missing]
+    data = {"registered": expected - len(missing), "expected": expected, "missing": shown}
+    problems = []
+    if target.expect is not None and target.expect != expected:
+        problems.append(f"the server's topology has {expected} rows, {target.expect} expected")
+    if missing:
+        listed = ", ".join(f"dp{r.dp} cp{r.cp} tp{r.tp} pp{r.pp}" for r in missing[:20])
+        problems.append(
+            f"{len(missing)} of {expected} ranks missing ({listed}): the count was reached "
+            "with a rank registered twice"
+        )
+    if problems:
+        return Finding("bootstrap", url, "rows", "fail", "; ".join(problems), data=data)
+    note = "" if len(asked) == expected else f" (the first {len(asked)} asked one by one)"
+    return Finding(
+        "bootstrap", url, "rows", "pass", f"{expected} of {expected} rows{note}", data=data
+    )
+
+
+def _status_of(url: str, rank: Rank, options: ProbeOptions) -> int | None:
+    query = "&".join(f"{k}={v}" for k, v in rank.query().items())
+    answer = _get(url, f"/route?{query}", options)
+    return None if isinstance(answer, str) else answer.status
+
+
+def _is_workers(answer: Answer) -> bool:
+    body = _json(answer)
+    return answer.status == 200 and isinstance(body, dict) and isinstance(body.get("workers"), list)
+
+
+def _json(answer: Answer) -> Any:
+    try:
+        return load_json(answer.text)
+    except ValueError:
+        return None
+
+
+def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
+    """A gateway (smg): reachable and listing workers, none twice, none unhealthy."""
+    url = url.rstrip("/")
+    seen = gather(url, "/workers", _is_workers, options=options)
+    found = _reach("gateway", url, seen, "smg")
+    if _failed(found):
+        return found
+    answer = _get(url, "/workers", options)
+    body = _json(answer) if isinstance(answer, Answer) else None
+    listed = [w for w in (body or {}).get("workers", []) if isinstance(w, dict)]
+    urls = [str(w.get("url", "")).rstrip("/") for w in listed]
+    twice = sorted({u for u in urls if urls.count(u) > 1})
+    sick = sorted(str(w.get("url")) for w in listed if w.get("is_healthy") is False)
+    data = {"workers": len(listed), "duplicates": twice, "unhealthy": sick}
+    problems = []
+    if twice:
+        problems.append(f"listed twice: {', '.join(twice)}")
+    if sick:
+        problems.append(f"unhealthy: {', '.join(sick)}")
+    verdict: Verdict = "fail" if problems else "pass"
+    detail = "; ".join(problems) or f"{len(listed)} workers, none twice, none unhealthy"
+    return [*found, Finding("gateway", url, "workers", verdict, detail, data=data)]
+
+
+def _is_etcd(answer: Answer) -> bool:
+    body = _json(answer)
+    return answer.status == 200 and isinstance(body, dict) and "etcdserver" in body
+
+
+def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
+    """An etcd endpoint: reachable and answering `GET /version` as etcd."""
+    url = url.rstrip("/")
+    seen = gather(url, "/version", _is_etcd, options=options)
+    found = _reach("etcd", url, seen, "etcd")
+    if not _failed(found):
+        found[-1] = Finding("etcd", url, "protocol", "pass", f"etcd answers ({seen.detail})")
+    return found
+
+
+EnvironmentCheck = Callable[[], Iterable[Finding]]
+"""A check of the environment (which SGLang release, what the plugin does there): the SGLang
+integration's release table supplies one; `run_doctor` takes any."""
+
+
+def run_doctor(target: Target, environment: Sequence[EnvironmentCheck] = ()) -> Report:
+    """Every check `target` asks for, in order: bootstrap, gateways, etcd, then `environment`."""
+    found: list[Finding] = []
+    if target.bootstrap is not None:
+        found += bootstrap_findings(target)
+    for url in target.gateways:
+        found += gateway_findings(url, target.gateway_options)
+    for url in target.etcd:
+        found += etcd_findings(url, target.options)
+    for check in environment:
+        found += check()
+    return Report(tuple(found))
+
+
+_MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
+
+
+def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
+    """Every URL of a repeated flag (each may list several, comma-separated), checked."""
+    found = [url for text in given or () for url in urls(text)]
+    for url in found:
+        try:
+            rules.url(url)
+        except rules.Invalid as exc:
+            raise UsageError(f"{flag} {clean(url, 200)!r} {exc.rule}") from None
+    return tuple(found)
+
+
+def _target(args: argparse.Namespace) -> Target:
+    gateways = _urls("--gateway", args.gateway)
+    etcd = _urls("--etcd", args.etcd)
+    if args.url is None and not gateways and not etcd and not args.sglang:
+        raise UsageError("nothing to check: give --url, --gateway, --etcd or --sglang")
+    # The bootstrap URL is not refused here for a port that was never filled in (":None"):
+    # saying so is the first check's job.
+    key = _key(args.gateway_key_file) if args.gateway_key_file else None
+    return Target(args.url, args.expect, args.http_port, gateways, etcd, args.timeout, key)
+
+
+def _key(path: str) -> str:
+    """The gateway's key, from a file (never a flag: it would show in `ps`)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            key = file.read().strip()
+    except OSError as exc:
+        raise UsageError(f"--gateway-key-file {clean(path, 200)!r}: {exc.strerror}") from None
+    if not key or "\n" in key:
+        raise UsageError(f"--gateway-key-file {clean(path, 200)!r} must hold one line, the key")
+    return key
+
+
+def human(report: Report) -> list[str]:
+    """The report for a person: one block per target, one line per check, then the verdict."""
+    lines: list[str] = []
+    where: tuple[str, str] | None = None
+    for finding in report.findings:
+        if (finding.target, finding.url) != where:
+            where = (finding.target, finding.url)
+            lines.append(f"{finding.target} {clean(finding.url, 200)}")
+        lines.append(_line(finding))
+    failed = sum(f.status == "fail" for f in report.findings)
+    lines.append("healthy" if report.healthy else f"not healthy: {failed} check(s) failed")
+    return lines
+
+
+def _line(finding: Finding) -> str:
+    code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
+    return f"  {_MARKS[finding.status]} {finding.check}: {clean(finding.detail, 600)}{code}"
+
+
+def sglang_findings() -> list[Finding]:
+    """The SGLang environment, read by the plugin's release table (`registrar sglang`): the
+    release and plugin system found, then whether the plugin can register there."""
+    from ...integrations.sglang._report import installed_report  # noqa: PLC0415
+
+    report = installed_report()
+    where = report["path"] or report["python"]
+    found = bool(report["installed"] and report["plugin_system"] and report["entry_point"])
+    release = (
+        f"sglang {report['sglang'] or '(version unknown)'}; plugin system: "
+        f"{'yes' if report['plugin_system'] else 'no'}; registrar's entry point: "
+        f"{'yes' if report['entry_point'] else 'no'}"
+        if report["installed"]
+        else "SGLang is not installed in this Python environment"
+    )
+    lost = [f["feature"] for f in report["features"] if not f["available"]]
+    registers = any(f["feature"] == "registration" and f["available"] for f in report["features"])
+    return [
+        Finding("sglang", where, "release", "pass" if found else "fail", release),
+        Finding(
+            "sglang",
+            where,
+            "plugin",
+            ("pass" if registers else "fail") if found else "skip",
+            report["advice"],
+            data={"unavailable": lost},
+        ),
+    ]
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    report = run_doctor(_target(args), [sglang_findings] if args.sglang else ())
+    outcome = EXIT_OK if report.healthy else EXIT_NOT_REGISTERED  # as status: "not registered"
+    if args.json:
+        return answer([json.dumps(report.to_dict())], outcome)
+    return answer(human(report), outcome)
+
+
+def cmd_sglang(args: argparse.Namespace) -> int:
+    from ...integrations.sglang._report import describe, installed_report  # noqa: PLC0415
+
+    report = installed_report()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(describe(report))
+    return EXIT_OK

@@ -1,0 +1,264 @@
+"""`registrar register`: the options resolved (each flag given, else its variable), turned into
+settings values, and the registrations they describe run until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..._version import __version__
+from ...core import _rules as rules
+from ...core._backoff import Backoff
+from ...core._errors import ConfigError, describe_exception
+from ...core._group import RegistrarGroup
+from ...core._machine import State
+from ...core._registrar import Registrar
+from ...core._settings import HttpSettings, LoopSettings
+from ...core._status import Status
+from ...core._transport import file_token
+from ...core._untrusted import load_json
+from ...protocols._etcd.settings import EtcdSettings
+from ...protocols._smg.settings import SmgSettings
+from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
+from .._verbose import log_request
+from ..env import UNSET, read_variable, registrar_options
+from ..health import start_health_server
+from ._common import EXIT_OK, Signals, UsageError, log_setup
+
+_SHARED = ("timeout", "verify")
+"""The HTTP settings every protocol takes (a deadline, TLS)."""
+
+
+def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The options by key: each flag given, else its variable, else nothing (the settings'
+    default stands); and the flags given. ConfigError names a bad variable; a variable whose
+    flag is given is not even read (the flag wins)."""
+    flags = {k: v for k, v in vars(args).items() if k != "command"}
+    chosen: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.key in flags:
+            chosen[option.key] = _joined(option, flags[option.key])
+        else:
+            value = read_variable(option, os.environ)
+            if value is not UNSET:
+                chosen[option.key] = value
+    return chosen, flags
+
+
+def _joined(option: Option, value: Any) -> Any:
+    """A repeated flag's values as one, checked as the variable's would be."""
+    if not option.repeat:
+        return value
+    joined = [item for given in value for item in given]
+    try:
+        return option.check(joined)
+    except rules.Invalid as exc:
+        raise UsageError(rules.describe(str(option.flag_name), joined, exc)) from None
+
+
+def _fields(chosen: dict[str, Any], settings: type, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The chosen values of the rows that set a field of `settings` (`only` those fields)."""
+    return {
+        str(o.field): chosen[o.key]
+        for o in OPTIONS
+        if o.settings is settings and o.key in chosen and (not only or o.field in only)
+    }
+
+
+def _loop_options(chosen: dict[str, Any]) -> dict[str, Any]:
+    """The loop's `Registrar` keyword arguments that were chosen (others keep the protocol's
+    default: the watch interval differs by protocol)."""
+    return registrar_options(
+        (o, chosen[o.key])
+        for o in OPTIONS
+        if o.settings in (LoopSettings, Backoff) and o.key in chosen
+    )
+
+
+def _payload(text: str, source: str = "--payload") -> dict[str, Any]:
+    if text.startswith("@"):
+        path = Path(text[1:])
+        source = f"{source} file {str(path)!r}"
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
+    try:
+        value = load_json(text)  # nesting bounded: 50 000 brackets are one line, not a traceback
+    except ValueError as exc:
+        hint = ""
+        if not text.lstrip().startswith(("{", "[", '"')) and (
+            text.endswith(".json") or Path(text).is_file()
+        ):
+            sep = "=" if source.startswith(ENV_PREFIX) else " "
+            hint = f"; to read the file, write {source}{sep}@{text}"  # the @ forgotten
+        raise UsageError(f"{source} is {exc}{hint}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{source} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
+    """A fixed token, a provider reading the token file before each request, or None."""
+    if "token" in flags and "token_file" in flags:
+        raise UsageError("give --token or --token-file, not both")
+    # A flag wins over both variables; between the variables, the file (not visible in ps).
+    if "token" in flags:
+        return flags["token"]
+    path = flags.get("token_file", chosen.get("token_file"))
+    if path is None:
+        return chosen.get("token")
+    try:
+        return file_token(path, "--token-file")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
+    if chosen.get("rank_ip") is not None:
+        return {**payload, "rank_ip": chosen["rank_ip"]}
+    name = chosen.get("rank_ip_env")
+    if name is None:
+        return payload
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
+    return {**payload, "rank_ip": value}
+
+
+def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
+    """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
+    if chosen.get("url") or chosen.get("protocol") or token is not None:
+        raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
+    if not chosen.get("key"):
+        raise UsageError("--etcd needs --key, e.g. --key /services/prefill/rank0")
+    fields = {k: v for k, v in _fields(chosen, EtcdSettings).items() if k != "cert"}
+    if not chosen.get("etcd_user"):
+        fields.pop("password", None)
+    elif not chosen.get("etcd_password"):
+        raise UsageError(f"--etcd-user needs the password in ${ENV_PREFIX}ETCD_PASSWORD")
+    cert, cert_key = chosen.get("etcd_cert"), chosen.get("etcd_cert_key")
+    if (cert is None) != (cert_key is None):
+        raise UsageError("--etcd-cert and --etcd-cert-key go together")
+    if cert is not None:
+        fields["cert"] = (cert, cert_key)
+    return {**fields, **_fields(chosen, HttpSettings, _SHARED)}
+
+
+def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
+    """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
+    clash = [
+        f"--{name.replace('_', '-')}"
+        for name in ("url", "etcd", "payload", "protocol", "token", "token_file", "rank_ip")
+        if chosen.get(name) is not None
+    ]
+    if clash:
+        raise UsageError(
+            f"--gateway replaces {', '.join(clash)} (the worker: --worker-url, --worker-type; "
+            "the key: --gateway-key-file or $REGISTRAR_GATEWAY_KEY)"
+        )
+    if not chosen.get("worker_url"):
+        raise UsageError(f"--gateway needs --worker-url (or set {ENV_PREFIX}WORKER_URL)")
+    return {**_fields(chosen, SmgSettings), **_fields(chosen, HttpSettings, _SHARED)}
+
+
+def _check_combination(chosen: dict[str, Any]) -> None:
+    """The gateway's options go with --gateway; a URL and a payload are required otherwise."""
+    gateway = bool(chosen.get("gateway"))
+    if not gateway:
+        stray = [
+            str(o.flag_name)
+            for o in OPTIONS
+            if o.settings is SmgSettings and chosen.get(o.key) is not None
+        ]
+        if stray:
+            raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
+    etcd = chosen.get("etcd") is not None
+    for required in ("url", "payload"):
+        if gateway or (etcd and required == "url"):
+            continue
+        if chosen.get(required) is None:
+            variable = f"{ENV_PREFIX}{required.upper()}"
+            raise UsageError(f"--{required} is required (or set {variable})")
+
+
+def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup:
+    """The registrations the options describe."""
+    from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
+
+    if chosen.get("gateway"):
+        return assembly.smg_registrars(**_smg_options(chosen), **_loop_options(chosen))
+    source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
+    payload = _rank_ip(_payload(chosen["payload"], source), chosen)
+    token = _token(chosen, flags)
+    loop = _loop_options(chosen)
+    if chosen.get("etcd") is not None:
+        etcd = _etcd_options(chosen, token)
+        return RegistrarGroup([assembly.etcd_registrar(**etcd, payload=payload, **loop)])
+    http = {**_fields(chosen, HttpSettings), "token": token}
+    protocol = chosen.get("protocol", "sglang")
+    return RegistrarGroup([Registrar(payload=payload, protocol=protocol, **http, **loop)])
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    chosen, flags = resolve(args)
+    _check_combination(chosen)
+    group = _registrars(chosen, flags)
+    verbose = bool(chosen.get("verbose", False))
+    log_setup(verbose, quiet=("registrar.surfaces.health",))
+    return _serve(group, chosen, verbose)
+
+
+def _on_change_of(url: str, several: bool) -> Callable[[State, State, Status], None]:
+    log = logging.getLogger("registrar")
+
+    def on_change(old: State, new: State, status: Status) -> None:
+        failed = status.last_error and new is State.FAILED
+        detail = f" ({status.last_error})" if failed else ""
+        where = f"{url}: " if several else ""
+        log.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
+
+    return on_change
+
+
+def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
+    """Run the registrations (and their health server) until SIGTERM/SIGINT, then stop them
+    together, within the longest drain any of them needs."""
+    several = len(group) > 1
+    for reg in group:
+        reg.add_listener(_on_change_of(reg.status().url, several))
+        if verbose:
+            reg.add_request_listener(log_request)
+    source: Any = group if several else group.members()[0]
+    signals = Signals().install()  # before health answers: a SIGTERM from then on stops cleanly
+    health = None
+    host = chosen.get("health_host") or DEFAULT_HEALTH_HOST
+    port = chosen.get("health_port")
+    if port is not None:
+        try:
+            health = start_health_server(
+                source, host, port, expose_payload=bool(chosen.get("expose_payload", False))
+            )
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve health on {host}:{port}: {describe_exception(exc)}"
+            ) from None
+    where = f"; health on {health.url}/readyz" if health is not None else ""
+    urls = ", ".join(reg.status().url for reg in group)
+    logging.getLogger("registrar").info(
+        "registrar %s: registering with %s%s", __version__, urls, where
+    )
+    group.start()
+    try:
+        signals.wait()
+    finally:
+        logging.getLogger("registrar").info("stopping")
+        # stop() ends a request in flight at once; a gateway's drain takes its own time.
+        group.stop()
+        if health is not None:
+            health.stop()
+    return EXIT_OK

@@ -1,0 +1,404 @@
+"""The checks and the documents: one status snapshot read as named health checks (their
+Kubernetes names, their health+json entries), the verdict of several registrars of one service,
+health+json for a probe or one check, Kubernetes' `?verbose` text; and one request answered,
+whatever the server (`answer_health`; the paths and queries: docs/operations.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+from urllib.parse import parse_qs
+
+from ..._version import __version__
+from ...core._machine import State
+from ...core._redact import clean
+from ...core._status import Status, iso_utc
+
+HealthStatus = Literal["pass", "warn", "fail"]
+_SEVERITY: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
+
+READINESS_CHECKS = ("registration", "server", "route")
+"""The checks behind `/readyz`, by their Kubernetes names."""
+LIVENESS_CHECKS = ("thread", "retrying")
+"""The checks behind `/livez`: they fail only when nothing will change by itself."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named check. `name` is its Kubernetes name (`/readyz/<name>`, `?exclude=<name>`),
+    `key` its health+json key (`component:measurement`), `entry` its health+json object."""
+
+    name: str
+    key: str
+    status: HealthStatus
+    reason: str | None
+    entry: dict[str, Any]
+    more: tuple[dict[str, Any], ...] = ()
+    """The entries of the other members of a group (one per registry), after `entry`."""
+
+
+def camel_case(name: str) -> str:
+    """`attempts_total` -> `attemptsTotal`: the one rule from Python names to JSON names."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """What a check observed, as its health+json entry says it (`taken_at` None: no reading
+    yet, so no time)."""
+
+    component_type: str
+    value: Any
+    unit: str
+    taken_at: float | None
+    component_id: str | None = None
+    extra: Mapping[str, Any] | None = None
+
+
+def _check(
+    name: str, key: str, verdict: HealthStatus, reason: str | None, seen: _Observed
+) -> Check:
+    entry: dict[str, Any] = {}
+    if seen.component_id is not None:
+        entry["componentId"] = seen.component_id
+    entry.update(
+        componentType=seen.component_type,
+        observedValue=seen.value,
+        observedUnit=seen.unit,
+        status=verdict,
+    )
+    if seen.taken_at is not None:
+        entry["time"] = iso_utc(seen.taken_at)
+    if reason is not None and verdict != "pass":
+        entry["output"] = reason
+    entry.update(seen.extra or {})
+    return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
+
+
+def health_checks(
+    status: Status, *, thread_died: bool = False, now: float | None = None
+) -> dict[str, Check]:
+    """Every check, by name, read from one status snapshot taken at `now`."""
+    taken = time.time() if now is None else now
+    thread_died = thread_died or status.thread_died
+    state = status.state
+    # A registrar with no thread (it died, or this is a forked copy) cannot know its route.
+    registered = state is State.REGISTERED and not thread_died
+    fields = {
+        camel_case(k): v for k, v in status.to_dict().items() if k not in ("state", "last_error")
+    }
+    if thread_died:
+        reason = status.last_error or "the registrar's thread died"
+    elif registered:
+        reason = None
+    elif state is State.FAILED:
+        reason = status.last_error or "registration failed"
+    elif state is State.STOPPED:
+        reason = "the registrar was stopped"
+    elif state is State.UNREGISTERED:
+        reason = "not started"
+    else:
+        reason = status.last_error or "registering"
+    if status.diagnosis is not None and not registered:
+        reason = f"{reason}; diagnosis {status.diagnosis.code}: {status.diagnosis.sentence}"
+    registration = _check(
+        "registration",
+        "registration:state",
+        "pass" if registered else "fail",
+        reason,
+        _Observed("component", state.value, "state", taken, status.url, fields),
+    )
+    reachable = status.server_reachable
+    server = _check(
+        "server",
+        "bootstrap:reachable",
+        "warn" if reachable is False else "pass",
+        "the bootstrap server did not answer the last request",
+        _Observed("system", reachable, "boolean", status.last_request_at, status.url),
+    )
+    found = status.route
+    route_reason = {
+        "conflict": "another registration holds this rank's route",
+        "missing": "the server has forgotten this route",
+        "unreachable": "the route could not be checked",
+    }.get(found or "")
+    route = _check(
+        "route",
+        "route:check",
+        "warn" if route_reason else "pass",
+        route_reason,
+        _Observed("component", found, "finding", status.last_check_at, status.url),
+    )
+    thread = _check(
+        "thread",
+        "registrar:thread",
+        "fail" if thread_died else "pass",
+        f"the registrar's thread died: {status.last_error}" if thread_died else None,
+        _Observed("component", not thread_died, "boolean", taken),
+    )
+    gave_up = state is State.FAILED and not status.retrying
+    retrying = _check(
+        "retrying",
+        "registration:retrying",
+        "fail" if gave_up else "pass",
+        f"gave up for good: {status.last_error or 'no attempt is scheduled'}",
+        _Observed("component", status.retrying, "boolean", taken),
+    )
+    return {c.name: c for c in (registration, server, route, thread, retrying)}
+
+
+def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
+    """The most severe of `verdicts` (pass when empty)."""
+    return max(verdicts, key=_SEVERITY.__getitem__, default="pass")
+
+
+def group_checks(
+    members: Sequence[tuple[Status, bool]], *, now: float | None = None
+) -> dict[str, Check]:
+    """Every check of a group, by name: one entry per member (its own `status` in it), and
+    one verdict for the group. Registration passes when every member is registered, warns
+    when some are (the service is reachable through them), fails when none is; every other
+    check is the worst of its members'."""
+    taken = time.time() if now is None else now
+    per = [health_checks(status, thread_died=died, now=taken) for status, died in members]
+    merged: dict[str, Check] = {}
+    for name in per[0]:
+        checks = [p[name] for p in per]
+        verdicts = [c.status for c in checks]
+        verdict = worst(verdicts)
+        if name == "registration" and "pass" in verdicts and verdict == "fail":
+            verdict = "warn"
+        reasons = [
+            f"{status.url}: {c.reason}"
+            for (status, _), c in zip(members, checks, strict=True)
+            if c.reason
+        ]
+        merged[name] = Check(
+            name,
+            checks[0].key,
+            verdict,
+            "; ".join(reasons) if reasons and verdict != "pass" else None,
+            checks[0].entry,
+            tuple(c.entry for c in checks[1:]),
+        )
+    return merged
+
+
+HEALTH_CONTENT_TYPE = "application/health+json"
+TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
+PROBES: dict[str, tuple[str, ...]] = {
+    "readyz": READINESS_CHECKS,
+    "livez": LIVENESS_CHECKS,
+    "health": READINESS_CHECKS + LIVENESS_CHECKS,
+}
+"""The checks behind each probe path."""
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    """How the endpoints answer, beyond the checks; the payload is shown only when asked for
+    (it may name internal addresses). The defaults here are the front doors' defaults."""
+
+    expose_payload: bool = False
+    service_id: str | None = None
+
+
+DEFAULT_OPTIONS = HealthOptions()
+
+
+class HealthSource(Protocol):
+    """What the health endpoints read: a `Registrar` fits."""
+
+    def status(self) -> Status: ...
+
+    @property
+    def thread_died(self) -> bool: ...
+
+    @property
+    def payload(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class HealthGroup(Protocol):
+    """Several registrations of one service, one per registry (a `RegistrarGroup` fits):
+    every check shows one entry per member."""
+
+    def members(self) -> Sequence[HealthSource]: ...
+
+
+def snapshot(source: HealthSource) -> tuple[Status, bool]:
+    """A member's status and whether its thread died: the flag first, then the snapshot, and
+    the snapshot's own field wins, so a reader never sees "died" without the reason that was
+    published with it."""
+    flagged = source.thread_died
+    status = source.status()
+    return status, status.thread_died or flagged
+
+
+def described_checks(
+    members: Sequence[tuple[Status, bool]], *, group: bool, now: float | None = None
+) -> tuple[dict[str, Check], str]:
+    """Every check, by name, of one registrar (alone in `members`) or of a group, and what
+    the document is about."""
+    if group:
+        urls = ", ".join(status.url for status, _ in members)
+        every = group_checks(members, now=now)
+        return every, f"registration with {len(members)} registries: {urls}"
+    status, died = members[0]
+    every = health_checks(status, thread_died=died, now=now)
+    return every, f"registration with the bootstrap server at {status.url}"
+
+
+def default_service_id(payload: Mapping[str, Any] | None) -> str:
+    """The rank's address from the payload (`rank_ip:rank_port`), else this host and
+    process."""
+    if payload and payload.get("rank_ip") and payload.get("rank_port") is not None:
+        host = str(payload["rank_ip"])
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{payload['rank_port']}"
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+ProbeName = Literal["health", "readyz", "livez"]
+
+
+def render_health(  # noqa: PLR0913 - public: the documented keyword options
+    status: Status,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    thread_died: bool = False,
+    probe: ProbeName = "health",
+    only: str | None = None,
+    exclude: Sequence[str] = (),
+    service_id: str | None = HealthOptions.service_id,
+    now: float | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the health+json document of `probe` (or of its one check `only`),
+    leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
+    every, description = described_checks([(status, thread_died)], group=False, now=now)
+    shown = _shown(every, probe, only, exclude)
+    return render_probe(shown, description, payload, HealthOptions(True, service_id))
+
+
+def _shown(
+    every: Mapping[str, Check], probe: str, only: str | None, exclude: Sequence[str]
+) -> list[Check]:
+    """The checks of `probe`, or only its check `only`, less those named in `exclude`."""
+    return [every[n] for n in ([only] if only else PROBES[probe]) if n not in exclude]
+
+
+def render_probe(
+    shown: Sequence[Check],
+    description: str,
+    payload: Mapping[str, Any] | None,
+    options: HealthOptions,
+) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and the document of the checks `shown`."""
+    verdict = worst(c.status for c in shown)
+    document: dict[str, Any] = {
+        "status": verdict,
+        "releaseId": __version__,
+        "serviceId": options.service_id or default_service_id(payload),
+        "description": description,
+    }
+    if verdict != "pass":
+        document["output"] = "; ".join(c.reason for c in shown if c.reason)
+    document["checks"] = {c.key: [c.entry, *c.more] for c in shown}
+    if payload is not None and options.expose_payload:
+        document["payload"] = dict(payload)
+    return (503 if verdict == "fail" else 200), document
+
+
+def verbose_text(
+    checks: Sequence[Check], excluded: Sequence[str], unknown: Sequence[str], probe: str
+) -> tuple[int, str]:
+    """Kubernetes' `?verbose` output: one `[+]name ok` or `[-]name failed: reason` line per
+    check (a warning shows as `[+]name warn: reason`), then the verdict."""
+    lines = []
+    for check in checks:
+        if check.status == "pass":
+            lines.append(f"[+]{check.name} ok")
+        elif check.status == "warn":
+            lines.append(f"[+]{check.name} warn: {check.reason}")
+        else:
+            lines.append(f"[-]{check.name} failed: {check.reason}")
+    lines.extend(f"[+]{name} excluded: ok" for name in excluded)
+    if unknown:
+        listed = ", ".join(repr(n) for n in unknown)
+        lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
+    failed = any(c.status == "fail" for c in checks)
+    lines.append(f"{probe} check {'failed' if failed else 'passed'}")
+    return (503 if failed else 200), "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP answer, independent of WSGI or ASGI."""
+
+    code: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+def _answer(code: int, content_type: str, body: bytes, *extra: tuple[str, str]) -> Answer:
+    headers = (
+        ("Content-Type", content_type),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+        *extra,
+    )
+    return Answer(code, headers, body)
+
+
+def _text(code: int, text: str, *extra: tuple[str, str]) -> Answer:
+    return _answer(code, TEXT_CONTENT_TYPE, text.encode(), *extra)
+
+
+def answer_health(
+    source: HealthSource | HealthGroup,
+    method: str,
+    path: str,
+    query: str,
+    options: HealthOptions = DEFAULT_OPTIONS,
+) -> Answer | None:
+    """The answer to one request, or None for `/metrics` (prometheus-client's, served by the
+    caller). Unknown paths and methods answer plain text, not health documents."""
+    path = path or "/"
+    if path == "/metrics":
+        return None if method in ("GET", "HEAD") else _not_allowed()
+    probe, _, only = path.lstrip("/").partition("/")
+    if probe not in PROBES or (only and only not in PROBES[probe]) or path.endswith("/"):
+        # The client's path, escaped and capped: an answer is no place to reflect raw bytes.
+        asked = clean(path, 100)
+        return _text(404, f"404 not found: {asked}; try /readyz, /livez or /health\n")
+    if method not in ("GET", "HEAD"):
+        return _not_allowed()
+    params = parse_qs(query, keep_blank_values=True)
+    exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
+    members = list(source.members()) if isinstance(source, HealthGroup) else [source]
+    snapshots = [snapshot(member) for member in members]
+    every, description = described_checks(snapshots, group=isinstance(source, HealthGroup))
+    shown = _shown(every, probe, only, exclude)
+    if "verbose" in params:
+        excluded = [n for n in ([only] if only else PROBES[probe]) if n in exclude]
+        unknown = [n for n in exclude if n not in every]
+        code, text = verbose_text(shown, excluded, unknown, probe)
+        return _text(code, text)
+    code, document = render_probe(shown, description, members[0].payload, options)
+    return _answer(code, HEALTH_CONTENT_TYPE, json.dumps(document, indent=2).encode() + b"\n")
+
+
+def _not_allowed() -> Answer:
+    return _text(405, "405 method not allowed: use GET or HEAD\n", ("Allow", "GET, HEAD"))
+
+
+def no_metrics() -> Answer:
+    return _text(
+        404, "404 not found: /metrics needs the extra: pip install 'sglang-registrar[metrics]'\n"
+    )
