@@ -21,6 +21,8 @@ from ._route_table import CRASH, LATEST_RELEASE, RouteTable, release_fields
 
 _CLOSE = {"Connection": "close"}
 
+__all__ = ["BootstrapServer", "Fault", "RequestRecord"]
+
 logger = logging.getLogger(__name__)
 
 

@@ -47,3 +47,5 @@ sglang_protocol = ProtocolFactory(_sglang)
 http_protocol = ProtocolFactory(_http)
 etcd_protocol = ProtocolFactory(_etcd, EtcdSettings)
 smg_protocol = ProtocolFactory(_smg, SmgSettings)
+
+__all__ = ["etcd_protocol", "http_protocol", "sglang_protocol", "smg_protocol"]

@@ -26,6 +26,8 @@ from ._common import (
 )
 from ._parser import build_parser as _parser
 
+__all__ = ["main"]
+
 logger = logging.getLogger(__name__)
 
 _MODULES = {"register": "_register", "status": "_status", "doctor": "_doctor", "sglang": "_doctor"}
