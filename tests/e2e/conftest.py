@@ -73,6 +73,18 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return make_model(tmp_path_factory.mktemp("model"))
 
 
+@pytest.fixture
+def deploy(model: Path, tmp_path: Path) -> Iterator[Any]:
+    """A `Deployment` of servers and routers started one by one; all stopped after the test."""
+    from e2e_support.deploy import Deployment
+
+    made = Deployment(model, tmp_path)
+    try:
+        yield made
+    finally:
+        made.stop_all()
+
+
 @pytest.fixture(scope="session")
 def results(worker_id: str) -> Iterator[list[dict[str, Any]]]:
     """Scenario records of this worker, written out when the session ends."""

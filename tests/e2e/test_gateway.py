@@ -18,9 +18,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,15 +175,6 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
     ]
     _drain(router.url, decode, record)
     _drain(router.url, prefill, record)
-
-
-@pytest.fixture
-def deploy(model: Path, tmp_path: Path) -> Iterator[Deployment]:
-    made = Deployment(model, tmp_path)
-    try:
-        yield made
-    finally:
-        made.stop_all()
 
 
 def test_6_the_plugin_registers_with_a_restarted_router_and_drains(

@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import requests
@@ -130,15 +128,6 @@ def _logged_once_each(servers: tuple[Process, ...], expected: set[Hook]) -> None
         calls[server.name], unlogged = _check_logged_once(server, expected)
         assert not unlogged, f"{server.name}: raised, never logged (hook, target, pid): {unlogged}"
     print(f"calls per hook, each failure logged once per process: {calls}")
-
-
-@pytest.fixture
-def deploy(model: Path, tmp_path: Path) -> Iterator[Deployment]:
-    made = Deployment(model, tmp_path)
-    try:
-        yield made
-    finally:
-        made.stop_all()
 
 
 def test_7_every_hook_raises_and_the_servers_start_and_serve(deploy: Deployment) -> None:
