@@ -1,7 +1,5 @@
-"""The front doors of the protocols that need more than a URL, etcd's and smg's: the one place
-that imports both the engine (`registrar.core`) and a protocol (`registrar.protocols`), so that
-neither imports the other. Each forwards its options: those that are fields of the protocol's
-settings value (`EtcdSettings`, `SmgSettings`) make it, the others go to `Registrar`."""
+"""The front doors of etcd and smg: the one place importing both `registrar.core` and
+`registrar.protocols` (docs/architecture.md, "Settings and options")."""
 
 from __future__ import annotations
 

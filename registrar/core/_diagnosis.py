@@ -43,32 +43,20 @@ class Diagnosis:
         # A plain string (not the `Code` member): whatever serialises the status sees text.
         object.__setattr__(self, "code", str(self.code))
 
-    def to_dict(self) -> dict[str, str]:
-        return {"code": self.code, "sentence": self.sentence}
-
 
 class Seen(StrEnum):
     """What answered on the bootstrap URL's host and port."""
 
-    NOTHING = "nothing"
-    """The connection was refused: no process listens there."""
-    SILENCE = "silence"
-    """The connection timed out: nothing answered at all."""
+    NOTHING = "nothing"  # the connection was refused: no process listens there
+    SILENCE = "silence"  # the connection timed out: nothing answered at all
     BOOTSTRAP = "bootstrap"
-    """A bootstrap server, answering as one."""
-    TLS = "tls"
-    """A TLS handshake, on a plain http:// URL."""
-    PLAIN = "plain"
-    """Plain HTTP, on an https:// URL."""
-    TLS_FAILED = "tls-failed"
-    """The TLS handshake failed, and no plain HTTP answers either."""
+    TLS = "tls"  # a TLS handshake, on a plain http:// URL
+    PLAIN = "plain"  # plain HTTP, on an https:// URL
+    TLS_FAILED = "tls-failed"  # the handshake failed, and no plain HTTP answers either
     HTML = "html"
-    GATEWAY = "gateway"
-    """A gateway (smg's `GET /workers` list)."""
-    DENIED = "denied"
-    """An HTTP 401 or 403: the server wants a credential the probe did not send, or another."""
-    OTHER = "other"
-    """An HTTP server that is not a bootstrap server, or something that is not HTTP."""
+    GATEWAY = "gateway"  # smg's `GET /workers` list
+    DENIED = "denied"  # 401 or 403: the server wants a credential the probe did not send
+    OTHER = "other"  # HTTP but not a bootstrap server, or something that is not HTTP
 
 
 @dataclass(frozen=True)
@@ -76,11 +64,9 @@ class Knock:
     """Another port of the same host that the probe knocked on, and what it found."""
 
     port: int
-    label: str
-    """Why this port was known ("the prefill HTTP port in the payload")."""
+    label: str  # why this port was known ("the prefill HTTP port in the payload")
     listens: bool
-    http: bool
-    """It answered an HTTP request (with any status)."""
+    http: bool  # it answered an HTTP request (with any status)
 
 
 @dataclass(frozen=True)
@@ -90,16 +76,13 @@ class Evidence:
 
     url: str
     host: str
-    port_text: str
-    """The port as the URL writes it ("8998", "None", "" when absent)."""
+    port_text: str  # as the URL writes it ("8998", "None", "" when absent)
     scheme: str = "http"
-    resolved: bool | None = None
-    """None: not looked up (an address literal, or no port to connect to)."""
+    resolved: bool | None = None  # None: not looked up (an address literal, or no port)
     seen: Seen | None = None
     detail: str = ""
     others: tuple[Knock, ...] = ()
-    http_port: int | None = None
-    """The rank's own HTTP port (`prefill_http_port` in the payload), when known."""
+    http_port: int | None = None  # the rank's own (`prefill_http_port` in the payload)
 
     @property
     def port(self) -> int | None:
@@ -170,23 +153,13 @@ def diagnose(seen: Evidence) -> Diagnosis | None:
             f"{at} is the rank's own HTTP port (prefill_http_port), not a "
             f"bootstrap port ({seen.detail or seen.seen.value}): give the value of {_PORT_FLAG}",
         )
-    return _by_answer(seen, at)
-
-
-def _by_answer(seen: Evidence, at: str) -> Diagnosis:
-    """The diagnosis of what answered (or did not) on the port itself."""
     if seen.seen is Seen.NOTHING:
         return _refused(seen, at)
-    code, text = _ANSWERS.get(seen.seen, _NOT_BOOTSTRAP)
+    code, text = _ANSWERS[seen.seen]
     return Diagnosis(code, text.format(at=at, detail=seen.detail))
 
 
-_NOT_BOOTSTRAP = (
-    Code.NOT_BOOTSTRAP,
-    "{at} answers, but not as a bootstrap server ({detail}): check the bootstrap URL: this "
-    "server does not take registrations there",
-)
-_ANSWERS: dict[Seen | None, tuple[Code, str]] = {
+_ANSWERS: dict[Seen, tuple[Code, str]] = {
     Seen.SILENCE: (
         Code.NO_ANSWER,
         "{at} does not answer (connecting timed out, {detail}): a wrong address, a firewall, or "
@@ -222,13 +195,17 @@ _ANSWERS: dict[Seen | None, tuple[Code, str]] = {
         "{at} answers with an HTML page, not as a bootstrap server ({detail}): check the "
         "bootstrap URL: this server does not take registrations there",
     ),
+    Seen.OTHER: (
+        Code.NOT_BOOTSTRAP,
+        "{at} answers, but not as a bootstrap server ({detail}): check the bootstrap URL: this "
+        "server does not take registrations there",
+    ),
 }
 
 
 def _refused(seen: Evidence, at: str) -> Diagnosis:
-    up = [k for k in seen.others if k.listens]
-    if up:
-        knock = up[0]
+    knock = next((k for k in seen.others if k.listens), None)
+    if knock is not None:
         what = "answers HTTP" if knock.http else "accepts connections"
         return Diagnosis(
             Code.REFUSED_HOST_UP,

@@ -31,18 +31,21 @@ class Diagnostician:
         self._clock = clock
         self._after = after
         self._lock = threading.Lock()
-        self._since: float | None = None
-        """When the current run of unanswered requests began (None: the server answers)."""
-        self._busy = False
-        """A probe is running, or this run was diagnosed already (stated once)."""
-        self._run = 0
-        """Counts runs: a probe's finding for a run that ended is dropped."""
+        self._since: float | None = None  # when this run of unanswered requests began
+        self._busy = False  # a probe is running, or this run was diagnosed already (once)
+        self._run = 0  # counts runs: a probe's finding for a run that ended is dropped
 
     def on_request(self, event: RequestEvent) -> None:
         """After every request (on the registrar's thread): start, end, or probe a run."""
         now = self._clock.monotonic()
         if event.result in _ANSWERED:
-            self._clear()
+            with self._lock:
+                self._since, self._busy = None, False
+                self._run += 1
+            shown = self._board.status.diagnosis
+            if shown is not None:
+                self._board.apply(None, {"diagnosis": None})
+                logger.info("diagnosis %s cleared: the bootstrap server answers", shown.code)
             return
         with self._lock:
             if self._since is None:
@@ -52,7 +55,11 @@ class Diagnostician:
                 self._busy = True
             run = self._run
         if due:
-            self._probe(run)
+            # Off the registrar's thread: a probe may take a few connect timeouts, and the loop's
+            # timing must not change because a diagnosis is being made.
+            threading.Thread(
+                target=self._diagnose, args=(run,), name="registrar-diagnosis", daemon=True
+            ).start()
 
     def on_transition(self, old: State, new: State, status: Status) -> None:
         """Given up for good: no request will come to reach the threshold, so probe now, on
@@ -66,24 +73,6 @@ class Diagnostician:
             self._busy = True
             run = self._run
         self._diagnose(run)
-
-    def _clear(self) -> None:
-        with self._lock:
-            self._since = None
-            self._busy = False
-            self._run += 1
-        shown = self._board.status.diagnosis
-        if shown is not None:
-            self._board.apply(None, {"diagnosis": None})
-            logger.info("diagnosis %s cleared: the bootstrap server answers", shown.code)
-
-    def _probe(self, run: int) -> None:
-        # Off the registrar's thread: a probe may take a few connect timeouts, and the loop's
-        # timing must not change because a diagnosis is being made.
-        worker = threading.Thread(
-            target=self._diagnose, args=(run,), name="registrar-diagnosis", daemon=True
-        )
-        worker.start()
 
     def _diagnose(self, run: int) -> None:
         try:

@@ -10,8 +10,7 @@ class Verdict(StrEnum):
     """What a registration attempt means for the next step."""
 
     ACCEPTED = "accepted"
-    RETRY = "retry"
-    """Transient: refused, reset, timed out, unresolvable, 5xx, 408, 429."""
+    RETRY = "retry"  # transient: refused, reset, timed out, unresolvable, 5xx, 408, 429
     FATAL = "fatal"
     """The configuration is wrong (any other 4xx, TLS verification): retrying cannot help."""
 
@@ -24,16 +23,12 @@ class RegisterOutcome:
     status_code: int | None = None
     error: str | None = None
     """Operator-readable, secret-free text naming the root cause or what to fix."""
-    retry_after: float | None = None
-    """Seconds the server asked us to wait (429/503 `Retry-After`)."""
-    refused: bool = False
-    """No process listens: probing again soon costs the server nothing (no backoff)."""
-    unsent: bool = False
-    """The request never left this side (the name did not resolve): no look for it is needed."""
+    retry_after: float | None = None  # seconds asked by the server (429/503 `Retry-After`)
+    refused: bool = False  # no process listens: probing again soon costs it nothing (no backoff)
+    unsent: bool = False  # it never left (the name did not resolve): no look for it is needed
 
     @property
     def reachable(self) -> bool:
-        """Whether the server answered at all."""
         return self.status_code is not None
 
 
@@ -41,12 +36,9 @@ class Route(StrEnum):
     """What a route check found."""
 
     PRESENT = "present"
-    CONFLICT = "conflict"
-    """Our rank is registered with another address: warn, do not fight over it."""
-    MISSING = "missing"
-    """The server has forgotten us: register again."""
-    UNDETERMINED = "undetermined"
-    """The answer cannot tell (e.g. other ranks still missing): keep watching."""
+    CONFLICT = "conflict"  # our rank is registered with another address: warn, do not fight
+    MISSING = "missing"  # the server has forgotten us: register again
+    UNDETERMINED = "undetermined"  # cannot tell (e.g. other ranks still missing): keep watching
     UNREACHABLE = "unreachable"
 
 
@@ -57,8 +49,7 @@ class RouteCheck:
     route: Route
     status_code: int | None = None
     evidence: str = ""
-    refused: bool = False
-    """UNREACHABLE, refused: the server is down; the loop probes to see it back at once."""
+    refused: bool = False  # UNREACHABLE, refused: the server is down; probed again at once
     broken: bool = False
     """UNREACHABLE, the kept-alive connection broke under the check: the server process is
     going away or was replaced; the loop looks again soon, a few times."""
@@ -68,5 +59,4 @@ class RouteCheck:
 
     @property
     def reachable(self) -> bool:
-        """Whether the server answered at all."""
         return self.route is not Route.UNREACHABLE

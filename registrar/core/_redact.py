@@ -91,14 +91,6 @@ class Secrets:
             forms |= _forms(user) | _forms(password)
         return cls(tuple(sorted(forms, key=len, reverse=True)))
 
-    def __bool__(self) -> bool:
-        return bool(self.forms)
-
-    @property
-    def longest(self) -> int:
-        """Length of the longest form: a cut this far past a limit cannot split one."""
-        return len(self.forms[0]) if self.forms else 0
-
     def redact(self, text: str, cut: bool = False) -> str:
         """`text` with every form masked. With `cut` (the text was truncated, possibly in the
         middle of a secret), a tail of 4 or more characters that begins a form is masked too
@@ -114,11 +106,8 @@ class Secrets:
         return text
 
 
-NO_SECRETS = Secrets()
-
-
 def clean(
-    text: object, limit: int = MAX_SHOWN, secrets: Secrets = NO_SECRETS, cut: bool = False
+    text: object, limit: int = MAX_SHOWN, secrets: Secrets = Secrets(), cut: bool = False
 ) -> str:
     """`text` as one safe line: secrets masked, control characters escaped (`\\x0a`), and at
     most `limit` characters followed by a note of how many more there were. `cut` says the
@@ -126,7 +115,7 @@ def clean(
     text = text if isinstance(text, str) else str(text)
     # Look at no more than can be shown: a multi-megabyte text costs what its start costs. The
     # margin is wide enough that a secret starting before the limit is masked whole.
-    window = limit + secrets.longest
+    window = limit + max(map(len, secrets.forms), default=0)
     more = len(text) > window
     shown = secrets.redact(text[:window], cut=cut or more)
     shown = _UNSAFE.sub(_escape, shown)

@@ -11,11 +11,11 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
+from functools import partial
 from typing import Any
 
 from ._aio import wait_for_state
 from ._board import Listener, RequestListener, StatusBoard
-from ._clock import Clock
 from ._diagnosis import Diagnosable
 from ._diagnostician import Diagnostician
 from ._errors import ConfigError, StateError
@@ -55,25 +55,7 @@ def _fleet_size(transport: Transport, payload: Mapping[str, Any]) -> int:
     except Exception:
         logger.exception("fleet_size() of %r failed; assuming a fleet of one", transport)
         return 1
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        return 1
-    return size
-
-
-def _protocol_transport(
-    protocol: str, url: str | Sequence[str] | None, payload: dict[str, Any], options: dict[str, Any]
-) -> tuple[Transport, dict[str, Any]]:
-    """The transport of protocol `protocol`, built from its settings value (`url` and the
-    options that are its fields), and the payload it will send."""
-    factory = protocol_factory(protocol)
-    names = [f.name for f in fields(factory.settings)][1:]
-    unknown = sorted(set(options) - set(names))
-    if unknown:
-        raise TypeError(
-            f"Registrar got unexpected options {', '.join(unknown)} for protocol {protocol!r} "
-            f"(it takes {', '.join(names)} and the loop's)"
-        )
-    return factory.build(payload, factory.settings(url, **options))
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
 
 
 class Registrar:
@@ -96,7 +78,15 @@ class Registrar:
         hooks = Hooks(**{k: v for k, v in split_options(options, Hooks).items() if v is not None})
         encoded = encode_payload(payload, loop.max_payload_bytes)
         if transport is None:
-            transport, sent = _protocol_transport(protocol, url, encoded, options)
+            factory = protocol_factory(protocol)
+            names = [f.name for f in fields(factory.settings)][1:]
+            unknown = sorted(set(options) - set(names))
+            if unknown:
+                raise TypeError(
+                    f"Registrar got unexpected options {', '.join(unknown)} for protocol "
+                    f"{protocol!r} (it takes {', '.join(names)} and the loop's)"
+                )
+            transport, sent = factory.build(encoded, factory.settings(url, **options))
             if isinstance(transport, WatchBounded):
                 loop = replace(loop, watch_interval=transport.fit_watch_interval(watch))
         else:
@@ -129,26 +119,18 @@ class Registrar:
         self._forked_from: int | None = None
         self._running_at_fork = False
         _REGISTRARS.add(self)
-        self._attach_diagnostician(transport, sent, loop.diagnose_after, clock)
-
-    def _attach_diagnostician(
-        self, transport: Transport, payload: dict[str, Any], after: float | None, clock: Clock
-    ) -> None:
-        """Diagnose a URL that keeps failing, when the transport can probe it (diagnosis.py)."""
-        if after is None or not isinstance(transport, Diagnosable):
-            return
-        watcher = Diagnostician(self._board, lambda: transport.evidence(payload), clock, after)
-        self.add_request_listener(watcher.on_request)
-        self.add_listener(watcher.on_transition)
+        after = loop.diagnose_after  # diagnose a URL that keeps failing, if it can be probed
+        if after is not None and isinstance(transport, Diagnosable):
+            watcher = Diagnostician(self._board, partial(transport.evidence, sent), clock, after)
+            self.add_request_listener(watcher.on_request)
+            self.add_listener(watcher.on_transition)
 
     @property
     def settings(self) -> LoopSettings:
-        """The loop's settings, as validated."""
         return self._runner.settings
 
     @property
     def state(self) -> State:
-        """The current state."""
         return self._board.status.state
 
     @property
@@ -158,7 +140,6 @@ class Registrar:
 
     @property
     def running(self) -> bool:
-        """True while the registrar's thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
     @property

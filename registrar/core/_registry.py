@@ -6,7 +6,6 @@ time (`register_protocol`), declared in the `registrar.protocols` entry-point gr
 from __future__ import annotations
 
 import importlib
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, is_dataclass
@@ -38,7 +37,6 @@ _BUILTIN = {
 }
 """The built-in protocols, by the factory's import path (also declared as entry points)."""
 
-logger = logging.getLogger("registrar.core.registry")
 _factories: dict[str, ProtocolFactory] = {}
 _lock = threading.Lock()
 
@@ -46,24 +44,7 @@ _lock = threading.Lock()
 def _declared() -> dict[str, str]:
     """Every protocol name known without importing it: the built-in ones, then the entry-point
     group's (an installed distribution may add or replace one)."""
-    found = dict(_BUILTIN)
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        found[point.name] = point.value
-    return found
-
-
-def _load(name: str, target: str) -> ProtocolFactory:
-    """The `ProtocolFactory` at `target`, or a plain `build` function there (`HttpSettings`)."""
-    module, _, attribute = target.partition(":")
-    try:
-        found = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"protocol {name!r} cannot be loaded from {target!r}: {exc}") from None
-    if isinstance(found, ProtocolFactory):
-        return found
-    if not callable(found):
-        raise ConfigError(f"protocol {name!r} at {target!r} is not callable")
-    return ProtocolFactory(found)
+    return _BUILTIN | {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def register_protocol(name: str, build: Build, settings: type = HttpSettings) -> None:
@@ -96,5 +77,14 @@ def protocol_factory(name: object) -> ProtocolFactory:
     if target is None:
         known = ", ".join(repr(n) for n in protocol_names())
         raise ConfigError(f"protocol must be one of {known}, got {name!r}")
-    assert isinstance(name, str)
-    return _load(name, target)
+    # A `ProtocolFactory` there, or a plain `build` function (its settings `HttpSettings`).
+    module, _, attribute = target.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"protocol {name!r} cannot be loaded from {target!r}: {exc}") from None
+    if isinstance(found, ProtocolFactory):
+        return found
+    if not callable(found):
+        raise ConfigError(f"protocol {name!r} at {target!r} is not callable")
+    return ProtocolFactory(found)

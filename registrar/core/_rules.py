@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ._diagnosis import port_problem
@@ -23,18 +23,17 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206
 
 class Invalid(ValueError):
     """A value broke a rule: `rule` says what is allowed ("must be ..."); `shown` is the value
-    as it may be shown (redacted) when the rule text reads after it ("'x' has no host")."""
+    as it may be shown (redacted) when the rule text reads after it ("'x' has no host"); the
+    value of a `secret` is never shown."""
 
     def __init__(self, rule: str, shown: str | None = None, *, secret: bool = False) -> None:
         super().__init__(rule)
         self.rule = rule
         self.shown = shown
         self.secret = secret
-        """The value is a secret: the message never shows it."""
 
 
 Rule = Callable[[Any], Any]
-"""A value -> the value kept, or `Invalid`."""
 
 
 def describe(name: str, value: object, exc: Invalid) -> str:
@@ -69,15 +68,11 @@ def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") ->
         object.__setattr__(target, name, kept)
 
 
-def _number(value: object) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def number_within(holds: Callable[[float], bool], allowed: str) -> Callable[[object], float]:
     """The rule of a number (never a bool) for which `holds` is true, kept as a float."""
 
     def rule(value: object) -> float:
-        if not _number(value) or not holds(value):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not holds(value):
             raise Invalid(allowed)
         return float(value)
 
@@ -117,14 +112,12 @@ def count_or_none(value: object) -> int | None:
 
 
 def each_seconds(value: object) -> float | tuple[float, float]:
-    """`seconds` for a number, or for each of a (connect, read) pair."""
     if isinstance(value, tuple) and len(value) == 2:
         return (seconds(value[0]), seconds(value[1]))
     return seconds(value)
 
 
 def timeout(value: object) -> float | tuple[float, float]:
-    """A positive float, or a (connect, read) pair of them."""
     try:
         return each_seconds(value)
     except Invalid:
@@ -132,7 +125,6 @@ def timeout(value: object) -> float | tuple[float, float]:
 
 
 def port_or_none(value: object) -> int | None:
-    """None, or a TCP port."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
@@ -141,7 +133,6 @@ def port_or_none(value: object) -> int | None:
 
 
 def single_line(value: object) -> str | None:
-    """None, or a non-empty single-line string."""
     if value is None:
         return None
     if not isinstance(value, str) or not value or "\n" in value or "\r" in value:

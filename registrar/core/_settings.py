@@ -92,8 +92,7 @@ def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
 
 def default_of(settings: type[Any], name: str) -> Any:
     """The default of field `name` of a settings class (what `--help` shows)."""
-    (found,) = (f for f in fields(settings) if f.name == name)
-    return found.default
+    return settings.__dataclass_fields__[name].default
 
 
 @dataclass(frozen=True)

@@ -22,16 +22,13 @@ TokenProvider = Callable[[], str | None]
 """Answers the bearer token when a request is about to be sent (None: send none), so a rotated
 token (a re-written file, a refreshed secret) is used from the next request on."""
 Token = str | TokenProvider
-"""A fixed bearer token, or a provider asked before each request."""
 
 
 def deadline_seconds(timeout: Timeout) -> float:
-    """Seconds a request may take in all: the timeout, or a (connect, read) pair's sum."""
     return sum(timeout) if isinstance(timeout, tuple) else timeout
 
 
 def connect_seconds(timeout: Timeout) -> float:
-    """Seconds connecting may take: the timeout, or a (connect, read) pair's first."""
     return timeout[0] if isinstance(timeout, tuple) else timeout
 
 
@@ -66,8 +63,7 @@ class IdleWatcher(Protocol):
 
 @runtime_checkable
 class Abortable(Protocol):
-    """Optional: a transport that can end its request in flight early. `stop()` calls it so a
-    slow request does not hold the thread until its deadline."""
+    """Optional: `stop()` ends a request in flight early, not at its deadline."""
 
     def abort(self) -> None:
         """End the request in flight now, if any (called from another thread; never raises)."""
@@ -85,9 +81,8 @@ class Resolving(Protocol):
 
 @runtime_checkable
 class FleetSized(Protocol):
-    """Optional: a transport that knows how many clients register with the same server (SGLang:
-    the prefill topology's size), over which the loop spreads a fleet's first contact and
-    probes (`registrar.core._backoff`). Without it the loop assumes a fleet of one."""
+    """Optional: how many clients register with the same server (SGLang: the prefill topology's
+    size), over which the loop spreads a fleet's first contact and probes (else one)."""
 
     def fleet_size(self, payload: Mapping[str, Any]) -> int:
         """How many clients (including this one) register with this server, at least 1."""
@@ -95,8 +90,8 @@ class FleetSized(Protocol):
 
 @runtime_checkable
 class WatchBounded(Protocol):
-    """Optional: a transport whose route checks keep the registration alive (etcd's lease), so
-    the watch interval has a longest value. A registrar built by protocol name asks it."""
+    """Optional: route checks keep the registration alive (etcd's lease), so the watch interval
+    has a longest value. A registrar built by protocol name asks it."""
 
     def fit_watch_interval(self, given: float | None) -> float:
         """The watch interval to use: `given`, or the longest when None; `ConfigError` for one
@@ -105,18 +100,15 @@ class WatchBounded(Protocol):
 
 @runtime_checkable
 class Gated(Protocol):
-    """Optional: a transport whose registration may be offered only while the served process is
-    ready. While `not_ready()` names a reason the loop waits `ready_interval` seconds and asks
-    again, spending no startup budget; withdrawing is the transport's business (`check` then
-    reports the route missing)."""
+    """Optional: the registration is offered only while the served process is ready. While
+    `not_ready()` names a reason the loop asks again every `ready_interval` seconds, spending no
+    startup budget; withdrawing is the transport's business (`check` then reports it missing)."""
 
     @property
-    def ready_interval(self) -> float:
-        """Seconds between readiness checks while not ready."""
+    def ready_interval(self) -> float: ...
 
     def not_ready(self) -> str | None:
-        """None when the registration may be offered now; else why not, in one line. Never
-        raises."""
+        """None when the registration may be offered now, else why not in one line; never raises."""
 
 
 def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:

@@ -15,10 +15,9 @@ MAX_DEPTH = 64
 """Deepest nesting of objects and arrays accepted; registration payloads are one level deep."""
 
 
-def nesting_depth(value: object, limit: int = MAX_DEPTH) -> int:
-    """How deeply `value`'s dicts, lists and tuples nest, counted without recursion; stops
-    counting past `limit` (returns `limit + 1`), so a cyclic or absurd value costs little."""
-    deepest = 0
+def _too_deep(value: object) -> bool:
+    """Whether `value`'s dicts, lists and tuples nest deeper than `MAX_DEPTH`, counted without
+    recursion and stopping there, so a cyclic or absurd value costs little."""
     stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -28,23 +27,22 @@ def nesting_depth(value: object, limit: int = MAX_DEPTH) -> int:
             children = item
         else:
             continue
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return limit + 1
+        if depth > MAX_DEPTH:
+            return True
         stack.extend((child, depth + 1) for child in children)
-    return deepest
+    return False
 
 
-def load_json(text: str | bytes, limit: int = MAX_DEPTH) -> Any:
-    """The JSON value in `text`, or `ValueError` (bad JSON, nested deeper than `limit`)."""
+def load_json(text: str | bytes) -> Any:
+    """The JSON value in `text`, or `ValueError` (bad JSON, nested deeper than `MAX_DEPTH`)."""
     try:
         value = json.loads(text)
     except RecursionError:
-        raise ValueError(f"JSON nested more than {limit} levels deep") from None
+        raise ValueError(f"JSON nested more than {MAX_DEPTH} levels deep") from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
         raise ValueError(f"not valid JSON: {clean(exc, 200)}") from None
-    if nesting_depth(value, limit) > limit:
-        raise ValueError(f"JSON nested more than {limit} levels deep")
+    if _too_deep(value):
+        raise ValueError(f"JSON nested more than {MAX_DEPTH} levels deep")
     return value
 
 
@@ -54,7 +52,7 @@ def encode_payload(payload: object, limit: int) -> dict[str, Any]:
         kind = type(payload).__name__
         raise ConfigError(f"payload must be a mapping (a JSON object), got {kind}")
     # Counted without recursion first: json.dumps would raise RecursionError, not a ConfigError.
-    if nesting_depth(dict(payload), MAX_DEPTH) > MAX_DEPTH:
+    if _too_deep(dict(payload)):
         raise ConfigError(
             f"payload is nested more than {MAX_DEPTH} levels deep (or contains itself); "
             "registration payloads are flat objects"
