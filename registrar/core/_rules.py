@@ -86,29 +86,10 @@ at_least_one = number_within(lambda v: 1 <= v < math.inf, "must be a number >= 1
 fraction = number_within(lambda v: 0 <= v <= 1, "must be a number within [0, 1]")
 
 
-def _none_or(rule: Callable[[object], _T], value: object, allowed: str) -> _T | None:
-    """None as it is, else `rule(value)`, its own wording replaced by `allowed` (which names
-    None among the values allowed)."""
-    if value is None:
-        return None
-    try:
-        return rule(value)
-    except Invalid:
-        raise Invalid(allowed) from None
-
-
-def seconds_or_none(value: object) -> float | None:
-    return _none_or(seconds, value, "must be a positive number of seconds or None")
-
-
 def count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise Invalid("must be a positive integer")
     return value
-
-
-def count_or_none(value: object) -> int | None:
-    return _none_or(count, value, "must be an integer >= 1 or None")
 
 
 def each_seconds(value: object) -> float | tuple[float, float]:
@@ -117,11 +98,27 @@ def each_seconds(value: object) -> float | tuple[float, float]:
     return seconds(value)
 
 
-def timeout(value: object) -> float | tuple[float, float]:
-    try:
-        return each_seconds(value)
-    except Invalid:
-        raise Invalid("must be positive seconds or a (connect, read) pair") from None
+def _worded(rule: Callable[[object], _T], allowed: str) -> Callable[[object], _T]:
+    """`rule`, its own wording replaced by `allowed`."""
+
+    def worded(value: object) -> _T:
+        try:
+            return rule(value)
+        except Invalid:
+            raise Invalid(allowed) from None
+
+    return worded
+
+
+def _none_or(rule: Callable[[object], _T], allowed: str) -> Callable[[object], _T | None]:
+    """None as it is, else `rule` worded by `allowed` (which names None among the values)."""
+    worded = _worded(rule, allowed)
+    return lambda value: None if value is None else worded(value)
+
+
+seconds_or_none = _none_or(seconds, "must be a positive number of seconds or None")
+count_or_none = _none_or(count, "must be an integer >= 1 or None")
+timeout = _worded(each_seconds, "must be positive seconds or a (connect, read) pair")
 
 
 def port_or_none(value: object) -> int | None:
@@ -170,9 +167,7 @@ def existing_path(value: object) -> str | None:
 def tls(value: object) -> bool | str:
     """True (the system's CAs), False (no verification), or the path of a CA file or directory
     to verify against, as `requests` and `httpx` take `verify`."""
-    if isinstance(value, str):
-        return str(existing_path(value))
-    return bool(value)
+    return str(existing_path(value)) if isinstance(value, str) else bool(value)
 
 
 def url(value: object) -> str:
