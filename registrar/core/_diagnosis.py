@@ -1,7 +1,6 @@
 """What is wrong, in words: `diagnose` is a pure function from the evidence a cheap probe gathered
 about a bootstrap URL to the one `Diagnosis` it supports, saying what was seen, never more
-("nothing listens on 10.0.0.5:8998; 10.0.0.5:30000 answers HTTP", not "your port is wrong").
-"""
+("nothing listens on 10.0.0.5:8998; 10.0.0.5:30000 answers HTTP", not "your port is wrong")."""
 
 from __future__ import annotations
 

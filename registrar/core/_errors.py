@@ -1,7 +1,6 @@
 """The one exception family of registrar, and the root cause of a failure: the wrapper texts
 (`HTTPConnectionPool(...): Max retries exceeded ...`) tell an operator nothing, so every log
-line and status names the innermost error instead.
-"""
+line and status names the innermost error instead."""
 
 from __future__ import annotations
 
@@ -18,31 +17,25 @@ class StateError(RegistrarError, RuntimeError):
     """A method was called when the registrar's lifecycle does not allow it."""
 
 
-def _next_in_chain(exc: BaseException) -> BaseException | None:
-    reason = getattr(exc, "reason", None)
-    if isinstance(reason, BaseException):
-        return reason
-    if exc.__cause__ is not None:
-        return exc.__cause__
-    wrapped = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
-    if wrapped:
-        return wrapped[-1]
-    if exc.__context__ is not None and not exc.__suppress_context__:
-        return exc.__context__
-    return None
-
-
 def root_cause(exc: BaseException) -> BaseException:
     """The innermost exception behind `exc`, following urllib3 reasons, causes, wrapped
     exceptions and contexts; cycles are cut."""
     seen = {id(exc)}
-    current = exc
     while True:
-        nxt = _next_in_chain(current)
+        reason = getattr(exc, "reason", None)
+        wrapped = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+        if isinstance(reason, BaseException):
+            nxt: BaseException | None = reason
+        elif exc.__cause__ is not None:
+            nxt = exc.__cause__
+        elif wrapped:
+            nxt = wrapped[-1]
+        else:
+            nxt = None if exc.__suppress_context__ else exc.__context__
         if nxt is None or id(nxt) in seen:
-            return current
+            return exc
         seen.add(id(nxt))
-        current = nxt
+        exc = nxt
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -1,7 +1,6 @@
 """Keep secrets out of every text registrar produces (`Secrets`: every form an error text may
 spell them in), and make text a peer chose safe to show (`clean`: control characters escaped,
-length capped), so it cannot forge a log line (docs/reliability.md).
-"""
+length capped), so it cannot forge a log line (docs/reliability.md)."""
 
 from __future__ import annotations
 

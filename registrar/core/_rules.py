@@ -1,7 +1,6 @@
 """The value rules of the settings, each once: a function from a value to the value kept
 (normalised) or `Invalid` saying what is allowed. A settings class names its field in the
-error (`check_fields`), a surface names its variable or flag; `describe` puts the name to it.
-"""
+error (`check_fields`), a surface names its variable or flag; `describe` puts the name to it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The registrar's settings: one frozen value per concern, validated once, here, when it is made
-(docs/architecture.md, "Settings and options"). Defaults live here and nowhere else.
-"""
+"""The registrar's settings: one frozen value per concern, validated once, when it is made
+(docs/architecture.md, "Settings and options"). Defaults live here and nowhere else."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ from ._transport import Timeout, Token
 DEFAULT_BACKOFF = Backoff()
 """The upstream schedule capped at 5 s (`Backoff`'s own defaults; docs/benchmarks.md)."""
 DEFAULT_WATCH_INTERVAL = 15.0
-"""Seconds between route checks. A restart is noticed on the idle connection, not by this
-timer, which remains for what sends no close (a partition, a host that vanished): 15 s costs
-about 0.01 % of a core and 4 requests a minute per registrar and recovers from a partition
-within 1.2 intervals + 1 s (docs/benchmarks.md)."""
+"""Seconds between route checks, for what sends no close (a partition, a host that vanished): a
+restart is noticed on the idle connection. Why 15 s: docs/benchmarks.md."""
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_DIAGNOSE_AFTER = 30.0
 """Seconds of requests reaching no bootstrap server before a diagnosis is stated: longer than

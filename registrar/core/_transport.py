@@ -1,7 +1,5 @@
-"""The transport contract: what the registrar's loop asks of a protocol (`Transport`), the
-optional abilities it detects, and nothing more (docs/architecture.md, "Adding a protocol in
-one file"). A transport answers with outcome values and never raises on what a server says.
-"""
+"""The transport contract: what the registrar's loop asks of a protocol (`Transport`) and the
+optional abilities it detects (docs/architecture.md, "Adding a protocol in one file")."""
 
 from __future__ import annotations
 
