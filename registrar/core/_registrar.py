@@ -76,7 +76,7 @@ class Registrar:
         watch = options.get("watch_interval")  # etcd's lease bounds it: None is its longest
         loop = LoopSettings(**split_options(options, LoopSettings))
         hooks = Hooks(**{k: v for k, v in split_options(options, Hooks).items() if v is not None})
-        encoded = encode_payload(payload, loop.max_payload_bytes)
+        sent = encode_payload(payload, loop.max_payload_bytes)
         if transport is None:
             factory = protocol_factory(protocol)
             names = [f.name for f in fields(factory.settings)][1:]
@@ -86,19 +86,15 @@ class Registrar:
                     f"Registrar got unexpected options {', '.join(unknown)} for protocol "
                     f"{protocol!r} (it takes {', '.join(names)} and the loop's)"
                 )
-            transport, sent = factory.build(encoded, factory.settings(url, **options))
+            transport, sent = factory.build(sent, factory.settings(url, **options))
             if isinstance(transport, WatchBounded):
                 loop = replace(loop, watch_interval=transport.fit_watch_interval(watch))
-        else:
-            # Given: nothing about HTTP is needed, nor checked.
-            if not isinstance(transport, Transport):
-                raise ConfigError(
-                    f"transport must implement registrar.Transport, got {transport!r}"
-                )
+        elif not isinstance(transport, Transport):
+            raise ConfigError(f"transport must implement registrar.Transport, got {transport!r}")
+        else:  # given: nothing about HTTP is needed, nor checked
             unknown = sorted(set(options) - {f.name for f in fields(HttpSettings)})
             if unknown:
                 raise TypeError(f"Registrar got unexpected options {', '.join(unknown)}")
-            sent = encoded
         self._transport = transport
         clock = hooks.clock
         initial = Status(state=State.UNREGISTERED, since=clock.time(), url=transport.display_url)

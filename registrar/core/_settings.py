@@ -10,7 +10,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from . import _rules as rules
 from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
@@ -83,8 +83,7 @@ def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any
 
 def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
     """The rule of each field of a settings class (a surface checks a variable with it)."""
-    found: Mapping[str, rules.Rule] = settings.RULES
-    return found
+    return cast("Mapping[str, rules.Rule]", settings.RULES)
 
 
 def default_of(settings: type[Any], name: str) -> Any:

@@ -120,14 +120,9 @@ def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenP
         raise ConfigError(f"cannot read {name} {str(source)!r}: {exc.strerror or exc}") from None
     if not first:
         raise ConfigError(f"{name} {str(source)!r} is empty")
-
-    def read() -> str | None:
-        return source.read_text().strip() or None
-
-    return read
+    return lambda: source.read_text().strip() or None
 
 
 def validate_url(url: object, option: str = "url") -> str:
     """`url` without a trailing slash, or `ConfigError` naming `option` (`rules.url`)."""
-    kept: str = rules.applied(option, url, rules.url)
-    return kept
+    return str(rules.applied(option, url, rules.url))
