@@ -121,7 +121,6 @@ def port_problem(url: str) -> Diagnosis | None:
 
 
 def hostport(host: str, port: object) -> str:
-    """`host:port`, with an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

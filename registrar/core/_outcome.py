@@ -17,8 +17,6 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class RegisterOutcome:
-    """The result of one registration request."""
-
     verdict: Verdict
     status_code: int | None = None
     error: str | None = None
@@ -33,8 +31,6 @@ class RegisterOutcome:
 
 
 class Route(StrEnum):
-    """What a route check found."""
-
     PRESENT = "present"
     CONFLICT = "conflict"  # our rank is registered with another address: warn, do not fight
     MISSING = "missing"  # the server has forgotten us: register again

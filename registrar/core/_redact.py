@@ -28,7 +28,6 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def redact_url(url: str) -> str:
-    """`url` with any credentials replaced by `***`."""
     try:
         parts = urlsplit(url)
     except ValueError:

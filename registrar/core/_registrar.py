@@ -47,7 +47,6 @@ os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _fleet_size(transport: Transport, payload: Mapping[str, Any]) -> int:
-    """How many clients share this server, from the transport when it knows (else 1)."""
     if not isinstance(transport, FleetSized):
         return 1
     try:
@@ -131,7 +130,6 @@ class Registrar:
 
     @property
     def payload(self) -> dict[str, Any]:
-        """A copy of the payload being registered."""
         return dict(self._runner.payload)
 
     @property

@@ -61,7 +61,6 @@ def register_protocol(name: str, build: Build, settings: type = HttpSettings) ->
 
 
 def protocol_names() -> tuple[str, ...]:
-    """Every protocol name that can be chosen, sorted."""
     with _lock:
         registered = set(_factories)
     return tuple(sorted(registered | set(_declared())))

@@ -170,7 +170,6 @@ def tls(value: object) -> bool | str:
 
 
 def url(value: object) -> str:
-    """An http(s) URL without a trailing slash."""
     if not isinstance(value, str) or not value:
         raise Invalid("must be an http(s) URL such as http://127.0.0.1:8998")
     shown = clean(redact_url(value), 200)

@@ -45,8 +45,7 @@ class Transport(Protocol):
         """Check once that the route is still there; None when the protocol cannot tell."""
 
     def close(self) -> None:
-        """Release connections (and anything held on the server's side, such as a lease);
-        called once when the registrar's thread ends."""
+        """Release connections (and a lease, say); called once, when the registrar's thread ends."""
 
 
 @runtime_checkable
@@ -69,8 +68,7 @@ class Abortable(Protocol):
 
 @runtime_checkable
 class Resolving(Protocol):
-    """Optional: a transport that reaches its server by host name, and can say what the
-    resolver is doing to it (`Status.resolution`)."""
+    """Optional: says what the resolver does to the server's host name (`Status.resolution`)."""
 
     def resolution(self) -> str | None:
         """ "resolving NAME ..." while its lookup stalls, the last good address in use while
@@ -92,8 +90,7 @@ class WatchBounded(Protocol):
     has a longest value. A registrar built by protocol name asks it."""
 
     def fit_watch_interval(self, given: float | None) -> float:
-        """The watch interval to use: `given`, or the longest when None; `ConfigError` for one
-        longer than that."""
+        """`given`, or the longest when None; `ConfigError` for one longer than that."""
 
 
 @runtime_checkable
