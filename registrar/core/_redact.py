@@ -8,6 +8,7 @@ import base64
 import json
 import re
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
@@ -74,18 +75,13 @@ class Secrets:
     ) -> Secrets:
         """The secrets `values` (None and empty ones skipped), and a Basic-auth pair, whose
         header (`base64(user:password)`) is a secret of its own."""
-        forms: set[str] = set()
-        for value in values:
-            if value:
-                forms |= _forms(value)
+        forms: set[str] = set().union(*(_forms(value) for value in values if value))
         if basic is not None:
             user, password = (unquote(part) for part in basic)
             for raw in (f"{user}:{password}", f"{basic[0]}:{basic[1]}"):
                 for encoding in ("latin-1", "utf-8"):
-                    try:
+                    with suppress(UnicodeEncodeError):
                         forms.add(base64.b64encode(raw.encode(encoding)).decode("ascii"))
-                    except UnicodeEncodeError:
-                        continue
             forms |= _forms(user) | _forms(password)
         return cls(tuple(sorted(forms, key=len, reverse=True)))
 
