@@ -113,9 +113,7 @@ def port_problem(url: str) -> Diagnosis | None:
     except ValueError:
         return None  # not a URL at all: its own error says so
     text = port_text(parts.netloc)
-    if text == "" and not parts.netloc.endswith(":"):
-        return None
-    if text.isdigit() and int(text) != 0:
+    if (text == "" and not parts.netloc.endswith(":")) or (text.isdigit() and int(text) != 0):
         return None
     return diagnose(Evidence(redact_url(url), parts.hostname or "", text, parts.scheme))
 

@@ -10,7 +10,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Literal, cast, get_args
 
 from . import _rules as rules
 from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
@@ -33,7 +33,7 @@ OnFailureName = Literal["retry", "stop", "exit"]
 OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
 """What to do when the startup budget is spent. A callable is given the FAILED status and
 answers with one of the names (None means "stop")."""
-POLICIES = ("retry", "stop", "exit")
+POLICIES = get_args(OnFailureName)
 EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""
 
