@@ -16,7 +16,6 @@ MAX_SHOWN = 300
 """Characters of untrusted text shown in one log line or status field, at most."""
 
 MASK = "***"
-_MIN_TAIL = 4
 
 # C0 and C1 controls, DEL, the Unicode line and paragraph separators, zero-width characters and
 # bidirectional overrides: anything that can end a log line or disguise what follows.
@@ -93,7 +92,7 @@ class Secrets:
             text = text.replace(form, MASK)
         if cut:
             for form in self.forms:
-                for size in range(min(len(form) - 1, len(text)), _MIN_TAIL - 1, -1):
+                for size in range(min(len(form) - 1, len(text)), 3, -1):
                     if text.endswith(form[:size]):
                         text = text[:-size] + MASK
                         break

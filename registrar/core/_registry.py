@@ -23,9 +23,8 @@ normalised it (`ConfigError` naming the field for a payload it cannot use)."""
 
 @dataclass(frozen=True)
 class ProtocolFactory:
-    """A protocol: its settings class (made of the registrar's URL, its first field, and the
-    options that are its fields; `HttpSettings` by default) and the function building its
-    transport from that value."""
+    """A protocol: the function building its transport from its settings class (the registrar's
+    URL as its first field, and the options that are its fields)."""
 
     build: Build
     settings: type = HttpSettings
