@@ -97,27 +97,27 @@ def each_seconds(value: object) -> float | tuple[float, float]:
     return seconds(value)
 
 
-def _worded(rule: Callable[[object], _T], allowed: str) -> Callable[[object], _T]:
+def worded(rule: Callable[[object], _T], allowed: str) -> Callable[[object], _T]:
     """`rule`, its own wording replaced by `allowed`."""
 
-    def worded(value: object) -> _T:
+    def reworded(value: object) -> _T:
         try:
             return rule(value)
         except Invalid:
             raise Invalid(allowed) from None
 
-    return worded
+    return reworded
 
 
 def _none_or(rule: Callable[[object], _T], allowed: str) -> Callable[[object], _T | None]:
     """None as it is, else `rule` worded by `allowed` (which names None among the values)."""
-    worded = _worded(rule, allowed)
-    return lambda value: None if value is None else worded(value)
+    checked = worded(rule, allowed)
+    return lambda value: None if value is None else checked(value)
 
 
 seconds_or_none = _none_or(seconds, "must be a positive number of seconds or None")
 count_or_none = _none_or(count, "must be an integer >= 1 or None")
-timeout = _worded(each_seconds, "must be positive seconds or a (connect, read) pair")
+timeout = worded(each_seconds, "must be positive seconds or a (connect, read) pair")
 
 
 def port_or_none(value: object) -> int | None:

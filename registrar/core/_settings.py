@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import sys
@@ -70,8 +69,8 @@ def _token(value: object) -> Token | None:
     return rules.header_token(value)
 
 
-_retry_after_cap = rules.number_within(
-    lambda v: 0 <= v < math.inf, "must be a number of seconds >= 0 (0 ignores Retry-After)"
+_retry_after_cap = rules.worded(
+    rules.seconds_or_zero, "must be a number of seconds >= 0 (0 ignores Retry-After)"
 )
 
 
