@@ -44,12 +44,12 @@ def describe(name: str, value: object, exc: Invalid) -> str:
     return f"{name} {exc.rule}, got {value!r}"
 
 
-def applied(name: str, value: object, rule: Rule) -> Any:
+def applied(name: str, value: object, rule: Rule, example: str = "") -> Any:
     """`rule(value)`, or `ConfigError` naming `name` (a field, an option, a variable)."""
     try:
         return rule(value)
     except Invalid as exc:
-        raise ConfigError(describe(name, value, exc)) from None
+        raise ConfigError(describe(name, value, exc) + example) from None
 
 
 def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") -> None:
@@ -57,13 +57,9 @@ def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") ->
     rule normalised it, or `ConfigError` naming the field (after `prefix`)."""
     defaults = {f.name: f.default for f in fields(target)}  # type: ignore[arg-type]
     for name, rule in rules.items():
-        value = getattr(target, name)
-        try:
-            kept = rule(value)
-        except Invalid as exc:
-            good = defaults.get(name)
-            example = "" if good in (None, MISSING) else f"; e.g. {name}={good!r}"
-            raise ConfigError(describe(prefix + name, value, exc) + example) from None
+        good = defaults.get(name)
+        example = "" if good in (None, MISSING) else f"; e.g. {name}={good!r}"
+        kept = applied(prefix + name, getattr(target, name), rule, example)
         object.__setattr__(target, name, kept)
 
 
