@@ -51,8 +51,7 @@ class Diagnostician:
             if self._since is None:
                 self._since = now
             due = not self._busy and now - self._since >= self._after
-            if due:
-                self._busy = True
+            self._busy |= due
             run = self._run
         if due:
             # Off the registrar's thread: a probe may take a few connect timeouts, and the loop's

@@ -39,12 +39,9 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 def describe_exception(exc: BaseException) -> str:
-    """A one-line, operator-readable text for `exc`: its root cause, e.g.
-    `[Errno 111] Connection refused`."""
+    """One operator-readable line for `exc`'s root cause (`[Errno 111] Connection refused`)."""
     cause = root_cause(exc)
     text = str(cause).strip()
     if not text:
         return type(cause).__name__
-    if isinstance(cause, TimeoutError) and text == "timed out":
-        return "timed out"
     return " ".join(text.split())
