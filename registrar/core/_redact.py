@@ -110,8 +110,7 @@ def clean(
     # margin is wide enough that a secret starting before the limit is masked whole.
     window = limit + max(map(len, secrets.forms), default=0)
     more = len(text) > window
-    shown = secrets.redact(text[:window], cut=cut or more)
-    shown = _UNSAFE.sub(_escape, shown)
+    shown = _UNSAFE.sub(_escape, secrets.redact(text[:window], cut=cut or more))
     if len(shown) > limit or more:
         shown = shown[:limit].rstrip() + " ..."
     return shown
