@@ -1,10 +1,5 @@
-"""registrar: register a service with a bootstrap server and keep it registered.
-
-Start it in the background, never block on it, and ask it where it stands::
-
-    reg = Registrar("http://127.0.0.1:8998", payload).start()
-    reg.status().to_dict()
-"""
+"""registrar: register a service with a bootstrap server and keep it registered, in the
+background, never blocking on it (`Registrar(url, payload).start()`; docs/index.md)."""
 
 from __future__ import annotations
 
