@@ -15,7 +15,6 @@ from ._actions import (
     Answered,
     Check,
     Checked,
-    Decision,
     Fail,
     Held,
     Look,
@@ -111,21 +110,18 @@ class Runner:
             decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
-            if not self._apply(decision, seen):
+            # The status change, in one snapshot (a backoff wait is published as when the next
+            # attempt is due); a refused trigger means stopped.
+            changes, action = decision.changes, decision.action
+            if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+                changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+                changes["retrying"] = True
+            if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+                self.controls.take_reports()  # a report from before this PUT says nothing of it
+            if not self.board.apply(decision.trigger, changes):
                 return
             state = decision.state
-            seen = self._perform(decision.action)
-
-    def _apply(self, decision: Decision, seen: Observation) -> bool:
-        """Publish the decision's status change, in one snapshot; False when its trigger was
-        refused (stopped). A backoff wait is published as when the next attempt is due."""
-        changes, action = decision.changes, decision.action
-        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
-            changes["retrying"] = True
-        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
-            self.controls.take_reports()  # a report from before this PUT says nothing about it
-        return self.board.apply(decision.trigger, changes)
+            seen = self._perform(action)
 
     def _perform(self, action: Action) -> Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
@@ -154,14 +150,14 @@ class Runner:
 
     def _wait(self, action: Wait) -> Observation:
         kind, delay = action.kind, action.delay
-        if kind is WaitKind.IDLE:
-            sign = self._idle(delay)
-            if sign is None:
-                return Stopping()
-            return Waited(kind, sign=sign, reports=self.controls.reports)
-        if self._sleep(delay, interruptible=kind is WaitKind.CONTACT):
+        if kind is WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
+            sign = self._idle(self.transport, delay)
+        else:
+            interruptible = kind in (WaitKind.IDLE, WaitKind.CONTACT)
+            sign = None if self._sleep(delay, interruptible) else False
+        if sign is None:
             return Stopping()
-        return Waited(kind, reports=self.controls.reports)
+        return Waited(kind, sign=sign, reports=self.controls.reports)
 
     def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
@@ -181,12 +177,9 @@ class Runner:
                     return True
                 controls.wake.clear()
 
-    def _idle(self, delay: float | None) -> bool | None:
-        """Wait between route checks, inside an `IdleWatcher` transport or on the clock: None when
-        stopping, True on a sign that the route may be gone, False on timeout or a report."""
-        transport = self.transport
-        if not isinstance(transport, IdleWatcher):
-            return None if self._sleep(delay, interruptible=True) else False
+    def _idle(self, transport: IdleWatcher, delay: float | None) -> bool | None:
+        """Wait between route checks inside the transport: None when stopping, True on a sign
+        that the route may be gone, False on timeout or a report."""
         controls = self.controls
         end = None if delay is None else self.clock.monotonic() + delay
         while not controls.stopping:
