@@ -134,7 +134,6 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
 
 
 def _held(state: LoopState, seen: Held) -> Decision:
-    """Wait in place of the attempt while the transport has nothing to offer."""
     notes: tuple[Note, ...] = ()
     if not state.holding:
         notes = (say("held", state.url, clean(seen.reason, 200)),)
@@ -301,12 +300,9 @@ def _out_of_time(given: _Given, state: LoopState, delay: float) -> bool:
 
 
 def _spent(given: _Given, state: LoopState, delay: float) -> bool:
-    if not _budgeted(given, state):
-        return False
     limit = given.settings.max_attempts
-    if limit is not None and state.streak == limit:
-        return True
-    return _out_of_time(given, state, delay)
+    attempts_spent = limit is not None and state.streak == limit
+    return _budgeted(given, state) and (attempts_spent or _out_of_time(given, state, delay))
 
 
 def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
@@ -329,8 +325,7 @@ def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
     delay = backoff.maximum * (1 - backoff.jitter * given.draw())
     state = replace(state, due=None, delay=delay)
     if given.status.state is State.FAILED:
-        notes = (say("still refused", state.url, error, delay),)
-        return _after(state, given.now, delay, notes)
+        return _after(state, given.now, delay, (say("still refused", state.url, error, delay),))
     return _fail(given, state, error, True)
 
 

@@ -36,7 +36,6 @@ class RegistrarGroup:
         return len(self._members)
 
     def statuses(self) -> tuple[Status, ...]:
-        """Every member's snapshot, in order."""
         return tuple(r.status() for r in self._members)
 
     @property
