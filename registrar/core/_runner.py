@@ -159,7 +159,7 @@ class Runner:
             return Stopping()
         return Waited(kind, sign=sign, reports=self.controls.reports)
 
-    def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
+    def _sleep(self, delay: float | None, interruptible: bool) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
         `interruptible`, a route-missing report ends the wait early too."""
         controls = self.controls
