@@ -85,10 +85,10 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
             decision = _waited(given, state, seen)
         case Held():
             decision = _held(state, seen)
-        case Looked():
-            decision = _looked(given, state, seen)
+        case Looked():  # a look or an attempt ends a hold
+            decision = _looked(given, replace(state, holding=False), seen)
         case Sent():
-            decision = _sent(given, state, seen)
+            decision = _sent(given, replace(state, holding=False), seen)
         case Answered():
             decision = _answered(state, seen, now)
         case Checked():
@@ -192,7 +192,6 @@ def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
 
 def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
     check = seen.check
-    state = replace(state, holding=False)
     if check is None:
         return _look_found(given, state, None, given.status.server_reachable is True)
     if check.route is Route.PRESENT:
@@ -246,7 +245,6 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     changes: dict[str, Any] = {"server_reachable": outcome.reachable, "last_request_at": seen.at}
     if not seen.free:
         changes["attempts_total"] = status.attempts_total + 1
-    state = replace(state, holding=False)
     if outcome.verdict is Verdict.ACCEPTED:
         return _with(_accepted(given, state, seen.at), changes)
     changes["last_error"] = outcome.error
