@@ -40,8 +40,7 @@ class Started:
 class Waited:
     kind: WaitKind
     sign: bool = False
-    reports: int = 0
-    """Route-missing reports pending when it ended."""
+    reports: int = 0  # route-missing reports pending when it ended
 
 
 @dataclass(frozen=True)
@@ -165,33 +164,24 @@ class Note:
 class LoopState:
     """Everything the loop remembers between two decisions (nothing else is kept)."""
 
-    fleet: int = 1
-    """How many clients register with the same server (spreads probes and first contact)."""
+    fleet: int = 1  # clients registering with the same server (spreads probes, first contact)
     url: str = ""  # as shown, for the log lines
     ever_registered: bool = False
     # -- registering
+    # No registration was ever accepted when this run of attempts began: the budget counts.
     startup: bool = True
-    """No registration was ever accepted when this run of attempts began: the budget counts."""
-    started: float = 0.0
-    """When this run of attempts began (monotonic seconds)."""
+    started: float = 0.0  # when this run of attempts began (monotonic seconds)
     streak: int = 0  # counted failed attempts in this run
-    due: float | None = None
-    """While refused: when the next counted attempt is due (probes before it are free)."""
-    looked: bool = False
-    """The server answered a look since this run began: no look before the next attempt."""
-    refused: bool = False
-    """The last attempt was refused: nothing listened, nothing to look at."""
-    unanswered: int = 0
-    """Looks still owed after an attempt that may have reached the server unanswered."""
-    delay: float = 0.0
-    """The wait chosen with a `Fail`, taken should the policy answer "retry"."""
+    due: float | None = None  # while refused: the next counted attempt (probes before it: free)
+    looked: bool = False  # the server answered a look in this run: no look before an attempt
+    refused: bool = False  # the last attempt was refused: nothing listened, nothing to look at
+    unanswered: int = 0  # looks owed after an attempt that may have reached the server unanswered
+    delay: float = 0.0  # the wait chosen with a `Fail`, taken should the policy answer "retry"
     holding: bool = False  # the last attempt was held by a `Gated` transport (said once)
     # -- watching
-    just_put: bool = False
-    """The check in flight is the one right after a PUT (or an adoption)."""
+    just_put: bool = False  # the check in flight is the one right after a PUT (or an adoption)
     checks: int = 0
-    probing: bool = False
-    """The last check was refused: the server is down; checks come at the probe cadence."""
+    probing: bool = False  # the last check was refused (server down): checks at probe cadence
     broken: int = 0  # checks in a row whose connection broke
     lost_after_put: int = 0  # times in a row the route was missing right after our own PUT
     last_check_started: float | None = None
@@ -203,8 +193,7 @@ class LoopState:
 class Decision:
     state: LoopState
     action: Action
-    trigger: Trigger | None = None
-    """Fired with `changes`, in one snapshot, before the action is performed."""
+    trigger: Trigger | None = None  # fired with `changes`, in one snapshot, before the action
+    # The status fields this decision sets (a BACKOFF wait also publishes when it ends).
     changes: dict[str, Any] = field(default_factory=dict)
-    """The status fields this decision sets (a BACKOFF wait also publishes when it ends)."""
     notes: tuple[Note, ...] = ()
