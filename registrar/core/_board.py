@@ -28,8 +28,7 @@ class RequestEvent:
     """One request the registrar sent, for metrics: what, how it ended, how long it took."""
 
     kind: Literal["register", "check"]
-    result: str
-    """The verdict of a registration or the route a check found."""
+    result: str  # the verdict of a registration or the route a check found
     duration: float
     status_code: int | None
 

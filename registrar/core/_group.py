@@ -18,8 +18,7 @@ class RegistrarGroup:
 
     def __init__(self, registrars: Iterable[Registrar], *, stop_timeout: float = 5.0) -> None:
         self._members = tuple(registrars)
-        self.stop_timeout = float(stop_timeout)
-        """What `stop()` waits by default: long enough for the members' drains."""
+        self.stop_timeout = float(stop_timeout)  # stop()'s default: long enough for the drains
         if not self._members or not all(isinstance(r, Registrar) for r in self._members):
             raise ConfigError("a RegistrarGroup needs one or more Registrar objects")
         urls = [r.status().url for r in self._members]

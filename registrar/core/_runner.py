@@ -54,8 +54,7 @@ class Controls:
     waker that ends any wait, and the gate held while a request is in flight."""
 
     stopping: bool = False
-    reports: int = 0
-    """Route-missing reports not yet acted on (coalesced into one check)."""
+    reports: int = 0  # route-missing reports not yet acted on (coalesced into one check)
     wake: Waker = field(default_factory=Waker)
     gate: threading.Lock = field(default_factory=threading.Lock)
     lock: threading.Lock = field(default_factory=threading.Lock)

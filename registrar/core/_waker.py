@@ -15,8 +15,7 @@ class Waker:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._fd: int | None = None
-        """The eventfd, once asked for: readable while its counter is above zero."""
+        self._fd: int | None = None  # the eventfd, once asked for: readable while its counter > 0
         self._closed = False
 
     def set(self) -> None:
