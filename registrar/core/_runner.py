@@ -127,7 +127,7 @@ class Runner:
         if isinstance(action, Wait):
             return self._wait(action)
         if isinstance(action, Look | Send | Probe):
-            return self._hold() or self._register(action)
+            return self._register(action)
         if isinstance(action, Check):
             reported = self.controls.take_reports()
             check = self._check()
@@ -141,7 +141,16 @@ class Runner:
         return None
 
     def _register(self, action: Look | Send | Probe) -> Observation:
-        """A look before an attempt, or the attempt itself."""
+        """A look before an attempt, or the attempt itself; `Held` instead while a `Gated`
+        transport has nothing to offer."""
+        gate = self.transport
+        if isinstance(gate, Gated):
+            try:
+                reason = gate.not_ready()
+            except Exception as exc:
+                reason = self._unexpected("not_ready", exc)
+            if reason is not None:
+                return Held(reason, gate.ready_interval)
         if isinstance(action, Look):
             check = self._check()
             return Stopping() if self.controls.stopping else Looked(check, self.clock.time())
@@ -199,17 +208,6 @@ class Runner:
             if changed:
                 return None if controls.stopping else True
         return None
-
-    def _hold(self) -> Observation | None:
-        """`Held` while a `Gated` transport has nothing to offer; None: the attempt may go ahead."""
-        gate = self.transport
-        if not isinstance(gate, Gated):
-            return None
-        try:
-            reason = gate.not_ready()
-        except Exception as exc:
-            reason = self._unexpected("not_ready", exc)
-        return None if reason is None else Held(reason, gate.ready_interval)
 
     def _attempt(self, action: Send | Probe) -> Observation:
         """Send one registration, published as in flight when sent, not when decided (a `Gated`
