@@ -75,7 +75,7 @@ def test_wait_for_async_times_out_and_leaves_no_waiter() -> None:
     late, cancelled = asyncio.run(main())
     assert late is False
     assert cancelled
-    assert not aio._WAITERS[reg].pending
+    assert not aio._WAITERS[reg]
     assert reg.state is State.STOPPED
 
 

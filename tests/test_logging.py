@@ -31,10 +31,10 @@ HOST = textwrap.dedent(
     reg.stop()
     server.close()
     # Nothing of the host's was reconfigured on the way: one filter, registrar's own.
-    from registrar.core._machine import OURS_DROPPED
+    from registrar.core._machine import ours_dropped
     assert logging.getLogger("transitions").level == logging.NOTSET
     assert logging.getLogger("transitions.core").level == logging.NOTSET
-    assert logging.getLogger("transitions.core").filters == [OURS_DROPPED]
+    assert logging.getLogger("transitions.core").filters == [ours_dropped]
     assert logging.getLogger().level == logging.{level}
     {extra}
     """

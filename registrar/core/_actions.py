@@ -14,10 +14,10 @@ from ._settings import OnFailureName
 
 
 class WaitKind(StrEnum):
-    """Which wait, for the runner: what ends it early and what it publishes."""
+    """Which wait: what ends it early (a stop ends any) and what it publishes."""
 
     BACKOFF = "backoff"
-    """Before an attempt: published as `next_attempt_at`; only a stop ends it early."""
+    """Before an attempt: published as `next_attempt_at`."""
     PROBE = "probe"
     """Nothing listens (or the connection broke): look again soon, whatever is reported."""
     IDLE = "idle"
@@ -28,8 +28,7 @@ class WaitKind(StrEnum):
     REPORT_SLOT = "report_slot"
     """Holding a report-driven check until REPORT_CHECK_INTERVAL since the last check."""
     READY = "ready"
-    """Holding an attempt while a `Gated` transport has nothing to offer (the served process
-    is not ready); only a stop ends it."""
+    """Holding an attempt while a `Gated` transport has nothing to offer."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +38,9 @@ class Started:
 
 @dataclass(frozen=True)
 class Waited:
-    """A wait ended: on time, by a report, or (idle only) on a sign the route may be gone."""
-
     kind: WaitKind
     sign: bool = False
-    reports: int = 0
-    """Route-missing reports pending when it ended."""
+    reports: int = 0  # route-missing reports pending when it ended
 
 
 @dataclass(frozen=True)
@@ -61,8 +57,7 @@ class Sent:
     """An attempt's (or a probe's) outcome, and when it ended (wall clock)."""
 
     outcome: RegisterOutcome
-    scheduled: bool
-    """A `Send` (counted), not a `Probe`."""
+    scheduled: bool  # a `Send`, not a `Probe`
     at: float
 
     @property
@@ -86,8 +81,7 @@ class Held:
     """A `Gated` transport has nothing to offer yet (the served process is not ready)."""
 
     reason: str
-    interval: float
-    """How long to wait before asking again (the transport's `ready_interval`)."""
+    interval: float  # the transport's `ready_interval`
 
 
 @dataclass(frozen=True)
@@ -107,8 +101,7 @@ Observation = Started | Waited | Looked | Sent | Checked | Held | Answered | Sto
 
 @dataclass(frozen=True)
 class Wait:
-    delay: float | None
-    """Seconds; None: until woken (a watch with no interval)."""
+    delay: float | None  # None: until woken (a watch with no interval)
     kind: WaitKind
 
 
@@ -145,8 +138,7 @@ class Fail:
 
     attempts: int
     error: str | None
-    fatal: bool
-    """Retrying cannot help until the configuration is fixed."""
+    fatal: bool  # retrying cannot help until the configuration is fixed
 
 
 @dataclass(frozen=True)
@@ -172,43 +164,28 @@ class Note:
 class LoopState:
     """Everything the loop remembers between two decisions (nothing else is kept)."""
 
-    fleet: int = 1
-    """How many clients register with the same server (spreads probes and first contact)."""
-    url: str = ""
-    """The server's URL as shown, for the log lines."""
+    fleet: int = 1  # clients registering with the same server (spreads probes, first contact)
+    url: str = ""  # as shown, for the log lines
     ever_registered: bool = False
     # -- registering
+    # No registration was ever accepted when this run of attempts began: the budget counts.
     startup: bool = True
-    """No registration was ever accepted when this run of attempts began: the budget counts."""
-    started: float = 0.0
-    """When this run of attempts began (monotonic seconds)."""
-    streak: int = 0
-    """Counted failed attempts in this run."""
-    due: float | None = None
-    """While refused: when the next counted attempt is due (probes before it are free)."""
-    looked: bool = False
-    """The server answered a look since this run began: no look before the next attempt."""
-    refused: bool = False
-    """The last attempt was refused: nothing listened, nothing to look at."""
-    unanswered: int = 0
-    """Looks still owed after an attempt that may have reached the server unanswered."""
-    delay: float = 0.0
-    """The wait chosen with a `Fail`, taken should the policy answer "retry"."""
-    holding: bool = False
-    """The last attempt was held by a `Gated` transport (said once per hold)."""
+    started: float = 0.0  # when this run of attempts began (monotonic seconds)
+    streak: int = 0  # counted failed attempts in this run
+    due: float | None = None  # while refused: the next counted attempt (probes before it: free)
+    looked: bool = False  # the server answered a look in this run: no look before an attempt
+    refused: bool = False  # the last attempt was refused: nothing listened, nothing to look at
+    unanswered: int = 0  # looks owed after an attempt that may have reached the server unanswered
+    delay: float = 0.0  # the wait chosen with a `Fail`, taken should the policy answer "retry"
+    holding: bool = False  # the last attempt was held by a `Gated` transport (said once)
     # -- watching
-    just_put: bool = False
-    """The check in flight is the one right after a PUT (or an adoption)."""
+    just_put: bool = False  # the check in flight is the one right after a PUT (or an adoption)
     checks: int = 0
-    probing: bool = False
-    """The last check was refused: the server is down; checks come at the probe cadence."""
-    broken: int = 0
-    """Checks in a row whose connection broke."""
-    lost_after_put: int = 0
-    """Times in a row the route was found missing right after our own PUT."""
+    probing: bool = False  # the last check was refused (server down): checks at probe cadence
+    broken: int = 0  # checks in a row whose connection broke
+    lost_after_put: int = 0  # times in a row the route was missing right after our own PUT
     last_check_started: float | None = None
-    unheeded: int = 0
-    """Reports the server contradicted, not yet logged."""
+    unheeded: int = 0  # reports the server contradicted, not yet logged
     unheeded_logged_at: float | None = None
 
 
@@ -216,8 +193,7 @@ class LoopState:
 class Decision:
     state: LoopState
     action: Action
-    trigger: Trigger | None = None
-    """Fired with `changes`, in one snapshot, before the action is performed."""
+    trigger: Trigger | None = None  # fired with `changes`, in one snapshot, before the action
+    # The status fields this decision sets (a BACKOFF wait also publishes when it ends).
     changes: dict[str, Any] = field(default_factory=dict)
-    """The status fields this decision sets (a BACKOFF wait also publishes when it ends)."""
     notes: tuple[Note, ...] = ()

@@ -1,7 +1,6 @@
 """The awaitable side of the thread engine: no second engine, only a bridge into event loops,
 one listener per registrar handing each change to the waiting loops with
-`loop.call_soon_threadsafe` (nothing here blocks a loop or polls).
-"""
+`loop.call_soon_threadsafe` (nothing here blocks a loop or polls)."""
 
 from __future__ import annotations
 
@@ -25,18 +24,14 @@ AsyncListener = Callable[[State, State, Status], Awaitable[None] | None]
 """A listener run in an event loop: a plain function or a coroutine function."""
 
 
-class _Waiters:
-    """The futures waiting on one registrar, fed by a single listener (so waiting many times
-    never grows the registrar's listener list)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pending: set[tuple[State, asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+class _Waiters(set[tuple[State, asyncio.AbstractEventLoop, asyncio.Future[None]]]):
+    """The futures waiting on one registrar (under _WAITERS_LOCK), fed by a single listener: so
+    waiting many times never grows the registrar's listener list."""
 
     def __call__(self, old: State, new: State, status: Status) -> None:
-        with self.lock:
-            ready = [entry for entry in self.pending if entry[0] is new]
-            self.pending.difference_update(ready)
+        with _WAITERS_LOCK:
+            ready = [entry for entry in self if entry[0] is new]
+            self.difference_update(ready)
         for _, loop, future in ready:
             # A closed loop raises RuntimeError: nobody waits there any more.
             with contextlib.suppress(RuntimeError):
@@ -52,24 +47,18 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _waiters(registrar: Registrar) -> _Waiters:
-    with _WAITERS_LOCK:
-        waiters = _WAITERS.get(registrar)
-        if waiters is None:
-            waiters = _WAITERS[registrar] = _Waiters()
-            registrar.add_listener(waiters)
-        return waiters
-
-
 async def wait_for_state(registrar: Registrar, state: State, timeout: float | None) -> bool:
     """Wait in the running loop until `registrar` reaches `state`; False after `timeout`."""
     target = State(state)
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
-    waiters = _waiters(registrar)
     entry = (target, loop, future)
-    with waiters.lock:
-        waiters.pending.add(entry)
+    with _WAITERS_LOCK:
+        waiters = _WAITERS.get(registrar)
+        if waiters is None:
+            waiters = _WAITERS[registrar] = _Waiters()
+            registrar.add_listener(waiters)
+        waiters.add(entry)
     try:
         # Checked after joining the waiters, so a transition in between is never missed.
         if registrar.state is target:
@@ -81,8 +70,8 @@ async def wait_for_state(registrar: Registrar, state: State, timeout: float | No
             return False
         return True
     finally:
-        with waiters.lock:
-            waiters.pending.discard(entry)
+        with _WAITERS_LOCK:
+            waiters.discard(entry)
 
 
 def in_loop(

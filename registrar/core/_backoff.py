@@ -93,9 +93,8 @@ def first_watch_delay(interval: float, u: float) -> float:
 
 def rejoin_delay(backoff: Backoff, lost_after_put: int, u: float) -> float:
     """The wait before registering again once the route is found missing: none the first time
-    (the check that found it was the fleet's spread first contact, and the PUT reuses its
-    connection); when it is lost right after our own PUT again and again, uniform over [0, base)
-    of the backoff."""
+    (docs/sglang.md); when it is lost right after our own PUT again and again, uniform over
+    [0, base) of the backoff."""
     if not lost_after_put:
         return 0.0
     return backoff.base(lost_after_put) * u
@@ -105,9 +104,8 @@ PROBE_PERIOD = 0.15
 """The mean time between probes while connections are refused, for a lone client (seconds)."""
 
 ACCEPT_RATE = 1000.0
-"""New connections per second a fleet may open towards one server at once: SGLang's bootstrap
-server took 1000 spread over 1 s with no listen-queue overflow, and overflowed within 0.5 s
-(docs/benchmarks.md)."""
+"""New connections per second a fleet may open towards one server at once (what SGLang's server
+took without a listen-queue overflow: docs/benchmarks.md, "What the figures chose")."""
 
 
 def probe_period(herd: int) -> float:

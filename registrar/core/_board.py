@@ -1,8 +1,5 @@
-"""The status board: the one published `Status` snapshot, replaced whole under one lock, the
-`transitions` machine whose after-state-change callback publishes it, and the listeners who hear
-every change in order, outside any lock, from one thread at a time (the registrar's own while it
-runs, else a short-lived "registrar-events" thread), never a caller of `start()` or `stop()`.
-"""
+"""The status board: the published `Status` snapshot, the `transitions` machine whose callback
+publishes it, and the listeners who hear every change in order (docs/state-machine.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ class RequestEvent:
     """One request the registrar sent, for metrics: what, how it ended, how long it took."""
 
     kind: Literal["register", "check"]
-    result: str
-    """The verdict of a registration or the route a check found."""
+    result: str  # the verdict of a registration or the route a check found
     duration: float
     status_code: int | None
 
@@ -41,8 +37,6 @@ RequestListener = Callable[[RequestEvent], None]
 
 
 class StatusBoard:
-    """The published snapshot and who hears about it."""
-
     def __init__(self, status: Status, clock: Clock) -> None:
         self._clock = clock
         self._listeners: list[Listener] = []
@@ -58,8 +52,9 @@ class StatusBoard:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self._pending.clear()
+        # The one thread that calls listeners: the registrar's own while it runs, else a
+        # short-lived "registrar-events" thread, never a caller of start() or stop().
         self.deliverer: threading.Thread | None = None
-        """The one thread that calls listeners (see the module docstring)."""
         self._draining = False  # the deliverer's alone
 
     def add_listener(self, listener: Listener) -> None:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Protocol
 
+from ._waker import Waker
 
-class Waitable(Protocol):
-    """What a clock waits on: a `threading.Event` or a `registrar.core._waker.Waker`."""
-
-    def is_set(self) -> bool: ...
-
-    def wait(self, timeout: float | None = None) -> bool: ...
+Waitable = threading.Event | Waker
 
 
 class Clock(Protocol):

@@ -40,7 +40,7 @@ from ._backoff import (
     watch_delay,
 )
 from ._machine import State, Trigger
-from ._notes import answered, attempt_label, failed_attempt, given_up, say, unheeded
+from ._notes import say
 from ._outcome import Route, RouteCheck, Verdict
 from ._redact import clean
 from ._settings import EXIT_CODE, LoopSettings
@@ -58,6 +58,8 @@ before it is sent again; each lost look waits the backoff."""
 REPORT_CHECK_INTERVAL = 1.0
 """At most one route check per this many seconds is caused by `report_route_missing()`, however
 often it is called (a decode failing every transfer calls it ~1000 times a second)."""
+REPORT_LOG_INTERVAL = 60.0
+"""At most one warning per this many seconds says that reports were contradicted by the server."""
 MAX_ERROR_TEXT = 1000
 """An error or evidence text is cut here, whatever transport made it (see core.redact.clean)."""
 
@@ -83,10 +85,10 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
             decision = _waited(given, state, seen)
         case Held():
             decision = _held(state, seen)
-        case Looked():
-            decision = _looked(given, state, seen)
+        case Looked():  # a look or an attempt ends a hold
+            decision = _looked(given, replace(state, holding=False), seen)
         case Sent():
-            decision = _sent(given, state, seen)
+            decision = _sent(given, replace(state, holding=False), seen)
         case Answered():
             decision = _answered(state, seen, now)
         case Checked():
@@ -132,7 +134,6 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
 
 
 def _held(state: LoopState, seen: Held) -> Decision:
-    """Wait in place of the attempt while the transport has nothing to offer."""
     notes: tuple[Note, ...] = ()
     if not state.holding:
         notes = (say("held", state.url, clean(seen.reason, 200)),)
@@ -181,7 +182,6 @@ def _send(state: LoopState, now: float) -> Decision:
 
 
 def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
-    """What a route check found, for the snapshot."""
     return {
         "last_check_at": at,
         "last_request_at": at,
@@ -192,16 +192,18 @@ def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
 
 def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
     check = seen.check
-    state = replace(state, holding=False)
     if check is None:
         return _look_found(given, state, None, given.status.server_reachable is True)
     if check.route is Route.PRESENT:
-        return _with(_adopted(given, state, check, seen.at), _observed(check, seen.at))
+        ours = state.unanswered > 0
+        note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
+        count = given.status.registrations + int(ours)
+        changes = {"registrations": count, "last_success_at": seen.at}
+        return _with(_registered(state, given.now, changes, note), _observed(check, seen.at))
     return _with(_look_found(given, state, check, check.reachable), _observed(check, seen.at))
 
 
 def _with(decision: Decision, changes: dict[str, Any]) -> Decision:
-    """`decision`, with `changes` under its own."""
     return replace(decision, changes={**changes, **decision.changes})
 
 
@@ -213,16 +215,20 @@ def _look_found(
         notes = (say("conflict", state.url, check.evidence),)
     state = replace(state, looked=state.looked or reached)
     if state.unanswered and check is not None and _may_hold_ours(check):
-        held = _hold(given, state, check)
-        return replace(held, notes=(*notes, *held.notes))
+        # Look again later instead of sending: a second arrival would be counted twice, and a
+        # topology that looks ready one rank early fails every request to the missing one. The
+        # wait ends when the server is ready (200: ours arrived; 404: send) or empty (0: send).
+        delay = given.retry_delay(max(state.streak, 1))
+        hold = say("hold", state.url, check.evidence, delay)
+        held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
+        return _after(held, given.now, delay, (*notes, hold))
     if state.unanswered and not reached:
         # The look was lost too: look again after the backoff (a few times) before sending
         # what the server may already hold.
         state = replace(state, unanswered=state.unanswered - 1)
         if state.unanswered:
             return _after(state, given.now, given.retry_delay(max(state.streak, 1)), notes)
-    decision = _send(replace(state, unanswered=0), given.now)
-    return replace(decision, notes=notes)
+    return replace(_send(replace(state, unanswered=0), given.now), notes=notes)
 
 
 def _may_hold_ours(check: RouteCheck) -> bool:
@@ -234,31 +240,11 @@ def _may_hold_ours(check: RouteCheck) -> bool:
     return check.status_code == 503 and (check.count is None or check.count > 0)
 
 
-def _hold(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
-    """Look again later instead of sending: a second arrival would be counted twice, and a
-    topology that looks ready one rank early fails every request to the missing one. The
-    wait ends when the server is ready (200: ours arrived; 404: send) or empty (0: send)."""
-    delay = given.retry_delay(max(state.streak, 1))
-    note = say("hold", state.url, check.evidence, delay)
-    held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
-    return _after(held, given.now, delay, (note,))
-
-
-def _adopted(given: _Given, state: LoopState, check: RouteCheck, at: float) -> Decision:
-    ours = state.unanswered > 0
-    note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
-    registrations = given.status.registrations + (1 if ours else 0)
-    return _registered(
-        state, given.now, {"registrations": registrations, "last_success_at": at}, note
-    )
-
-
 def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     outcome, now, status = seen.outcome, given.now, given.status
     changes: dict[str, Any] = {"server_reachable": outcome.reachable, "last_request_at": seen.at}
     if not seen.free:
         changes["attempts_total"] = status.attempts_total + 1
-    state = replace(state, holding=False)
     if outcome.verdict is Verdict.ACCEPTED:
         return _with(_accepted(given, state, seen.at), changes)
     changes["last_error"] = outcome.error
@@ -273,7 +259,8 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
         state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
     )
     probe_wait = probe_delay(state.fleet, given.draw()) if refused else 0.0
-    if seen.free and not _last_probe(given, state, probe_wait):
+    # A free probe, unless the next would start past `max_elapsed`: then this was the last try.
+    if seen.free and not (_budgeted(given, state) and _out_of_time(given, state, probe_wait)):
         return _with(_after(state, now, probe_wait), changes)
     state = replace(state, streak=state.streak + 1)
     if outcome.verdict is Verdict.FATAL:
@@ -285,14 +272,17 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     state = replace(state, due=due)
     if _spent(given, state, delay):
         return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
-    label = attempt_label(given.settings, status.state, state)
-    note = failed_attempt(label, state, outcome, delay, now)
+    limit, number = given.settings.max_attempts, state.streak
+    label = str(number)
+    if limit is not None:
+        background = number > limit or status.state is State.FAILED
+        label = f"{number} (background)" if background else f"{number}/{limit}"
+    if due is None:
+        note = say("failed", label, state.url, outcome.error, delay)
+    else:
+        every = probe_delay(state.fleet, 0.5)
+        note = say("failed, probing", label, state.url, outcome.error, delay, every, due - now)
     return _with(_after(state, now, delay, (note,)), changes)
-
-
-def _last_probe(given: _Given, state: LoopState, delay: float) -> bool:
-    """Whether the next probe would start past `max_elapsed`: this refusal is the last try."""
-    return _budgeted(given, state) and _out_of_time(given, state, delay)
 
 
 def _budgeted(given: _Given, state: LoopState) -> bool:
@@ -308,19 +298,21 @@ def _out_of_time(given: _Given, state: LoopState, delay: float) -> bool:
 
 
 def _spent(given: _Given, state: LoopState, delay: float) -> bool:
-    if not _budgeted(given, state):
-        return False
     limit = given.settings.max_attempts
-    if limit is not None and state.streak == limit:
-        return True
-    return _out_of_time(given, state, delay)
+    attempts_spent = limit is not None and state.streak == limit
+    return _budgeted(given, state) and (attempts_spent or _out_of_time(given, state, delay))
 
 
 def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
     """Ask `on_failure`: the decision on its answer enters FAILED."""
-    failing = Fail(state.streak, error, fatal)
-    note = given_up(state.url, given.settings.on_failure, failing)
-    return Decision(state, failing, notes=(note,))
+    policy = given.settings.on_failure
+    name = policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
+    if fatal:
+        note = say("refused for good", state.url, error, name)
+    else:
+        plural = "" if state.streak == 1 else "s"
+        note = say("given up", state.url, state.streak, plural, error, name)
+    return Decision(state, Fail(state.streak, error, fatal), notes=(note,))
 
 
 def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
@@ -331,20 +323,20 @@ def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
     delay = backoff.maximum * (1 - backoff.jitter * given.draw())
     state = replace(state, due=None, delay=delay)
     if given.status.state is State.FAILED:
-        notes = (say("still refused", state.url, error, delay),)
-        return _after(state, given.now, delay, notes)
+        return _after(state, given.now, delay, (say("still refused", state.url, error, delay),))
     return _fail(given, state, error, True)
 
 
 def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
     """FAILED, and what the policy answered: attempts go on in the background, or the loop ends
     (and with "exit", the process)."""
-    notes = answered(seen.answer, state.delay)
     if seen.answer == "retry":
-        return replace(_after(state, now, state.delay, notes), trigger=Trigger.GIVE_UP)
-    stop = Stop(EXIT_CODE if seen.answer == "exit" else None)
+        retry = (say("retry", state.delay),)
+        return replace(_after(state, now, state.delay, retry), trigger=Trigger.GIVE_UP)
+    code = EXIT_CODE if seen.answer == "exit" else None
+    notes = () if code is None else (say("exit", code),)
     changes = {"next_attempt_at": None, "retrying": False}
-    return Decision(state, stop, Trigger.GIVE_UP, changes, notes)
+    return Decision(state, Stop(code), Trigger.GIVE_UP, changes, notes)
 
 
 def _accepted(given: _Given, state: LoopState, at: float) -> Decision:
@@ -362,14 +354,10 @@ def _accepted(given: _Given, state: LoopState, at: float) -> Decision:
 
 def _registered(state: LoopState, now: float, changes: dict[str, Any], note: Note) -> Decision:
     succeeded = {"attempt": 0, "last_error": None, "next_attempt_at": None, "retrying": False}
-    succeeded.update(changes)
-    decision = _watching(replace(state, ever_registered=True), now)
-    return replace(decision, trigger=Trigger.SUCCEED, changes=succeeded, notes=(note,))
-
-
-def _watching(state: LoopState, now: float) -> Decision:
-    """Registered: check at once (the check right after the PUT or the adoption), then watch."""
-    return _check(replace(state, checks=0, probing=False, broken=0), now, just_put=True)
+    # Check at once (the check right after the PUT or the adoption), then watch.
+    watching = replace(state, ever_registered=True, checks=0, probing=False, broken=0)
+    decision = _check(watching, now, just_put=True)
+    return replace(decision, trigger=Trigger.SUCCEED, changes=succeeded | changes, notes=(note,))
 
 
 def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
@@ -416,7 +404,15 @@ def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: i
     if check.route is Route.CONFLICT:
         notes = (say("route conflict", state.url, check.evidence),)
     elif reported:
-        state, notes = unheeded(state, check, reported, given.now)
+        # Said at most once per REPORT_LOG_INTERVAL, for every report contradicted since.
+        unheeded = state.unheeded + reported
+        last = state.unheeded_logged_at
+        if last is not None and given.now - last < REPORT_LOG_INTERVAL:
+            state = replace(state, unheeded=unheeded)
+        else:
+            plural = "" if unheeded == 1 else "s"
+            notes = (say("unheeded", unheeded, plural, check.route.value, check.evidence),)
+            state = replace(state, unheeded=0, unheeded_logged_at=given.now)
     return _watch_next(given, state, notes)
 
 

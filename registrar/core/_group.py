@@ -18,8 +18,7 @@ class RegistrarGroup:
 
     def __init__(self, registrars: Iterable[Registrar], *, stop_timeout: float = 5.0) -> None:
         self._members = tuple(registrars)
-        self.stop_timeout = float(stop_timeout)
-        """What `stop()` waits by default: long enough for the members' drains."""
+        self.stop_timeout = float(stop_timeout)  # stop()'s default: long enough for the drains
         if not self._members or not all(isinstance(r, Registrar) for r in self._members):
             raise ConfigError("a RegistrarGroup needs one or more Registrar objects")
         urls = [r.status().url for r in self._members]
@@ -36,7 +35,6 @@ class RegistrarGroup:
         return len(self._members)
 
     def statuses(self) -> tuple[Status, ...]:
-        """Every member's snapshot, in order."""
         return tuple(r.status() for r in self._members)
 
     @property
@@ -55,10 +53,8 @@ class RegistrarGroup:
         deadline = time.monotonic() + max(0.0, wait)
         for registrar in self._members:
             registrar.stop(timeout=0)
-        ended = True
-        for registrar in self._members:
-            ended = registrar.stop(timeout=max(0.0, deadline - time.monotonic())) and ended
-        return ended
+        ended = [r.stop(timeout=max(0.0, deadline - time.monotonic())) for r in self._members]
+        return all(ended)
 
     def wait_for(self, state: State, timeout: float | None = None) -> bool:
         """Block until every member is in `state`; False if `timeout` seconds pass first."""

@@ -1,10 +1,6 @@
 """The registration state machine: states, triggers, and the one table of what may follow what
-(`TRANSITIONS`), from which the `transitions` machine of the status board and the diagram of
-docs/state-machine.md are built.
-
-The library logs every state entered and left on `transitions.core` (INFO), noise in a host's
-logs: a filter there drops the records of machines named `MACHINE_NAME`, and only those.
-"""
+(`TRANSITIONS`), from which the status board's `transitions` machine and the diagram of
+docs/state-machine.md are built (why the library's records are filtered: docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +31,6 @@ class State(StrEnum):
 
 
 class Trigger(StrEnum):
-    """The events that move a registrar between states."""
-
     START = "start"
     SUCCEED = "succeed"
     GIVE_UP = "give_up"
@@ -58,17 +52,14 @@ TRANSITIONS: tuple[tuple[State, Trigger, State], ...] = (
 """Every allowed (source, trigger, destination); anything else is refused."""
 
 
-class _OursDropped(logging.Filter):
-    """Drops the `transitions.core` records of registrar's machines, and only those."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        first = args[0] if isinstance(args, tuple) and args else record.msg
-        return not str(first).startswith(MACHINE_NAME + ": ")
+def ours_dropped(record: logging.LogRecord) -> bool:
+    """The `transitions.core` filter: drops the records of registrar's machines, and only those."""
+    args = record.args
+    first = args[0] if isinstance(args, tuple) and args else record.msg
+    return not str(first).startswith(MACHINE_NAME + ": ")
 
 
-OURS_DROPPED = _OursDropped()
-logging.getLogger("transitions.core").addFilter(OURS_DROPPED)  # the same object: added once
+logging.getLogger("transitions.core").addFilter(ours_dropped)  # the same object: added once
 
 
 def _config(initial: State) -> dict[str, object]:

@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
-from ._actions import Fail, LoopState, Note
-from ._backoff import probe_delay
-from ._machine import State
-from ._outcome import RegisterOutcome, RouteCheck
-from ._settings import EXIT_CODE, LoopSettings, OnFailure
-
-REPORT_LOG_INTERVAL = 60.0
-"""At most one warning per this many seconds says that reports were contradicted by the server."""
+from ._actions import Note
 
 _INFO, _WARNING, _ERROR = logging.INFO, logging.WARNING, logging.ERROR
 _LINES: dict[str, tuple[int, str]] = {
@@ -72,52 +64,3 @@ _LINES: dict[str, tuple[int, str]] = {
 def say(line: str, *args: object) -> Note:
     level, message = _LINES[line]
     return Note(level, message, args)
-
-
-def failed_attempt(
-    label: str, state: LoopState, outcome: RegisterOutcome, delay: float, now: float
-) -> Note:
-    if state.due is None:
-        return say("failed", label, state.url, outcome.error, delay)
-    every = probe_delay(state.fleet, 0.5)
-    return say("failed, probing", label, state.url, outcome.error, delay, every, state.due - now)
-
-
-def attempt_label(settings: LoopSettings, failed: State, state: LoopState) -> str:
-    number = state.streak
-    if settings.max_attempts is None:
-        return str(number)
-    if number <= settings.max_attempts and failed is not State.FAILED:
-        return f"{number}/{settings.max_attempts}"
-    return f"{number} (background)"
-
-
-def given_up(url: str, policy: OnFailure, action: Fail) -> Note:
-    """Why `on_failure` is asked."""
-    name = policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
-    if action.fatal:
-        return say("refused for good", url, action.error, name)
-    plural = "" if action.attempts == 1 else "s"
-    return say("given up", url, action.attempts, plural, action.error, name)
-
-
-def answered(answer: str, delay: float) -> tuple[Note, ...]:
-    """What the policy's answer means for the process."""
-    if answer == "retry":
-        return (say("retry", delay),)
-    if answer == "exit":
-        return (say("exit", EXIT_CODE),)
-    return ()
-
-
-def unheeded(
-    state: LoopState, check: RouteCheck, reported: int, now: float
-) -> tuple[LoopState, tuple[Note, ...]]:
-    """Say (at most once per REPORT_LOG_INTERVAL) that reports were contradicted."""
-    unheeded = state.unheeded + reported
-    last = state.unheeded_logged_at
-    if last is not None and now - last < REPORT_LOG_INTERVAL:
-        return replace(state, unheeded=unheeded), ()
-    plural = "" if unheeded == 1 else "s"
-    note = say("unheeded", unheeded, plural, check.route.value, check.evidence)
-    return replace(state, unheeded=0, unheeded_logged_at=now), (note,)

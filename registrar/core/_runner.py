@@ -15,7 +15,6 @@ from ._actions import (
     Answered,
     Check,
     Checked,
-    Decision,
     Fail,
     Held,
     Look,
@@ -55,8 +54,7 @@ class Controls:
     waker that ends any wait, and the gate held while a request is in flight."""
 
     stopping: bool = False
-    reports: int = 0
-    """Route-missing reports not yet acted on (coalesced into one check)."""
+    reports: int = 0  # route-missing reports not yet acted on (coalesced into one check)
     wake: Waker = field(default_factory=Waker)
     gate: threading.Lock = field(default_factory=threading.Lock)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -111,28 +109,25 @@ class Runner:
             decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
-            if not self._apply(decision, seen):
+            # The status change, in one snapshot (a backoff wait is published as when the next
+            # attempt is due); a refused trigger means stopped.
+            changes, action = decision.changes, decision.action
+            if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+                changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+                changes["retrying"] = True
+            if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+                self.controls.take_reports()  # a report from before this PUT says nothing of it
+            if not self.board.apply(decision.trigger, changes):
                 return
             state = decision.state
-            seen = self._perform(decision.action)
-
-    def _apply(self, decision: Decision, seen: Observation) -> bool:
-        """Publish the decision's status change, in one snapshot; False when its trigger was
-        refused (stopped). A backoff wait is published as when the next attempt is due."""
-        changes, action = decision.changes, decision.action
-        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
-            changes["retrying"] = True
-        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
-            self.controls.take_reports()  # a report from before this PUT says nothing about it
-        return self.board.apply(decision.trigger, changes)
+            seen = self._perform(action)
 
     def _perform(self, action: Action) -> Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
         if isinstance(action, Wait):
             return self._wait(action)
         if isinstance(action, Look | Send | Probe):
-            return self._hold() or self._register(action)
+            return self._register(action)
         if isinstance(action, Check):
             reported = self.controls.take_reports()
             check = self._check()
@@ -146,7 +141,16 @@ class Runner:
         return None
 
     def _register(self, action: Look | Send | Probe) -> Observation:
-        """A look before an attempt, or the attempt itself."""
+        """A look before an attempt, or the attempt itself; `Held` instead while a `Gated`
+        transport has nothing to offer."""
+        gate = self.transport
+        if isinstance(gate, Gated):
+            try:
+                reason = gate.not_ready()
+            except Exception as exc:
+                reason = self._unexpected("not_ready", exc)
+            if reason is not None:
+                return Held(reason, gate.ready_interval)
         if isinstance(action, Look):
             check = self._check()
             return Stopping() if self.controls.stopping else Looked(check, self.clock.time())
@@ -154,16 +158,16 @@ class Runner:
 
     def _wait(self, action: Wait) -> Observation:
         kind, delay = action.kind, action.delay
-        if kind is WaitKind.IDLE:
-            sign = self._idle(delay)
-            if sign is None:
-                return Stopping()
-            return Waited(kind, sign=sign, reports=self.controls.reports)
-        if self._sleep(delay, interruptible=kind is WaitKind.CONTACT):
+        if kind is WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
+            sign = self._idle(self.transport, delay)
+        else:
+            interruptible = kind in (WaitKind.IDLE, WaitKind.CONTACT)
+            sign = None if self._sleep(delay, interruptible) else False
+        if sign is None:
             return Stopping()
-        return Waited(kind, reports=self.controls.reports)
+        return Waited(kind, sign=sign, reports=self.controls.reports)
 
-    def _sleep(self, delay: float | None, interruptible: bool = False) -> bool:
+    def _sleep(self, delay: float | None, interruptible: bool) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
         `interruptible`, a route-missing report ends the wait early too."""
         controls = self.controls
@@ -181,12 +185,9 @@ class Runner:
                     return True
                 controls.wake.clear()
 
-    def _idle(self, delay: float | None) -> bool | None:
-        """Wait between route checks, inside an `IdleWatcher` transport or on the clock: None when
-        stopping, True on a sign that the route may be gone, False on timeout or a report."""
-        transport = self.transport
-        if not isinstance(transport, IdleWatcher):
-            return None if self._sleep(delay, interruptible=True) else False
+    def _idle(self, transport: IdleWatcher, delay: float | None) -> bool | None:
+        """Wait between route checks inside the transport: None when stopping, True on a sign
+        that the route may be gone, False on timeout or a report."""
         controls = self.controls
         end = None if delay is None else self.clock.monotonic() + delay
         while not controls.stopping:
@@ -207,17 +208,6 @@ class Runner:
             if changed:
                 return None if controls.stopping else True
         return None
-
-    def _hold(self) -> Observation | None:
-        """`Held` while a `Gated` transport has nothing to offer; None: the attempt may go ahead."""
-        gate = self.transport
-        if not isinstance(gate, Gated):
-            return None
-        try:
-            reason = gate.not_ready()
-        except Exception as exc:
-            reason = self._unexpected("not_ready", exc)
-        return None if reason is None else Held(reason, gate.ready_interval)
 
     def _attempt(self, action: Send | Probe) -> Observation:
         """Send one registration, published as in flight when sent, not when decided (a `Gated`

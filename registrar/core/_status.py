@@ -44,7 +44,6 @@ class Status:
     server_reachable: bool | None = None
     """Whether the bootstrap server answered the last request (None before any)."""
     last_check_at: float | None = None
-    """When the route was last checked."""
     route: str | None = None
     """What the last route check found: present, conflict, missing, undetermined, unreachable;
     None before any, and from an accepted registration until the check after it."""

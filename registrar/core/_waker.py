@@ -1,8 +1,6 @@
 """A wake-up flag that both threads and `poll()` can wait on, so a transport waiting on its own
-connections (`IdleWatcher`) is woken at once by a stop or a report. Its descriptor, made on the
-first `fileno()`, is one eventfd: a fleet of 500 registrars in one process stays within the
-usual limit of 1024 descriptors.
-"""
+connections (`IdleWatcher`) is woken at once by a stop or a report. Its descriptor is one eventfd:
+500 registrars in one process stay within the usual limit of 1024 descriptors."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ class Waker:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._fd: int | None = None
-        """The eventfd, once asked for: readable while its counter is above zero."""
+        self._fd: int | None = None  # the eventfd, once asked for: readable while its counter > 0
         self._closed = False
 
     def set(self) -> None:
@@ -39,11 +36,9 @@ class Waker:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until set or `timeout` seconds pass; True when set."""
         return self._event.wait(timeout)
 
     def fileno(self) -> int:
-        """A descriptor that is readable while the waker is set (until `clear()`)."""
         with self._lock:
             if self._closed:
                 raise ValueError("the waker is closed")
