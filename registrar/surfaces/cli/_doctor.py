@@ -44,6 +44,7 @@ class Finding:
     diagnosis: Diagnosis | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
 
+
 @dataclass(frozen=True)
 class Report:
     findings: tuple[Finding, ...]
