@@ -1,20 +1,18 @@
-"""`registrar doctor` (docs/cli.md): a deployment's bootstrap server, gateways and etcd
-endpoints, each looked at the way the registrar would reach it, with the same probe and the
-same diagnoses as a running registrar's (`core.diagnosis`, `protocols.probe`), said in words or
-as JSON; exit 0 only when every check made passed. Nothing here registers anything, sends a
-credential or verifies a certificate: it looks. And `registrar sglang`: what the SGLang plugin
-will do in this environment's SGLang, read from its installed source without starting it."""
+"""`registrar doctor` and `registrar sglang` (docs/cli.md): the same probe and diagnoses as a
+running registrar's, from outside. Nothing here registers anything, sends a credential or
+verifies a certificate: it looks."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
@@ -33,8 +31,8 @@ Verdict = Literal["pass", "fail", "skip"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One check of one target (bootstrap, gateway, etcd, sglang): `status` skip when not
-    applicable, what was seen (`detail`), and figures for scripts (`data`)."""
+    """One check of one target: `status` skip when not applicable, figures for scripts in
+    `data`."""
 
     target: str
     url: str
@@ -59,8 +57,6 @@ class Report:
 
 @dataclass(frozen=True)
 class Target:
-    """What the doctor is asked to look at."""
-
     bootstrap: str | None = None
     expect: int | None = None
     """Rows the topology should have (dp * cp * tp * pp); else read from the server."""
@@ -70,16 +66,11 @@ class Target:
     etcd: tuple[str, ...] = ()
     timeout: float = 2.0
     gateway_key: str | None = None
-    """The gateways' control-plane key (`GET /workers` needs it when smg has `--api-key`)."""
+    """`GET /workers` needs it when smg has `--api-key`."""
 
     @property
     def options(self) -> ProbeOptions:
         return ProbeOptions(self.timeout)
-
-    @property
-    def gateway_options(self) -> ProbeOptions:
-        key = self.gateway_key
-        return ProbeOptions(self.timeout, {"Authorization": f"Bearer {key}"} if key else {})
 
 
 _WRONG_SERVICE = frozenset({Code.NOT_BOOTSTRAP, Code.GATEWAY, Code.HTTP_PORT})
@@ -96,10 +87,10 @@ def _reach(kind: str, url: str, evidence: Evidence, protocol: str) -> list[Findi
             f"not-{kind}",
             f"{at} answers, but not as {protocol} ({evidence.detail}): check the {kind} URL",
         )
-    steps: list[tuple[str, bool | None, str]] = [
+    steps: list[tuple[str, bool, str]] = [
         (
             "resolves",
-            evidence.resolved,
+            evidence.resolved is not False,
             f"{evidence.host} resolves"
             if evidence.resolved
             else f"{evidence.host} is an address (nothing to resolve)",
@@ -112,14 +103,12 @@ def _reach(kind: str, url: str, evidence: Evidence, protocol: str) -> list[Findi
         ("protocol", diagnosis is None, f"speaks {protocol} ({evidence.detail})"),
     ]
     out: list[Finding] = []
-    failed = False
     for name, ok, words in steps:
-        if failed:
+        if out and out[-1].status != "pass":
             out.append(Finding(kind, url, name, "skip", "not checked: an earlier check failed"))
-        elif (ok is None and name == "resolves") or ok:
+        elif ok:
             out.append(Finding(kind, url, name, "pass", words))
         else:
-            failed = True
             sentence = diagnosis.sentence if diagnosis else evidence.detail
             out.append(Finding(kind, url, name, "fail", sentence, diagnosis))
     return out
@@ -130,17 +119,12 @@ def _failed(findings: Sequence[Finding]) -> bool:
 
 
 def bootstrap_findings(target: Target) -> list[Finding]:
-    """The bootstrap server: reachable and SGLang's, then its rows."""
     url = (target.bootstrap or "").rstrip("/")
     unfilled = port_problem(url)
     if unfilled is not None:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
     seen = gather(
-        url,
-        PROBE_PATH,
-        is_bootstrap_answer,
-        http_port=target.http_port,
-        options=target.options,
+        url, PROBE_PATH, is_bootstrap_answer, http_port=target.http_port, options=target.options
     )
     found = _reach("bootstrap", url, seen, "SGLang's bootstrap protocol")
     if _failed(found):
@@ -151,15 +135,9 @@ def bootstrap_findings(target: Target) -> list[Finding]:
 
 def _get(url: str, path: str, options: ProbeOptions) -> Answer | str:
     parts = urlsplit(url)
-    scheme_port = 443 if parts.scheme == "https" else 80
-    return fetch(
-        parts.hostname or "",
-        parts.port or scheme_port,
-        parts.path.rstrip("/") + path,
-        host=parts.hostname or "",
-        tls=parts.scheme == "https",
-        options=options,
-    )
+    host, tls = parts.hostname or "", parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    return fetch(host, port, parts.path.rstrip("/") + path, host=host, tls=tls, options=options)
 
 
 def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
@@ -172,16 +150,14 @@ def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
 
 def _rows(url: str, target: Target) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
+    row = functools.partial(Finding, "bootstrap", url, "rows")
     answer = _get(url, PROBE_PATH, target.options)
     if isinstance(answer, str):
-        return Finding("bootstrap", url, "rows", "fail", f"no answer: {answer}")
+        return row("fail", f"no answer: {answer}")
     if answer.status == 503:
         count = count_in(answer.text) or 0
         want = f" of {target.expect}" if target.expect else ""
-        return Finding(
-            "bootstrap",
-            url,
-            "rows",
+        return row(
             "fail",
             f"{count}{want} rows registered: the topology is not complete; which ranks are "
             "missing cannot be read before it is (the server answers 503 for every rank)",
@@ -190,14 +166,10 @@ def _rows(url: str, target: Target) -> Finding:
     info = load_json(answer.text)
     ranks = _ranks(info if isinstance(info, dict) else {})
     if ranks is None:
-        return Finding("bootstrap", url, "rows", "fail", f"unreadable server info: {answer.text!r}")
-    return _missing(url, target, ranks)
-
-
-def _missing(url: str, target: Target, ranks: list[Rank]) -> Finding:
-    expected = len(ranks)
-    asked = ranks[:MAX_RANKS]
-    missing = [r for r in asked if _status_of(url, r, target.options) == 404]
+        return row("fail", f"unreadable server info: {answer.text!r}")
+    expected, asked = len(ranks), ranks[:MAX_RANKS]
+    answers = [(r, _get(url, "/route?" + urlencode(r.query()), target.options)) for r in asked]
+    missing = [r for r, a in answers if isinstance(a, Answer) and a.status == 404]
     shown = [{"dp": r.dp, "cp": r.cp, "tp": r.tp, "pp": r.pp} for r in missing]
     data = {"registered": expected - len(missing), "expected": expected, "missing": shown}
     problems = []
@@ -210,17 +182,9 @@ def _missing(url: str, target: Target, ranks: list[Rank]) -> Finding:
             "with a rank registered twice"
         )
     if problems:
-        return Finding("bootstrap", url, "rows", "fail", "; ".join(problems), data=data)
+        return row("fail", "; ".join(problems), data=data)
     note = "" if len(asked) == expected else f" (the first {len(asked)} asked one by one)"
-    return Finding(
-        "bootstrap", url, "rows", "pass", f"{expected} of {expected} rows{note}", data=data
-    )
-
-
-def _status_of(url: str, rank: Rank, options: ProbeOptions) -> int | None:
-    query = "&".join(f"{k}={v}" for k, v in rank.query().items())
-    answer = _get(url, f"/route?{query}", options)
-    return None if isinstance(answer, str) else answer.status
+    return row("pass", f"{expected} of {expected} rows{note}", data=data)
 
 
 def _is_workers(answer: Answer) -> bool:
@@ -274,22 +238,19 @@ def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
     return found
 
 
-EnvironmentCheck = Callable[[], Iterable[Finding]]
-"""A check of the environment (which SGLang release, what the plugin does there): the SGLang
-integration's release table supplies one; `run_doctor` takes any."""
-
-
-def run_doctor(target: Target, environment: Sequence[EnvironmentCheck] = ()) -> Report:
-    """Every check `target` asks for, in order: bootstrap, gateways, etcd, then `environment`."""
+def run_doctor(target: Target, sglang: bool = False) -> Report:
+    """Every check `target` asks for, in order: bootstrap, gateways, etcd, then SGLang's."""
     found: list[Finding] = []
     if target.bootstrap is not None:
         found += bootstrap_findings(target)
+    key = target.gateway_key
+    gateway = ProbeOptions(target.timeout, {"Authorization": f"Bearer {key}"} if key else {})
     for url in target.gateways:
-        found += gateway_findings(url, target.gateway_options)
+        found += gateway_findings(url, gateway)
     for url in target.etcd:
         found += etcd_findings(url, target.options)
-    for check in environment:
-        found += check()
+    if sglang:
+        found += sglang_findings()
     return Report(tuple(found))
 
 
@@ -338,15 +299,12 @@ def human(report: Report) -> list[str]:
         if (finding.target, finding.url) != where:
             where = (finding.target, finding.url)
             lines.append(f"{finding.target} {clean(finding.url, 200)}")
-        lines.append(_line(finding))
+        code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
+        detail = clean(finding.detail, 600)
+        lines.append(f"  {_MARKS[finding.status]} {finding.check}: {detail}{code}")
     failed = sum(f.status == "fail" for f in report.findings)
     lines.append("healthy" if report.healthy else f"not healthy: {failed} check(s) failed")
     return lines
-
-
-def _line(finding: Finding) -> str:
-    code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
-    return f"  {_MARKS[finding.status]} {finding.check}: {clean(finding.detail, 600)}{code}"
 
 
 def sglang_findings() -> list[Finding]:
@@ -380,11 +338,9 @@ def sglang_findings() -> list[Finding]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    report = run_doctor(_target(args), [sglang_findings] if args.sglang else ())
+    report = run_doctor(_target(args), args.sglang)
     outcome = EXIT_OK if report.healthy else EXIT_NOT_REGISTERED  # as status: "not registered"
-    if args.json:
-        return answer([json.dumps(report.to_dict())], outcome)
-    return answer(human(report), outcome)
+    return answer([json.dumps(report.to_dict())] if args.json else human(report), outcome)
 
 
 def cmd_sglang(args: argparse.Namespace) -> int:
