@@ -97,10 +97,5 @@ def parse_port(text: str) -> int:
     return value
 
 
-def text(text: str) -> str:
-    """Text as given (a flag's newline is the URL rule's to refuse)."""
-    return text
-
-
 def urls(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]

@@ -12,7 +12,7 @@ from typing import Any
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._settings import EXIT_CODE
-from .._options import OPTIONS, Option
+from .._options import ENV_PREFIX, OPTIONS, Option
 from .._parsers import parse_flag, parse_port
 from ._common import (
     DEMO_DURATION,
@@ -110,7 +110,7 @@ def _env_help() -> str:
     lines = ["environment (the flag wins; every option has a flag but those marked):"]
     for option in OPTIONS:
         mark = "" if option.flag else "  [no flag]"
-        lines.append(f"  {option.variable:<28} {option.help}{mark}")
+        lines.append(f"  {ENV_PREFIX + option.name:<28} {option.help}{mark}")
     return "\n".join(lines)
 
 
