@@ -1,8 +1,6 @@
-"""The `registrar` command (docs/cli.md): a sidecar agent, a status reader, the diagram, the
-reference bootstrap server, and the demo. Bad input gets one line on stderr, never a usage
-block, and a distinct exit status (see `EXIT_STATUSES`).
-
-This module dispatches (`registrar.surfaces.cli:main`) and holds the development commands."""
+"""The `registrar` command (docs/cli.md). Bad input gets one line on stderr, never a usage
+block, and a distinct exit status (see `EXIT_STATUSES`). This module dispatches and holds the
+development commands."""
 
 from __future__ import annotations
 
@@ -24,48 +22,36 @@ from ._common import (
     log_setup,
     stdout_to_devnull,
 )
-from ._parser import build_parser as _parser
+from ._parser import build_parser
 
 __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
 
 _MODULES = {"register": "_register", "status": "_status", "doctor": "_doctor", "sglang": "_doctor"}
-"""The module of each command that has one, imported only when it runs (the register command
-never loads the status reader's HTTP client, nor the devtools)."""
+"""The module of each command not defined here, imported only when it runs (the register
+command never loads the status reader's HTTP client, nor the devtools)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `registrar` and `python -m registrar`."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        code = _dispatch(args)
+        module = importlib.import_module(f".{_MODULES.get(args.command, '')}", __name__)
+        command: Callable[[argparse.Namespace], int] = getattr(module, f"cmd_{args.command}")
+        code = command(args)
         sys.stdout.flush()
+    except (UsageError, ConfigError) as exc:
+        print(f"registrar: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader of the output went away (`registrar diagram | head -1`): no traceback;
         # the status a shell reports for a writer ended by SIGPIPE.
         stdout_to_devnull()
         return EXIT_BROKEN_PIPE
     return code
-
-
-def _command(name: str) -> Callable[[argparse.Namespace], int]:
-    module = _MODULES.get(name)
-    if module is None:
-        return {"bootstrap": cmd_bootstrap, "demo": cmd_demo, "diagram": cmd_diagram}[name]
-    command: Callable[[argparse.Namespace], int]
-    command = getattr(importlib.import_module(f".{module}", __name__), f"cmd_{name}")
-    return command
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    try:
-        return _command(args.command)(args)
-    except (UsageError, ConfigError) as exc:
-        print(f"registrar: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
