@@ -43,36 +43,6 @@ class Finding:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Report:
-    findings: tuple[Finding, ...]
-
-    @property
-    def healthy(self) -> bool:
-        return all(f.status != "fail" for f in self.findings)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"healthy": self.healthy, "checks": [asdict(f) for f in self.findings]}
-
-
-@dataclass(frozen=True)
-class Target:
-    bootstrap: str | None = None
-    expect: int | None = None
-    """Rows the topology should have (dp * cp * tp * pp); else read from the server."""
-    http_port: int | None = None
-    """The prefill's HTTP port: compared with the bootstrap port, knocked on when refused."""
-    gateways: tuple[str, ...] = ()
-    etcd: tuple[str, ...] = ()
-    timeout: float = 2.0
-    gateway_key: str | None = None
-    """`GET /workers` needs it when smg has `--api-key`."""
-
-    @property
-    def options(self) -> ProbeOptions:
-        return ProbeOptions(self.timeout)
-
-
 _WRONG_SERVICE = frozenset({Code.NOT_BOOTSTRAP, Code.GATEWAY, Code.HTTP_PORT})
 
 
@@ -118,19 +88,22 @@ def _failed(findings: Sequence[Finding]) -> bool:
     return any(f.status == "fail" for f in findings)
 
 
-def bootstrap_findings(target: Target) -> list[Finding]:
-    url = (target.bootstrap or "").rstrip("/")
+def bootstrap_findings(
+    url: str, expect: int | None, http_port: int | None, options: ProbeOptions
+) -> list[Finding]:
+    """`expect`: the rows the topology should have (dp * cp * tp * pp), else read from the
+    server; `http_port`: the prefill's, compared with the bootstrap port, knocked on when
+    refused."""
+    url = url.rstrip("/")
     unfilled = port_problem(url)
     if unfilled is not None:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
-    seen = gather(
-        url, PROBE_PATH, is_bootstrap_answer, http_port=target.http_port, options=target.options
-    )
+    seen = gather(url, PROBE_PATH, is_bootstrap_answer, http_port=http_port, options=options)
     found = _reach("bootstrap", url, seen, "SGLang's bootstrap protocol")
     if _failed(found):
         found.append(Finding("bootstrap", url, "rows", "skip", "not checked: unreachable"))
         return found
-    return [*found, _rows(url, target)]
+    return [*found, _rows(url, expect, options)]
 
 
 def _get(url: str, path: str, options: ProbeOptions) -> Answer | str:
@@ -148,33 +121,33 @@ def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
     return [Rank(*r) for r in itertools.product(dp, cp, tp, pp)]
 
 
-def _rows(url: str, target: Target) -> Finding:
+def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
     row = functools.partial(Finding, "bootstrap", url, "rows")
-    answer = _get(url, PROBE_PATH, target.options)
+    answer = _get(url, PROBE_PATH, options)
     if isinstance(answer, str):
         return row("fail", f"no answer: {answer}")
     if answer.status == 503:
         count = count_in(answer.text) or 0
-        want = f" of {target.expect}" if target.expect else ""
+        want = f" of {expect}" if expect else ""
         return row(
             "fail",
             f"{count}{want} rows registered: the topology is not complete; which ranks are "
             "missing cannot be read before it is (the server answers 503 for every rank)",
-            data={"registered": count, "expected": target.expect, "missing": None},
+            data={"registered": count, "expected": expect, "missing": None},
         )
     info = load_json(answer.text)
     ranks = _ranks(info if isinstance(info, dict) else {})
     if ranks is None:
         return row("fail", f"unreadable server info: {answer.text!r}")
     expected, asked = len(ranks), ranks[:MAX_RANKS]
-    answers = [(r, _get(url, "/route?" + urlencode(r.query()), target.options)) for r in asked]
+    answers = [(r, _get(url, "/route?" + urlencode(r.query()), options)) for r in asked]
     missing = [r for r, a in answers if isinstance(a, Answer) and a.status == 404]
     shown = [{"dp": r.dp, "cp": r.cp, "tp": r.tp, "pp": r.pp} for r in missing]
     data = {"registered": expected - len(missing), "expected": expected, "missing": shown}
     problems = []
-    if target.expect is not None and target.expect != expected:
-        problems.append(f"the server's topology has {expected} rows, {target.expect} expected")
+    if expect is not None and expect != expected:
+        problems.append(f"the server's topology has {expected} rows, {expect} expected")
     if missing:
         listed = ", ".join(f"dp{r.dp} cp{r.cp} tp{r.tp} pp{r.pp}" for r in missing[:20])
         problems.append(
@@ -238,22 +211,6 @@ def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
     return found
 
 
-def run_doctor(target: Target, sglang: bool = False) -> Report:
-    """Every check `target` asks for, in order: bootstrap, gateways, etcd, then SGLang's."""
-    found: list[Finding] = []
-    if target.bootstrap is not None:
-        found += bootstrap_findings(target)
-    key = target.gateway_key
-    gateway = ProbeOptions(target.timeout, {"Authorization": f"Bearer {key}"} if key else {})
-    for url in target.gateways:
-        found += gateway_findings(url, gateway)
-    for url in target.etcd:
-        found += etcd_findings(url, target.options)
-    if sglang:
-        found += sglang_findings()
-    return Report(tuple(found))
-
-
 _MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
 
 
@@ -268,17 +225,6 @@ def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _target(args: argparse.Namespace) -> Target:
-    gateways = _urls("--gateway", args.gateway)
-    etcd = _urls("--etcd", args.etcd)
-    if args.url is None and not gateways and not etcd and not args.sglang:
-        raise UsageError("nothing to check: give --url, --gateway, --etcd or --sglang")
-    # The bootstrap URL is not refused here for a port that was never filled in (":None"):
-    # saying so is the first check's job.
-    key = _key(args.gateway_key_file) if args.gateway_key_file else None
-    return Target(args.url, args.expect, args.http_port, gateways, etcd, args.timeout, key)
-
-
 def _key(path: str) -> str:
     """The gateway's key, from a file (never a flag: it would show in `ps`)."""
     try:
@@ -291,19 +237,19 @@ def _key(path: str) -> str:
     return key
 
 
-def human(report: Report) -> list[str]:
+def human(findings: Sequence[Finding]) -> list[str]:
     """The report for a person: one block per target, one line per check, then the verdict."""
     lines: list[str] = []
     where: tuple[str, str] | None = None
-    for finding in report.findings:
+    for finding in findings:
         if (finding.target, finding.url) != where:
             where = (finding.target, finding.url)
             lines.append(f"{finding.target} {clean(finding.url, 200)}")
         code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
         detail = clean(finding.detail, 600)
         lines.append(f"  {_MARKS[finding.status]} {finding.check}: {detail}{code}")
-    failed = sum(f.status == "fail" for f in report.findings)
-    lines.append("healthy" if report.healthy else f"not healthy: {failed} check(s) failed")
+    failed = sum(f.status == "fail" for f in findings)
+    lines.append(f"not healthy: {failed} check(s) failed" if failed else "healthy")
     return lines
 
 
@@ -338,9 +284,29 @@ def sglang_findings() -> list[Finding]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    report = run_doctor(_target(args), args.sglang)
-    outcome = EXIT_OK if report.healthy else EXIT_NOT_REGISTERED  # as status: "not registered"
-    return answer([json.dumps(report.to_dict())] if args.json else human(report), outcome)
+    """Every check asked for, in order: bootstrap, gateways, etcd, then SGLang's."""
+    gateways = _urls("--gateway", args.gateway)
+    etcd = _urls("--etcd", args.etcd)
+    if args.url is None and not gateways and not etcd and not args.sglang:
+        raise UsageError("nothing to check: give --url, --gateway, --etcd or --sglang")
+    key = _key(args.gateway_key_file) if args.gateway_key_file else None
+    options = ProbeOptions(args.timeout)
+    found: list[Finding] = []
+    # The bootstrap URL is not refused above for a port that was never filled in (":None"):
+    # saying so is the first check's job.
+    if args.url is not None:
+        found += bootstrap_findings(args.url, args.expect, args.http_port, options)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for url in gateways:
+        found += gateway_findings(url, ProbeOptions(args.timeout, headers))
+    for url in etcd:
+        found += etcd_findings(url, options)
+    if args.sglang:
+        found += sglang_findings()
+    healthy = not _failed(found)
+    outcome = EXIT_OK if healthy else EXIT_NOT_REGISTERED  # as status: "not registered"
+    report = {"healthy": healthy, "checks": [asdict(f) for f in found]}
+    return answer([json.dumps(report)] if args.json else human(found), outcome)
 
 
 def cmd_sglang(args: argparse.Namespace) -> int:
