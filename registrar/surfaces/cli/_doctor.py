@@ -57,19 +57,11 @@ def _reach(kind: str, url: str, evidence: Evidence, protocol: str) -> list[Findi
             f"not-{kind}",
             f"{at} answers, but not as {protocol} ({evidence.detail}): check the {kind} URL",
         )
-    steps: list[tuple[str, bool, str]] = [
-        (
-            "resolves",
-            evidence.resolved is not False,
-            f"{evidence.host} resolves"
-            if evidence.resolved
-            else f"{evidence.host} is an address (nothing to resolve)",
-        ),
-        (
-            "listens",
-            evidence.seen is not None and evidence.seen.value not in ("nothing", "silence"),
-            f"something accepts connections on {at}",
-        ),
+    resolves = "resolves" if evidence.resolved else "is an address (nothing to resolve)"
+    listens = evidence.seen is not None and evidence.seen.value not in ("nothing", "silence")
+    steps = [
+        ("resolves", evidence.resolved is not False, f"{evidence.host} {resolves}"),
+        ("listens", listens, f"something accepts connections on {at}"),
         ("protocol", diagnosis is None, f"speaks {protocol} ({evidence.detail})"),
     ]
     out: list[Finding] = []
@@ -186,11 +178,8 @@ def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
     twice = sorted({u for u in urls if urls.count(u) > 1})
     sick = sorted(str(w.get("url")) for w in listed if w.get("is_healthy") is False)
     data = {"workers": len(listed), "duplicates": twice, "unhealthy": sick}
-    problems = []
-    if twice:
-        problems.append(f"listed twice: {', '.join(twice)}")
-    if sick:
-        problems.append(f"unhealthy: {', '.join(sick)}")
+    named = (("listed twice", twice), ("unhealthy", sick))
+    problems = [f"{what}: {', '.join(which)}" for what, which in named if which]
     verdict: Verdict = "fail" if problems else "pass"
     detail = "; ".join(problems) or f"{len(listed)} workers, none twice, none unhealthy"
     return [*found, Finding("gateway", url, "workers", verdict, detail, data=data)]
