@@ -48,8 +48,6 @@ def _read(
     environ: Mapping[str, str] | None,
     prefix: str,
 ) -> list[tuple[Option, Any]]:
-    """The checked values of the set variables of the rows that are (or not) `Registrar`
-    keywords, of `names` only if given."""
     env = os.environ if environ is None else environ
     wanted = None if names is None else frozenset(names)
     rows = [r for r in table if wanted is None or r.name in wanted]
@@ -65,10 +63,8 @@ def options_from_env(
     table: Iterable[Option] = OPTIONS,
 ) -> dict[str, Any]:
     """`Registrar` keyword arguments from the variables that are set (unset or empty ones are
-    left out, so the library's defaults stand), or `ConfigError` naming the variable.
-
-    `names` restricts the table to some variables (their names after the prefix); `table`
-    reads another table instead (e.g. the SGLang plugin's own)."""
+    left out, so the library's defaults stand), or `ConfigError` naming the variable. `names`
+    restricts the table to some variables (their names after the prefix)."""
     return registrar_options(_read(table, names, True, environ, prefix))
 
 

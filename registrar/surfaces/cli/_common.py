@@ -82,7 +82,6 @@ class Signals:
         if self.done.is_set():
             print("registrar: interrupted again, exiting now", file=sys.stderr, flush=True)
             self._exit(EXIT_INTERRUPTED)
-            return
         self.done.set()
 
     def install(self) -> Signals:
