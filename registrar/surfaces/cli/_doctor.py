@@ -135,7 +135,7 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     expected, asked = len(ranks), ranks[:MAX_RANKS]
     answers = [(r, _get(url, "/route?" + urlencode(r.query()), options)) for r in asked]
     missing = [r for r, a in answers if isinstance(a, Answer) and a.status == 404]
-    shown = [{"dp": r.dp, "cp": r.cp, "tp": r.tp, "pp": r.pp} for r in missing]
+    shown = [asdict(r) for r in missing]
     data = {"registered": expected - len(missing), "expected": expected, "missing": shown}
     problems = []
     if expect is not None and expect != expected:
