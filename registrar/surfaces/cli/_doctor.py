@@ -259,16 +259,10 @@ def sglang_findings() -> list[Finding]:
     )
     lost = [f["feature"] for f in report["features"] if not f["available"]]
     registers = any(f["feature"] == "registration" and f["available"] for f in report["features"])
+    plugin: Verdict = ("pass" if registers else "fail") if found else "skip"
     return [
         Finding("sglang", where, "release", "pass" if found else "fail", release),
-        Finding(
-            "sglang",
-            where,
-            "plugin",
-            ("pass" if registers else "fail") if found else "skip",
-            report["advice"],
-            data={"unavailable": lost},
-        ),
+        Finding("sglang", where, "plugin", plugin, report["advice"], data={"unavailable": lost}),
     ]
 
 
