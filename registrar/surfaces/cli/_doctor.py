@@ -21,7 +21,7 @@ from ...core._untrusted import load_json
 from ...protocols._probe import Answer, ProbeOptions, fetch, gather
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 from .._parsers import urls
-from ._common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
+from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
 MAX_RANKS = 4096
 """At most this many ranks are asked for one by one (the count is always checked)."""

@@ -14,7 +14,7 @@ from ...core import _rules as rules
 from ...core._settings import EXIT_CODE
 from .._options import ENV_PREFIX, OPTIONS, Option
 from .._parsers import parse_flag, parse_port
-from ._common import (
+from . import (
     DEMO_DURATION,
     EXIT_INTERRUPTED,
     EXIT_NOT_REGISTERED,

@@ -27,7 +27,7 @@ from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS
 from .._verbose import log_request
 from ..env import UNSET, read_variable, registrar_options
 from ..health import start_health_server
-from ._common import EXIT_OK, Signals, UsageError, log_setup
+from . import EXIT_OK, Signals, UsageError, log_setup
 
 _SHARED = ("timeout", "verify")  # the HTTP settings every protocol takes
 logger = logging.getLogger("registrar")

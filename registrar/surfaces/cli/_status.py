@@ -15,7 +15,7 @@ from ...core._machine import State
 from ...core._redact import clean, redact_url
 from ...core._untrusted import load_json
 from ...protocols._http import HttpTransport
-from ._common import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
+from . import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
 
 MAX_HEALTH_BYTES = 1024 * 1024  # a larger answer is not a registrar's
 
