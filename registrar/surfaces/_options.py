@@ -78,18 +78,15 @@ class Option:
 
     def default_text(self) -> str:
         """The defaults, read from the settings classes: "5; with --etcd: 2"."""
-        if self.settings is None or self.field is None:
+        if self.settings is None or self.field is None or not self.show_default:
             return ""
         base = default_of(self.settings, self.field)
-        if base is MISSING or not self.show_default:
+        if base is MISSING:
             return ""
-        shown = [_shown(base)]
-        shown += [
-            f"with {when}: {_shown(default_of(c, f))}"
-            for when, c, f in self.defaults
-            if default_of(c, f) != base
-        ]
-        return "; ".join(shown)
+        others = [(when, default_of(c, f)) for when, c, f in self.defaults]
+        return "; ".join(
+            [_shown(base)] + [f"with {w}: {_shown(v)}" for w, v in others if v != base]
+        )
 
 
 def _shown(value: object) -> str:
