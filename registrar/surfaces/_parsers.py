@@ -59,8 +59,6 @@ def timeout(text: str) -> float | tuple[float, float]:
 
 
 def word(*words: str) -> Callable[[str], str]:
-    """One of `words` (an enumeration: the text names a value, or names none)."""
-
     def parse(text: str) -> str:
         value = text.strip().lower()
         if value not in words:

@@ -1,7 +1,5 @@
 """The `registrar` command line. The flags of `registrar register` are drawn from the options
-table (`registrar.surfaces._options.OPTIONS`): one flag per option but the secrets read from the
-environment only, each parsed and checked as its variable is, with the defaults read from the
-settings classes."""
+table (`registrar.surfaces._options.OPTIONS`), each parsed and checked as its variable is."""
 
 from __future__ import annotations
 
