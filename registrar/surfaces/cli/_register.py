@@ -113,15 +113,12 @@ def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
-    if chosen.get("rank_ip") is not None:
-        return {**payload, "rank_ip": chosen["rank_ip"]}
-    name = chosen.get("rank_ip_env")
-    if name is None:
-        return payload
-    value = os.environ.get(name, "").strip()
-    if not value:
-        raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
-    return {**payload, "rank_ip": value}
+    rank_ip, name = chosen.get("rank_ip"), chosen.get("rank_ip_env")
+    if rank_ip is None and name is not None:
+        rank_ip = os.environ.get(name, "").strip()
+        if not rank_ip:
+            raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
+    return payload if rank_ip is None else {**payload, "rank_ip": rank_ip}
 
 
 def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
@@ -167,11 +164,8 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
 
     gateway = bool(chosen.get("gateway"))
     if not gateway:
-        stray = [
-            str(o.flag_name)
-            for o in OPTIONS
-            if o.settings is SmgSettings and chosen.get(o.key) is not None
-        ]
+        gateway_rows = [o for o in OPTIONS if o.settings is SmgSettings]
+        stray = [str(o.flag_name) for o in gateway_rows if chosen.get(o.key) is not None]
         if stray:
             raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
     etcd = chosen.get("etcd") is not None
