@@ -18,8 +18,8 @@ import requests
 from support import CLI_ENV, Ports, process_port, sglang_payload, wait_until
 
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces.cli import _common as cli
-from registrar.surfaces.cli._common import Signals
+from registrar.surfaces import cli
+from registrar.surfaces.cli import Signals
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

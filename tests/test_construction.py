@@ -16,7 +16,7 @@ from hostile_server import HostileServer, answer
 from support import CLI_ENV, sglang_payload
 
 from registrar import ConfigError, Registrar
-from registrar.surfaces.cli import _common as cli
+from registrar.surfaces import cli
 
 URL = "http://127.0.0.1:8998"
 

@@ -23,7 +23,7 @@ from registrar.core._backoff import Backoff
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang._rows import rank_summary
 from registrar.protocols._resolver import FRESH, RESOLVER
-from registrar.surfaces.cli._common import EXIT_NOT_REGISTERED
+from registrar.surfaces.cli import EXIT_NOT_REGISTERED
 from registrar.surfaces.cli._status import cmd_status
 from registrar.surfaces.health import start_health_server
 from registrar.surfaces.health._document import render_health

@@ -21,7 +21,7 @@ from dns_support import HOST_A, HOST_B, Resolving
 from support import wait_until
 
 from registrar.devtools.bootstrap_server import BootstrapServer
-from registrar.surfaces.cli._common import EXIT_UNREACHABLE
+from registrar.surfaces.cli import EXIT_UNREACHABLE
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 

@@ -1,13 +1,6 @@
-"""The one table of options. Each row defines an option once: its name (the `REGISTRAR_<NAME>`
-variable and the `--<name>` flag of `registrar register`), the settings field it sets, a parser
-that only turns text into a typed value, the settings' rule for that value, the help, an example
-and what the SGLang plugin does with it. The environment reader (`surfaces/env.py`), the command's
-flags and `--help` (`surfaces/cli/`), the plugin's tables (`integrations/sglang/settings.py`) and
-docs/configuration.md (`docs/hooks/envdoc.py`) are all read from `OPTIONS`: an option is added here,
-in one row, and appears in all of them (tests/test_options.py).
-
-Defaults are never written here: `--help` and the docs read them from the settings classes.
-"""
+"""The one table of options, from which the environment reader, the flags and `--help`, the
+SGLang plugin's tables and docs/configuration.md are read (docs/architecture.md, "Settings and
+options"). Defaults are never written here: they are the settings classes'."""
 
 from __future__ import annotations
 
@@ -30,7 +23,6 @@ from ._parsers import (
     parse_seconds_or_zero,
     seconds,
     seconds_or_off,
-    text,
     timeout,
     urls,
     word,
@@ -41,11 +33,9 @@ ENV_PREFIX = "REGISTRAR_"
 
 @dataclass(frozen=True)
 class Option:
-    """One option of the table (see the module's docstring)."""
-
     name: str
+    """`REGISTRAR_<NAME>` and `--<name>`."""
     parse: Callable[[str], Any]
-    """Text to a typed value; ValueError says what text is expected."""
     example: str
     help: str
     settings: type | None = None
@@ -70,16 +60,11 @@ class Option:
     """False where the settings' default is not the whole story (the help says it)."""
 
     @property
-    def variable(self) -> str:
-        return ENV_PREFIX + self.name
-
-    @property
     def flag_name(self) -> str | None:
         return "--" + self.name.lower().replace("_", "-") if self.flag else None
 
     @property
     def key(self) -> str:
-        """The name the command resolves it by (`health_port`)."""
         return self.name.lower()
 
     def check(self, value: Any) -> Any:
@@ -89,23 +74,19 @@ class Option:
         return value if rule is None else rule(value)
 
     def read(self, text: str) -> Any:
-        """Parse and check `text`; ValueError (`rules.Invalid` is one) says what is allowed."""
         return self.check(self.parse(text))
 
     def default_text(self) -> str:
         """The defaults, read from the settings classes: "5; with --etcd: 2"."""
-        if self.settings is None or self.field is None:
+        if self.settings is None or self.field is None or not self.show_default:
             return ""
         base = default_of(self.settings, self.field)
-        if base is MISSING or not self.show_default:
+        if base is MISSING:
             return ""
-        shown = [_shown(base)]
-        shown += [
-            f"with {when}: {_shown(default_of(c, f))}"
-            for when, c, f in self.defaults
-            if default_of(c, f) != base
-        ]
-        return "; ".join(shown)
+        others = [(when, default_of(c, f)) for when, c, f in self.defaults]
+        return "; ".join(
+            [_shown(base)] + [f"with {w}: {_shown(v)}" for w, v in others if v != base]
+        )
 
 
 def _shown(value: object) -> str:
@@ -124,7 +105,7 @@ _NO_ETCD = "the plugin registers with SGLang's bootstrap server, not etcd"
 _FROM_SERVER_ARGS = "with REGISTRAR_GATEWAY the plugin reads it from SGLang's own arguments"
 _REPORTED_BY_SGLANG = "inside SGLang, /ready and /server_info report registration (docs/sglang.md)"
 DEFAULT_HEALTH_HOST = "127.0.0.1"
-"""Where `registrar register` serves health unless told (the command's own default)."""
+"""The command's own default: no settings class has it."""
 
 
 def _loop(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
@@ -221,7 +202,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "CA_BUNDLE",
-        text,
+        str,
         "/etc/ssl/bootstrap-ca.pem",
         "CA bundle (a file) or CA directory to verify an https server",
         HttpSettings,
@@ -238,7 +219,7 @@ OPTIONS: tuple[Option, ...] = (
     # The command's own (the plugin honours some: SGLang gives it the rest).
     Option(
         "URL",
-        text,
+        str,
         "http://127.0.0.1:8998",
         "the bootstrap server (required, unless --etcd or --gateway)",
         HttpSettings,
@@ -247,7 +228,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "PAYLOAD",
-        text,
+        str,
         "@/etc/registrar/rank0.json",
         "the payload: JSON, or @FILE to read it (required, unless --gateway)",
         plugin=_SGLANG_BUILDS,
@@ -255,14 +236,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "PROTOCOL",
-        text,
+        str,
         "sglang",
         "sglang (PUT /route and watch the rank) or http (PUT only) (default: sglang)",
         plugin="the plugin speaks SGLang's bootstrap protocol",
     ),
     Option(
         "TOKEN",
-        text,
+        str,
         "s3cret",
         "bearer token (visible in ps: prefer TOKEN_FILE; "
         "default: $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)",
@@ -272,15 +253,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "TOKEN_FILE",
-        text,
+        str,
         "/var/run/secrets/bootstrap/token",
         "file holding the bearer token, read again before each request (rotation)",
-        metavar="FILE",
     ),
-    Option("RANK_IP", text, "10.0.0.5", "sets the payload's rank_ip", plugin=_SGLANG_ADDRESS),
+    Option("RANK_IP", str, "10.0.0.5", "sets the payload's rank_ip", plugin=_SGLANG_ADDRESS),
     Option(
         "RANK_IP_ENV",
-        text,
+        str,
         "POD_IP",
         "the variable that holds the payload's rank_ip (Kubernetes: status.podIP)",
         plugin=_SGLANG_ADDRESS,
@@ -289,17 +269,17 @@ OPTIONS: tuple[Option, ...] = (
     _etcd(
         "ETCD",
         "endpoints",
-        text,
+        str,
         "http://127.0.0.1:2379",
         "instead of URL: etcd client URLs, comma-separated (docs/etcd.md)",
         metavar="URLS",
     ),
-    _etcd("KEY", "key", text, "/services/prefill/rank0", "with ETCD: the key", metavar="KEY"),
+    _etcd("KEY", "key", str, "/services/prefill/rank0", "with ETCD: the key"),
     _etcd("TTL", "ttl", seconds, "10", "with ETCD: the lease TTL, seconds", metavar="S"),
-    _etcd("ETCD_USER", "username", text, "registrar", "with ETCD: the etcd user", metavar="NAME"),
+    _etcd("ETCD_USER", "username", str, "registrar", "with ETCD: the etcd user", metavar="NAME"),
     Option(
         "ETCD_PASSWORD",
-        text,
+        str,
         "s3cret",
         "with ETCD_USER: the etcd password (from the environment only: no flag)",
         EtcdSettings,
@@ -310,7 +290,7 @@ OPTIONS: tuple[Option, ...] = (
     _etcd(
         "ETCD_CERT",
         "cert",
-        text,
+        str,
         "/etc/etcd/client.pem",
         "with ETCD: a TLS client certificate",
         metavar="FILE",
@@ -318,7 +298,7 @@ OPTIONS: tuple[Option, ...] = (
     _etcd(
         "ETCD_CERT_KEY",
         "cert",
-        text,
+        str,
         "/etc/etcd/client.key",
         "with ETCD: its key file",
         metavar="FILE",
@@ -335,7 +315,7 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "WORKER_URL",
         "worker_url",
-        text,
+        str,
         "http://10.0.0.5:30001",
         "with GATEWAY: the worker, as the gateway reaches it",
         show_default=False,
@@ -343,7 +323,7 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "WORKER_TYPE",
         "worker_type",
-        text,
+        str,
         "prefill",
         "with GATEWAY: prefill, decode or regular",
         plugin=_FROM_SERVER_ARGS + " (--disaggregation-mode)",
@@ -361,7 +341,7 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "READY_URL",
         "ready",
-        text,
+        str,
         "http://127.0.0.1:30001/ready",
         "with GATEWAY: offer the worker only while this answers 2xx (SGLang: /ready)",
         plugin="with REGISTRAR_GATEWAY the server's own /ready gates the offer",
@@ -377,11 +357,10 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "GATEWAY_KEY_FILE",
         "key_file",
-        text,
+        str,
         "/var/run/secrets/smg/key",
         "with GATEWAY: file holding the control-plane key, read before each request "
         "(else $REGISTRAR_GATEWAY_KEY)",
-        metavar="FILE",
     ),
     _smg(
         "DRAIN_TIMEOUT",
@@ -393,7 +372,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "HEALTH_HOST",
-        text,
+        str,
         "0.0.0.0",
         f"address of the health server (default: {DEFAULT_HEALTH_HOST})",
         plugin=_REPORTED_BY_SGLANG,

@@ -24,37 +24,29 @@ def number(text: str) -> float:
     return value
 
 
-def _reading(parse: Callable[[str], _T], text: str, expected: str) -> _T:
-    try:
-        return parse(text)
-    except ValueError:
-        raise ValueError(expected) from None
+def _expecting(parse: Callable[[str], _T], expected: str) -> Callable[[str], _T]:
+    """`parse`, its ValueError saying `expected`."""
+
+    def read(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError:
+            raise ValueError(expected) from None
+
+    return read
 
 
-def _off_or(parse: Callable[[str], _T], text: str, expected: str) -> _T | None:
-    if text.strip().lower() in _OFF:
-        return None
-    return _reading(parse, text, expected)
+def _off_or(parse: Callable[[str], _T], expected: str) -> Callable[[str], _T | None]:
+    """`parse`, or None for a word that means no limit."""
+    read = _expecting(parse, expected)
+    return lambda text: None if text.strip().lower() in _OFF else read(text)
 
 
-def seconds(text: str) -> float:
-    return _reading(number, text, "must be a positive number of seconds")
-
-
-def parse_seconds_or_zero(text: str) -> float:
-    return _reading(number, text, "must be a number of seconds >= 0")
-
-
-def seconds_or_off(text: str) -> float | None:
-    return _off_or(number, text, "must be a positive number of seconds, or off")
-
-
-def int_or_off(text: str) -> int | None:
-    return _off_or(int, text, "must be an integer >= 1, or unlimited")
-
-
-def integer(text: str) -> int:
-    return _reading(int, text, "must be an integer")
+seconds = _expecting(number, "must be a positive number of seconds")
+parse_seconds_or_zero = _expecting(number, "must be a number of seconds >= 0")
+seconds_or_off = _off_or(number, "must be a positive number of seconds, or off")
+int_or_off = _off_or(int, "must be an integer >= 1, or unlimited")
+integer = _expecting(int, "must be an integer")
 
 
 def timeout(text: str) -> float | tuple[float, float]:
@@ -67,8 +59,6 @@ def timeout(text: str) -> float | tuple[float, float]:
 
 
 def word(*words: str) -> Callable[[str], str]:
-    """One of `words` (an enumeration: the text names a value, or names none)."""
-
     def parse(text: str) -> str:
         value = text.strip().lower()
         if value not in words:
@@ -91,15 +81,10 @@ def parse_port(text: str) -> int:
     """A TCP port to listen on, 0 meaning any free one (the health server's own rule: it is no
     registration setting)."""
     expected = "must be a port number within [0, 65535] (0: any free port)"
-    value = _reading(int, text, expected)
+    value = _expecting(int, expected)(text)
     if not 0 <= value <= 65535:
         raise ValueError(expected)
     return value
-
-
-def text(text: str) -> str:
-    """Text as given (a flag's newline is the URL rule's to refuse)."""
-    return text
 
 
 def urls(text: str) -> list[str]:

@@ -24,7 +24,6 @@ __all__ = [
 ]
 
 UNSET: Any = object()
-"""What `read_variable` answers for a variable unset or empty."""
 
 
 def read_variable(option: Option, env: Mapping[str, str], prefix: str = ENV_PREFIX) -> Any:
@@ -43,21 +42,17 @@ def read_variable(option: Option, env: Mapping[str, str], prefix: str = ENV_PREF
 
 
 def _read(
-    rows: Iterable[Option], environ: Mapping[str, str] | None, prefix: str
+    table: Iterable[Option],
+    names: Iterable[str] | None,
+    kwarg: bool,
+    environ: Mapping[str, str] | None,
+    prefix: str,
 ) -> list[tuple[Option, Any]]:
-    """The checked values of the variables of `rows` that are set."""
     env = os.environ if environ is None else environ
-    found = [(row, read_variable(row, env, prefix)) for row in rows]
-    return [(row, value) for row, value in found if value is not UNSET]
-
-
-def _rows(table: Iterable[Option], names: Iterable[str] | None, kwarg: bool) -> list[Option]:
     wanted = None if names is None else frozenset(names)
-    return [
-        row
-        for row in table
-        if (wanted is None or row.name in wanted) and (row.kwarg is not None) == kwarg
-    ]
+    rows = [r for r in table if wanted is None or r.name in wanted]
+    found = [(r, read_variable(r, env, prefix)) for r in rows if (r.kwarg is not None) == kwarg]
+    return [(row, value) for row, value in found if value is not UNSET]
 
 
 def options_from_env(
@@ -68,11 +63,9 @@ def options_from_env(
     table: Iterable[Option] = OPTIONS,
 ) -> dict[str, Any]:
     """`Registrar` keyword arguments from the variables that are set (unset or empty ones are
-    left out, so the library's defaults stand), or `ConfigError` naming the variable.
-
-    `names` restricts the table to some variables (their names after the prefix); `table`
-    reads another table instead (e.g. the SGLang plugin's own)."""
-    return registrar_options(_read(_rows(table, names, kwarg=True), environ, prefix))
+    left out, so the library's defaults stand), or `ConfigError` naming the variable. `names`
+    restricts the table to some variables (their names after the prefix)."""
+    return registrar_options(_read(table, names, True, environ, prefix))
 
 
 def registrar_options(values: Iterable[tuple[Option, Any]]) -> dict[str, Any]:
@@ -82,10 +75,8 @@ def registrar_options(values: Iterable[tuple[Option, Any]]) -> dict[str, Any]:
     backoff: dict[str, Any] = {}
     for row, value in values:
         assert row.kwarg is not None
-        if row.kwarg.startswith("backoff."):
-            backoff[row.kwarg.removeprefix("backoff.")] = value
-        else:
-            options[row.kwarg] = value
+        group, _, name = row.kwarg.rpartition(".")  # "backoff.<field>" or a keyword
+        (backoff if group else options)[name] = value
     if backoff:
         options["backoff"] = replace(DEFAULT_BACKOFF, **backoff)  # each field checked already
     return options
@@ -99,7 +90,7 @@ def command_options_from_env(
 ) -> dict[str, Any]:
     """The options of `registrar register` alone (no `Registrar` keyword) that are set, by key
     (`health_port`), or `ConfigError` naming the variable."""
-    return {row.key: v for row, v in _read(_rows(OPTIONS, names, kwarg=False), environ, prefix)}
+    return {row.key: v for row, v in _read(OPTIONS, names, False, environ, prefix)}
 
 
 def describe_env(prefix: str = ENV_PREFIX, table: Iterable[Option] = OPTIONS) -> str:

@@ -1,20 +1,18 @@
-"""`registrar doctor` (docs/cli.md): a deployment's bootstrap server, gateways and etcd
-endpoints, each looked at the way the registrar would reach it, with the same probe and the
-same diagnoses as a running registrar's (`core.diagnosis`, `protocols.probe`), said in words or
-as JSON; exit 0 only when every check made passed. Nothing here registers anything, sends a
-credential or verifies a certificate: it looks. And `registrar sglang`: what the SGLang plugin
-will do in this environment's SGLang, read from its installed source without starting it."""
+"""`registrar doctor` and `registrar sglang` (docs/cli.md): the same probe and diagnoses as a
+running registrar's, from outside. Nothing here registers anything, sends a credential or
+verifies a certificate: it looks."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
@@ -23,7 +21,7 @@ from ...core._untrusted import load_json
 from ...protocols._probe import Answer, ProbeOptions, fetch, gather
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 from .._parsers import urls
-from ._common import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
+from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
 MAX_RANKS = 4096
 """At most this many ranks are asked for one by one (the count is always checked)."""
@@ -33,8 +31,8 @@ Verdict = Literal["pass", "fail", "skip"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One check of one target (bootstrap, gateway, etcd, sglang): `status` skip when not
-    applicable, what was seen (`detail`), and figures for scripts (`data`)."""
+    """One check of one target: `status` skip when not applicable, figures for scripts in
+    `data`."""
 
     target: str
     url: str
@@ -43,42 +41,6 @@ class Finding:
     detail: str
     diagnosis: Diagnosis | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
-
-@dataclass(frozen=True)
-class Report:
-    findings: tuple[Finding, ...]
-
-    @property
-    def healthy(self) -> bool:
-        return all(f.status != "fail" for f in self.findings)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"healthy": self.healthy, "checks": [asdict(f) for f in self.findings]}
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the doctor is asked to look at."""
-
-    bootstrap: str | None = None
-    expect: int | None = None
-    """Rows the topology should have (dp * cp * tp * pp); else read from the server."""
-    http_port: int | None = None
-    """The prefill's HTTP port: compared with the bootstrap port, knocked on when refused."""
-    gateways: tuple[str, ...] = ()
-    etcd: tuple[str, ...] = ()
-    timeout: float = 2.0
-    gateway_key: str | None = None
-    """The gateways' control-plane key (`GET /workers` needs it when smg has `--api-key`)."""
-
-    @property
-    def options(self) -> ProbeOptions:
-        return ProbeOptions(self.timeout)
-
-    @property
-    def gateway_options(self) -> ProbeOptions:
-        key = self.gateway_key
-        return ProbeOptions(self.timeout, {"Authorization": f"Bearer {key}"} if key else {})
 
 
 _WRONG_SERVICE = frozenset({Code.NOT_BOOTSTRAP, Code.GATEWAY, Code.HTTP_PORT})
@@ -95,30 +57,20 @@ def _reach(kind: str, url: str, evidence: Evidence, protocol: str) -> list[Findi
             f"not-{kind}",
             f"{at} answers, but not as {protocol} ({evidence.detail}): check the {kind} URL",
         )
-    steps: list[tuple[str, bool | None, str]] = [
-        (
-            "resolves",
-            evidence.resolved,
-            f"{evidence.host} resolves"
-            if evidence.resolved
-            else f"{evidence.host} is an address (nothing to resolve)",
-        ),
-        (
-            "listens",
-            evidence.seen is not None and evidence.seen.value not in ("nothing", "silence"),
-            f"something accepts connections on {at}",
-        ),
+    resolves = "resolves" if evidence.resolved else "is an address (nothing to resolve)"
+    listens = evidence.seen is not None and evidence.seen.value not in ("nothing", "silence")
+    steps = [
+        ("resolves", evidence.resolved is not False, f"{evidence.host} {resolves}"),
+        ("listens", listens, f"something accepts connections on {at}"),
         ("protocol", diagnosis is None, f"speaks {protocol} ({evidence.detail})"),
     ]
     out: list[Finding] = []
-    failed = False
     for name, ok, words in steps:
-        if failed:
+        if out and out[-1].status != "pass":
             out.append(Finding(kind, url, name, "skip", "not checked: an earlier check failed"))
-        elif (ok is None and name == "resolves") or ok:
+        elif ok:
             out.append(Finding(kind, url, name, "pass", words))
         else:
-            failed = True
             sentence = diagnosis.sentence if diagnosis else evidence.detail
             out.append(Finding(kind, url, name, "fail", sentence, diagnosis))
     return out
@@ -128,37 +80,29 @@ def _failed(findings: Sequence[Finding]) -> bool:
     return any(f.status == "fail" for f in findings)
 
 
-def bootstrap_findings(target: Target) -> list[Finding]:
-    """The bootstrap server: reachable and SGLang's, then its rows."""
-    url = (target.bootstrap or "").rstrip("/")
+def bootstrap_findings(
+    url: str, expect: int | None, http_port: int | None, options: ProbeOptions
+) -> list[Finding]:
+    """`expect`: the rows the topology should have (dp * cp * tp * pp), else read from the
+    server; `http_port`: the prefill's, compared with the bootstrap port, knocked on when
+    refused."""
+    url = url.rstrip("/")
     unfilled = port_problem(url)
     if unfilled is not None:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
-    seen = gather(
-        url,
-        PROBE_PATH,
-        is_bootstrap_answer,
-        http_port=target.http_port,
-        options=target.options,
-    )
+    seen = gather(url, PROBE_PATH, is_bootstrap_answer, http_port=http_port, options=options)
     found = _reach("bootstrap", url, seen, "SGLang's bootstrap protocol")
     if _failed(found):
         found.append(Finding("bootstrap", url, "rows", "skip", "not checked: unreachable"))
         return found
-    return [*found, _rows(url, target)]
+    return [*found, _rows(url, expect, options)]
 
 
 def _get(url: str, path: str, options: ProbeOptions) -> Answer | str:
     parts = urlsplit(url)
-    scheme_port = 443 if parts.scheme == "https" else 80
-    return fetch(
-        parts.hostname or "",
-        parts.port or scheme_port,
-        parts.path.rstrip("/") + path,
-        host=parts.hostname or "",
-        tls=parts.scheme == "https",
-        options=options,
-    )
+    host, tls = parts.hostname or "", parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    return fetch(host, port, parts.path.rstrip("/") + path, host=host, tls=tls, options=options)
 
 
 def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
@@ -169,39 +113,33 @@ def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
     return [Rank(*r) for r in itertools.product(dp, cp, tp, pp)]
 
 
-def _rows(url: str, target: Target) -> Finding:
+def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
-    answer = _get(url, PROBE_PATH, target.options)
+    row = functools.partial(Finding, "bootstrap", url, "rows")
+    answer = _get(url, PROBE_PATH, options)
     if isinstance(answer, str):
-        return Finding("bootstrap", url, "rows", "fail", f"no answer: {answer}")
+        return row("fail", f"no answer: {answer}")
     if answer.status == 503:
         count = count_in(answer.text) or 0
-        want = f" of {target.expect}" if target.expect else ""
-        return Finding(
-            "bootstrap",
-            url,
-            "rows",
+        want = f" of {expect}" if expect else ""
+        return row(
             "fail",
             f"{count}{want} rows registered: the topology is not complete; which ranks are "
             "missing cannot be read before it is (the server answers 503 for every rank)",
-            data={"registered": count, "expected": target.expect, "missing": None},
+            data={"registered": count, "expected": expect, "missing": None},
         )
     info = load_json(answer.text)
     ranks = _ranks(info if isinstance(info, dict) else {})
     if ranks is None:
-        return Finding("bootstrap", url, "rows", "fail", f"unreadable server info: {answer.text!r}")
-    return _missing(url, target, ranks)
-
-
-def _missing(url: str, target: Target, ranks: list[Rank]) -> Finding:
-    expected = len(ranks)
-    asked = ranks[:MAX_RANKS]
-    missing = [r for r in asked if _status_of(url, r, target.options) == 404]
-    shown = [{"dp": r.dp, "cp": r.cp, "tp": r.tp, "pp": r.pp} for r in missing]
+        return row("fail", f"unreadable server info: {answer.text!r}")
+    expected, asked = len(ranks), ranks[:MAX_RANKS]
+    answers = [(r, _get(url, "/route?" + urlencode(r.query()), options)) for r in asked]
+    missing = [r for r, a in answers if isinstance(a, Answer) and a.status == 404]
+    shown = [asdict(r) for r in missing]
     data = {"registered": expected - len(missing), "expected": expected, "missing": shown}
     problems = []
-    if target.expect is not None and target.expect != expected:
-        problems.append(f"the server's topology has {expected} rows, {target.expect} expected")
+    if expect is not None and expect != expected:
+        problems.append(f"the server's topology has {expected} rows, {expect} expected")
     if missing:
         listed = ", ".join(f"dp{r.dp} cp{r.cp} tp{r.tp} pp{r.pp}" for r in missing[:20])
         problems.append(
@@ -209,17 +147,9 @@ def _missing(url: str, target: Target, ranks: list[Rank]) -> Finding:
             "with a rank registered twice"
         )
     if problems:
-        return Finding("bootstrap", url, "rows", "fail", "; ".join(problems), data=data)
+        return row("fail", "; ".join(problems), data=data)
     note = "" if len(asked) == expected else f" (the first {len(asked)} asked one by one)"
-    return Finding(
-        "bootstrap", url, "rows", "pass", f"{expected} of {expected} rows{note}", data=data
-    )
-
-
-def _status_of(url: str, rank: Rank, options: ProbeOptions) -> int | None:
-    query = "&".join(f"{k}={v}" for k, v in rank.query().items())
-    answer = _get(url, f"/route?{query}", options)
-    return None if isinstance(answer, str) else answer.status
+    return row("pass", f"{expected} of {expected} rows{note}", data=data)
 
 
 def _is_workers(answer: Answer) -> bool:
@@ -248,11 +178,8 @@ def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
     twice = sorted({u for u in urls if urls.count(u) > 1})
     sick = sorted(str(w.get("url")) for w in listed if w.get("is_healthy") is False)
     data = {"workers": len(listed), "duplicates": twice, "unhealthy": sick}
-    problems = []
-    if twice:
-        problems.append(f"listed twice: {', '.join(twice)}")
-    if sick:
-        problems.append(f"unhealthy: {', '.join(sick)}")
+    named = (("listed twice", twice), ("unhealthy", sick))
+    problems = [f"{what}: {', '.join(which)}" for what, which in named if which]
     verdict: Verdict = "fail" if problems else "pass"
     detail = "; ".join(problems) or f"{len(listed)} workers, none twice, none unhealthy"
     return [*found, Finding("gateway", url, "workers", verdict, detail, data=data)]
@@ -273,25 +200,6 @@ def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
     return found
 
 
-EnvironmentCheck = Callable[[], Iterable[Finding]]
-"""A check of the environment (which SGLang release, what the plugin does there): the SGLang
-integration's release table supplies one; `run_doctor` takes any."""
-
-
-def run_doctor(target: Target, environment: Sequence[EnvironmentCheck] = ()) -> Report:
-    """Every check `target` asks for, in order: bootstrap, gateways, etcd, then `environment`."""
-    found: list[Finding] = []
-    if target.bootstrap is not None:
-        found += bootstrap_findings(target)
-    for url in target.gateways:
-        found += gateway_findings(url, target.gateway_options)
-    for url in target.etcd:
-        found += etcd_findings(url, target.options)
-    for check in environment:
-        found += check()
-    return Report(tuple(found))
-
-
 _MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
 
 
@@ -306,17 +214,6 @@ def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _target(args: argparse.Namespace) -> Target:
-    gateways = _urls("--gateway", args.gateway)
-    etcd = _urls("--etcd", args.etcd)
-    if args.url is None and not gateways and not etcd and not args.sglang:
-        raise UsageError("nothing to check: give --url, --gateway, --etcd or --sglang")
-    # The bootstrap URL is not refused here for a port that was never filled in (":None"):
-    # saying so is the first check's job.
-    key = _key(args.gateway_key_file) if args.gateway_key_file else None
-    return Target(args.url, args.expect, args.http_port, gateways, etcd, args.timeout, key)
-
-
 def _key(path: str) -> str:
     """The gateway's key, from a file (never a flag: it would show in `ps`)."""
     try:
@@ -329,23 +226,20 @@ def _key(path: str) -> str:
     return key
 
 
-def human(report: Report) -> list[str]:
+def human(findings: Sequence[Finding]) -> list[str]:
     """The report for a person: one block per target, one line per check, then the verdict."""
     lines: list[str] = []
     where: tuple[str, str] | None = None
-    for finding in report.findings:
+    for finding in findings:
         if (finding.target, finding.url) != where:
             where = (finding.target, finding.url)
             lines.append(f"{finding.target} {clean(finding.url, 200)}")
-        lines.append(_line(finding))
-    failed = sum(f.status == "fail" for f in report.findings)
-    lines.append("healthy" if report.healthy else f"not healthy: {failed} check(s) failed")
+        code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
+        detail = clean(finding.detail, 600)
+        lines.append(f"  {_MARKS[finding.status]} {finding.check}: {detail}{code}")
+    failed = sum(f.status == "fail" for f in findings)
+    lines.append(f"not healthy: {failed} check(s) failed" if failed else "healthy")
     return lines
-
-
-def _line(finding: Finding) -> str:
-    code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
-    return f"  {_MARKS[finding.status]} {finding.check}: {clean(finding.detail, 600)}{code}"
 
 
 def sglang_findings() -> list[Finding]:
@@ -365,25 +259,37 @@ def sglang_findings() -> list[Finding]:
     )
     lost = [f["feature"] for f in report["features"] if not f["available"]]
     registers = any(f["feature"] == "registration" and f["available"] for f in report["features"])
+    plugin: Verdict = ("pass" if registers else "fail") if found else "skip"
     return [
         Finding("sglang", where, "release", "pass" if found else "fail", release),
-        Finding(
-            "sglang",
-            where,
-            "plugin",
-            ("pass" if registers else "fail") if found else "skip",
-            report["advice"],
-            data={"unavailable": lost},
-        ),
+        Finding("sglang", where, "plugin", plugin, report["advice"], data={"unavailable": lost}),
     ]
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    report = run_doctor(_target(args), [sglang_findings] if args.sglang else ())
-    outcome = EXIT_OK if report.healthy else EXIT_NOT_REGISTERED  # as status: "not registered"
-    if args.json:
-        return answer([json.dumps(report.to_dict())], outcome)
-    return answer(human(report), outcome)
+    """Every check asked for, in order: bootstrap, gateways, etcd, then SGLang's."""
+    gateways = _urls("--gateway", args.gateway)
+    etcd = _urls("--etcd", args.etcd)
+    if args.url is None and not gateways and not etcd and not args.sglang:
+        raise UsageError("nothing to check: give --url, --gateway, --etcd or --sglang")
+    key = _key(args.gateway_key_file) if args.gateway_key_file else None
+    options = ProbeOptions(args.timeout)
+    found: list[Finding] = []
+    # The bootstrap URL is not refused above for a port that was never filled in (":None"):
+    # saying so is the first check's job.
+    if args.url is not None:
+        found += bootstrap_findings(args.url, args.expect, args.http_port, options)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for url in gateways:
+        found += gateway_findings(url, ProbeOptions(args.timeout, headers))
+    for url in etcd:
+        found += etcd_findings(url, options)
+    if args.sglang:
+        found += sglang_findings()
+    healthy = not _failed(found)
+    outcome = EXIT_OK if healthy else EXIT_NOT_REGISTERED  # as status: "not registered"
+    report = {"healthy": healthy, "checks": [asdict(f) for f in found]}
+    return answer([json.dumps(report)] if args.json else human(found), outcome)
 
 
 def cmd_sglang(args: argparse.Namespace) -> int:

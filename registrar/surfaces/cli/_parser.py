@@ -1,7 +1,5 @@
 """The `registrar` command line. The flags of `registrar register` are drawn from the options
-table (`registrar.surfaces._options.OPTIONS`): one flag per option but the secrets read from the
-environment only, each parsed and checked as its variable is, with the defaults read from the
-settings classes."""
+table (`registrar.surfaces._options.OPTIONS`), each parsed and checked as its variable is."""
 
 from __future__ import annotations
 
@@ -12,9 +10,9 @@ from typing import Any
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._settings import EXIT_CODE
-from .._options import OPTIONS, Option
+from .._options import ENV_PREFIX, OPTIONS, Option
 from .._parsers import parse_flag, parse_port
-from ._common import (
+from . import (
     DEMO_DURATION,
     EXIT_INTERRUPTED,
     EXIT_NOT_REGISTERED,
@@ -67,54 +65,65 @@ examples:
 """
 
 
-def flag_type(option: Option, check: bool = True) -> Any:
-    """The argparse `type` of `option`'s flag: the same parser (and rule) as its variable, an
-    error naming the rule and the text given."""
+def _typed(
+    parse: Callable[[str], Any], expected: str | None = None, good: str = ""
+) -> Callable[[str], Any]:
+    """An argparse `type`: `parse`, its error (or `expected`) naming the text given, then
+    `good` (a good value)."""
 
-    good = f"; e.g. {option.flag_name} {option.example}"
-
-    def parse(text: str) -> Any:
+    def typed(text: str) -> Any:
         try:
-            return option.read(text) if check else option.parse(text)
-        except rules.Invalid as exc:
-            if exc.secret:  # a token: never shown, even in the error that refuses it
-                raise argparse.ArgumentTypeError(f"{exc.rule}{good}") from None
-            if exc.shown is not None:
-                raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}{good}") from None
-            raise argparse.ArgumentTypeError(f"{exc.rule}, got {text!r}{good}") from None
+            return parse(text)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{exc}, got {text!r}{good}") from None
+            if expected is None and getattr(exc, "secret", False):  # a token: never shown
+                message = str(exc)
+            elif expected is None and getattr(exc, "shown", None) is not None:
+                message = f"{text!r} {exc}"
+            else:
+                message = f"{expected or exc}, got {text!r}"
+            raise argparse.ArgumentTypeError(message + good) from None
 
-    return parse
+    return typed
 
 
-def _help(option: Option) -> str:
-    default = option.default_text()
-    return f"{option.help} (default: {default})" if default else option.help
+_count = _typed(lambda text: rules.count(int(text)), "must be a positive integer")
+_seconds = _typed(lambda text: rules.seconds(float(text)), "must be a positive number of seconds")
+_port = _typed(parse_port)
 
 
 def _add_option(group: Any, option: Option) -> None:
+    """`option`'s flag: the same parser (and rule) as its variable, the settings' default."""
     names = [option.flag_name] + (["-v"] if option.name == "VERBOSE" else [])
-    kwargs: dict[str, Any] = {"dest": option.key, "help": _help(option)}
+    default = option.default_text()
+    help = f"{option.help} (default: {default})" if default else option.help
+    kwargs: dict[str, Any] = {"dest": option.key, "help": help}
     if option.parse is parse_flag:  # on/off: --name and --no-name
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
-        kwargs["type"] = flag_type(option, check=not option.repeat)
+        good = f"; e.g. {option.flag_name} {option.example}"
+        # A repeated flag's values are checked once joined.
+        kwargs["type"] = _typed(option.parse if option.repeat else option.read, good=good)
         kwargs["metavar"] = option.metavar or option.name.split("_")[-1]
         if option.repeat:
             kwargs["action"] = "append"
     group.add_argument(*names, **kwargs)
 
 
-def _env_help() -> str:
-    lines = ["environment (the flag wins; every option has a flag but those marked):"]
-    for option in OPTIONS:
-        mark = "" if option.flag else "  [no flag]"
-        lines.append(f"  {option.variable:<28} {option.help}{mark}")
-    return "\n".join(lines)
-
-
-def _register(sub: Any) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="registrar",
+        description="Register a service with a bootstrap server and keep it registered.",
+        epilog=f"{EXAMPLES_MAIN.format(duration=DEMO_DURATION)}\n{exit_text(EXIT_STATUSES)}\n",
+    )
+    parser.add_argument("--version", action="version", version=f"registrar {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    env_help = "\n".join(
+        ["environment (the flag wins; every option has a flag but those marked):"]
+        + [
+            f"  {ENV_PREFIX + o.name:<28} {o.help}{'' if o.flag else '  [no flag]'}"
+            for o in OPTIONS
+        ]
+    )
     reg = sub.add_parser(
         "register",
         help="run as a sidecar agent until SIGTERM/SIGINT",
@@ -122,15 +131,12 @@ def _register(sub: Any) -> None:
         "and serve /livez /readyz /health (and /metrics with the extra) when --health-port "
         "is given. Stops cleanly with exit 0 on SIGTERM or SIGINT; a second one ends it at "
         "once. Every option can also be set by a REGISTRAR_* variable (below).",
-        epilog=f"{EXAMPLES_REGISTER}\n{_env_help()}\n\n{_REGISTER_EXITS}\n",
+        epilog=f"{EXAMPLES_REGISTER}\n{env_help}\n\n{_REGISTER_EXITS}\n",
         argument_default=argparse.SUPPRESS,  # unset flags stay unset: the environment may say
     )
     for option in OPTIONS:
         if option.flag:
             _add_option(reg, option)
-
-
-def _status(sub: Any) -> None:
     status = sub.add_parser(
         "status",
         help="read a running agent's /health",
@@ -146,9 +152,6 @@ def _status(sub: Any) -> None:
     status.add_argument(
         "--json", action="store_true", help="print the agent's health+json document as it is"
     )
-
-
-def _doctor(sub: Any) -> None:
     doc = sub.add_parser(
         "doctor",
         help="check a deployment: bootstrap server, gateways, etcd",
@@ -178,26 +181,6 @@ def _doctor(sub: Any) -> None:
     )
     doc.add_argument("--timeout", type=_seconds, default=2.0, metavar="S", help="(default: 2)")
     doc.add_argument("--json", action="store_true", help="the report as JSON (docs/cli.md)")
-
-
-def _typed(parse: Callable[[str], Any], expected: str | None = None) -> Callable[[str], Any]:
-    """An argparse `type`: `parse`, its error (or `expected`) naming the text given."""
-
-    def typed(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{expected or exc}, got {text!r}") from None
-
-    return typed
-
-
-_count = _typed(lambda text: rules.count(int(text)), "must be a positive integer")
-_seconds = _typed(lambda text: rules.seconds(float(text)), "must be a positive number of seconds")
-_port = _typed(parse_port)
-
-
-def _dev(sub: Any) -> None:
     sub.add_parser(
         "diagram",
         help="print the state diagram (mermaid) from the transition table",
@@ -225,9 +208,6 @@ def _dev(sub: Any) -> None:
         "the server restarting and forgetting, the route registered again; all on 127.0.0.1.",
         epilog="example:\n  registrar demo",
     )
-
-
-def _sglang(sub: Any) -> None:
     check = sub.add_parser(
         "sglang",
         help="what the SGLang plugin will do in this environment's SGLang",
@@ -237,19 +217,4 @@ def _sglang(sub: Any) -> None:
         epilog="examples:\n  registrar sglang\n  registrar sglang --json | jq .features",
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="registrar",
-        description="Register a service with a bootstrap server and keep it registered.",
-        epilog=f"{EXAMPLES_MAIN.format(duration=DEMO_DURATION)}\n{exit_text(EXIT_STATUSES)}\n",
-    )
-    parser.add_argument("--version", action="version", version=f"registrar {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _register(sub)
-    _status(sub)
-    _doctor(sub)
-    _dev(sub)
-    _sglang(sub)
     return parser

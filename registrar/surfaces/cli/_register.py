@@ -23,14 +23,14 @@ from ...core._transport import file_token
 from ...core._untrusted import load_json
 from ...protocols._etcd.settings import EtcdSettings
 from ...protocols._smg.settings import SmgSettings
-from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
+from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS
 from .._verbose import log_request
 from ..env import UNSET, read_variable, registrar_options
 from ..health import start_health_server
-from ._common import EXIT_OK, Signals, UsageError, log_setup
+from . import EXIT_OK, Signals, UsageError, log_setup
 
-_SHARED = ("timeout", "verify")
-"""The HTTP settings every protocol takes (a deadline, TLS)."""
+_SHARED = ("timeout", "verify")  # the HTTP settings every protocol takes
+logger = logging.getLogger("registrar")
 
 
 def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -40,24 +40,18 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen: dict[str, Any] = {}
     for option in OPTIONS:
-        if option.key in flags:
-            chosen[option.key] = _joined(option, flags[option.key])
-        else:
+        value = flags.get(option.key, UNSET)
+        if value is UNSET:
             value = read_variable(option, os.environ)
-            if value is not UNSET:
-                chosen[option.key] = value
+        elif option.repeat:  # the values joined, checked as the variable's would be
+            value = [item for given in value for item in given]
+            try:
+                value = option.check(value)
+            except rules.Invalid as exc:
+                raise UsageError(rules.describe(str(option.flag_name), value, exc)) from None
+        if value is not UNSET:
+            chosen[option.key] = value
     return chosen, flags
-
-
-def _joined(option: Option, value: Any) -> Any:
-    """A repeated flag's values as one, checked as the variable's would be."""
-    if not option.repeat:
-        return value
-    joined = [item for given in value for item in given]
-    try:
-        return option.check(joined)
-    except rules.Invalid as exc:
-        raise UsageError(rules.describe(str(option.flag_name), joined, exc)) from None
 
 
 def _fields(chosen: dict[str, Any], settings: type, only: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -119,15 +113,12 @@ def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
-    if chosen.get("rank_ip") is not None:
-        return {**payload, "rank_ip": chosen["rank_ip"]}
-    name = chosen.get("rank_ip_env")
-    if name is None:
-        return payload
-    value = os.environ.get(name, "").strip()
-    if not value:
-        raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
-    return {**payload, "rank_ip": value}
+    rank_ip, name = chosen.get("rank_ip"), chosen.get("rank_ip_env")
+    if rank_ip is None and name is not None:
+        rank_ip = os.environ.get(name, "").strip()
+        if not rank_ip:
+            raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
+    return payload if rank_ip is None else {**payload, "rank_ip": rank_ip}
 
 
 def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
@@ -166,68 +157,53 @@ def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
     return {**_fields(chosen, SmgSettings), **_fields(chosen, HttpSettings, _SHARED)}
 
 
-def _check_combination(chosen: dict[str, Any]) -> None:
-    """The gateway's options go with --gateway; a URL and a payload are required otherwise."""
+def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup:
+    """The registrations the options describe. The gateway's options go with --gateway; a URL
+    and a payload are required otherwise."""
+    from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
+
     gateway = bool(chosen.get("gateway"))
     if not gateway:
-        stray = [
-            str(o.flag_name)
-            for o in OPTIONS
-            if o.settings is SmgSettings and chosen.get(o.key) is not None
-        ]
+        gateway_rows = [o for o in OPTIONS if o.settings is SmgSettings]
+        stray = [str(o.flag_name) for o in gateway_rows if chosen.get(o.key) is not None]
         if stray:
             raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
     etcd = chosen.get("etcd") is not None
-    for required in ("url", "payload"):
-        if gateway or (etcd and required == "url"):
-            continue
+    for required in () if gateway else ("payload",) if etcd else ("url", "payload"):
         if chosen.get(required) is None:
             variable = f"{ENV_PREFIX}{required.upper()}"
             raise UsageError(f"--{required} is required (or set {variable})")
-
-
-def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup:
-    """The registrations the options describe."""
-    from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
-
-    if chosen.get("gateway"):
+    if gateway:
         return assembly.smg_registrars(**_smg_options(chosen), **_loop_options(chosen))
     source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
     payload = _rank_ip(_payload(chosen["payload"], source), chosen)
     token = _token(chosen, flags)
     loop = _loop_options(chosen)
-    if chosen.get("etcd") is not None:
-        etcd = _etcd_options(chosen, token)
-        return RegistrarGroup([assembly.etcd_registrar(**etcd, payload=payload, **loop)])
+    if etcd:
+        options = _etcd_options(chosen, token)
+        return RegistrarGroup([assembly.etcd_registrar(**options, payload=payload, **loop)])
     http = {**_fields(chosen, HttpSettings), "token": token}
     protocol = chosen.get("protocol", "sglang")
     return RegistrarGroup([Registrar(payload=payload, protocol=protocol, **http, **loop)])
 
 
-def cmd_register(args: argparse.Namespace) -> int:
-    chosen, flags = resolve(args)
-    _check_combination(chosen)
-    group = _registrars(chosen, flags)
-    verbose = bool(chosen.get("verbose", False))
-    log_setup(verbose, quiet=("registrar.surfaces.health",))
-    return _serve(group, chosen, verbose)
-
-
 def _on_change_of(url: str, several: bool) -> Callable[[State, State, Status], None]:
-    log = logging.getLogger("registrar")
-
     def on_change(old: State, new: State, status: Status) -> None:
         failed = status.last_error and new is State.FAILED
         detail = f" ({status.last_error})" if failed else ""
         where = f"{url}: " if several else ""
-        log.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
+        logger.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
 
     return on_change
 
 
-def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
+def cmd_register(args: argparse.Namespace) -> int:
     """Run the registrations (and their health server) until SIGTERM/SIGINT, then stop them
     together, within the longest drain any of them needs."""
+    chosen, flags = resolve(args)
+    group = _registrars(chosen, flags)
+    verbose = bool(chosen.get("verbose", False))
+    log_setup(verbose, quiet=("registrar.surfaces.health",))
     several = len(group) > 1
     for reg in group:
         reg.add_listener(_on_change_of(reg.status().url, several))
@@ -249,14 +225,12 @@ def _serve(group: RegistrarGroup, chosen: dict[str, Any], verbose: bool) -> int:
             ) from None
     where = f"; health on {health.url}/readyz" if health is not None else ""
     urls = ", ".join(reg.status().url for reg in group)
-    logging.getLogger("registrar").info(
-        "registrar %s: registering with %s%s", __version__, urls, where
-    )
+    logger.info("registrar %s: registering with %s%s", __version__, urls, where)
     group.start()
     try:
         signals.wait()
     finally:
-        logging.getLogger("registrar").info("stopping")
+        logger.info("stopping")
         # stop() ends a request in flight at once; a gateway's drain takes its own time.
         group.stop()
         if health is not None:

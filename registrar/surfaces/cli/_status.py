@@ -1,7 +1,6 @@
 """`registrar status`: read a running agent's `/health` and say, for a person or as JSON,
 whether it is registered. The registrar's own HTTP transport reads it: one deadline bounds the
-whole request, the name lookup included ("could not resolve NAME within 2.0 s"), and the
-answer is read up to a cap."""
+whole request, the name lookup included, and the answer is read up to a cap."""
 
 from __future__ import annotations
 
@@ -16,16 +15,14 @@ from ...core._machine import State
 from ...core._redact import clean, redact_url
 from ...core._untrusted import load_json
 from ...protocols._http import HttpTransport
-from ._common import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
+from . import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
 
-MAX_HEALTH_BYTES = 1024 * 1024
-"""A health document is read up to this; a larger answer is not a registrar's."""
+MAX_HEALTH_BYTES = 1024 * 1024  # a larger answer is not a registrar's
 
 
 def _health_check(document: object) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The document and its registration check's entries (one per registry), or ValueError:
-    whatever the agent (or whatever answers in its place) sent, only a health document of the
-    expected shape is read."""
+    only a health document of the expected shape is read, whatever answered."""
     checks = document.get("checks") if isinstance(document, dict) else None
     entries = checks.get("registration:state") if isinstance(checks, dict) else None
     if not isinstance(document, dict) or not isinstance(entries, list) or not entries:
@@ -80,11 +77,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         # The document as the agent sent it (parsed and re-encoded: valid JSON, one line).
         return answer([json.dumps(document, sort_keys=False)], outcome)
-    lines: list[str] = []
-    for number, check in enumerate(entries):
-        if number:
-            lines.append("")
-        lines.extend(_registration_lines(document, check))
+    # One block per registry, a blank line between.
+    lines = ["\n\n".join("\n".join(_registration_lines(document, c)) for c in entries)]
     if document.get("output"):
         lines.append(f"problem:      {_field(document, 'output')}")
     return answer(lines, outcome)
@@ -99,6 +93,7 @@ def _field(source: dict[str, Any], name: str, default: str = "") -> str:
 
 def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list[str]:
     """One registration (of one registry) for a person."""
+    again = _field(check, "reregistrations")
     lines = [
         f"registration: {_field(check, 'observedValue')} ({_field(document, 'status')})"
         f" since {_field(check, 'since')}",
@@ -108,7 +103,7 @@ def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list
         f" server reachable: {_field(check, 'serverReachable')})",
         f"attempts:     {_field(check, 'attemptsTotal')} sent, "
         f"{_field(check, 'registrations')} accepted, "
-        f"{_plural(_field(check, 'reregistrations'), 're-registration')}",
+        f"{again} re-registration{'' if again == '1' else 's'}",
         f"last success: {_field(check, 'lastSuccessAt', 'never')}",
     ]
     if check.get("nextAttemptAt"):
@@ -119,7 +114,3 @@ def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list
     if check.get("resolution"):
         lines.append(f"resolver:     {_field(check, 'resolution')}")
     return lines
-
-
-def _plural(count: str, noun: str) -> str:
-    return f"{count} {noun}" if count == "1" else f"{count} {noun}s"
