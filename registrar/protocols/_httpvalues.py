@@ -1,9 +1,7 @@
-"""The values of one HTTP exchange: its result, the credential it carries, the `Retry-After`
-it may answer."""
+"""The values of one HTTP exchange: its result, its credential, its `Retry-After`."""
 
 from __future__ import annotations
 
-import http
 import math
 import re
 from base64 import b64encode
@@ -24,9 +22,9 @@ DEFAULT_MAX_ANSWER_BYTES = 64 * 1024  # of a successful answer (SGLang's are und
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds a `Retry-After` header asks to wait (ASCII digits or an HTTP-date, as urllib3
-    reads it), at most `RETRY_AFTER_CEILING`; None when it is neither. Never raises:
-    `str.isdigit()` accepts `²`, which `float()` refuses, and a date may overflow."""
+    """Seconds a `Retry-After` asks to wait (ASCII digits or an HTTP-date), at most
+    `RETRY_AFTER_CEILING`, else None. Never raises: `str.isdigit()` accepts `²`, which `float()`
+    refuses, and a date may overflow."""
     if value is None:
         return None
     text = value.strip(" \t")
@@ -47,8 +45,6 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 
 @dataclass(frozen=True)
 class HttpResult:
-    """One HTTP exchange: an answer, or the exception that stopped it."""
-
     status_code: int | None
     headers: Mapping[str, str]
     text: str
@@ -64,19 +60,16 @@ class HttpResult:
 
 
 class TokenUnavailable(RuntimeError):
-    """The token provider failed: the request is not sent, and is retried like a network
-    failure."""
+    """The token provider failed: the request is not sent, and is retried like a network one."""
 
 
 def validate_token(token: object, source: str = "token") -> str | None:
-    """`token` (None or empty: no token), or `ConfigError` naming its source but never its
-    value (the rule: `registrar.core._rules.header_token`)."""
+    """`token` (None or empty: none), or `ConfigError` naming its source, never its value."""
     kept: str | None = rules.applied(source, token, rules.header_token)
     return kept
 
 
 def with_query(path: str, params: Mapping[str, str | int] | None) -> str:
-    """`path` with `params` as its query (`HttpTransport.send` takes the two as one)."""
     return f"{path}?{urlencode(params)}" if params else path
 
 
@@ -107,8 +100,8 @@ class Credentials:
             self.fixed["Authorization"] = f"Basic {basic}"
 
     def asked(self) -> dict[str, str] | None:
-        """The Authorization header from the token provider, if there is one (it may raise:
-        that request fails); every token it answers joins the secrets."""
+        """The provider's Authorization header (it may raise: that request fails); every token
+        it answers joins the secrets."""
         if self._provider is None:
             return None
         token = self._provider()
@@ -123,16 +116,8 @@ class Credentials:
         return {"Authorization": f"Bearer {token}"}
 
     def hint(self, token_hint: str, token_how: str) -> str:
-        """What to check after a 401/403: the credential that was actually sent."""
         if self.has_token:
             return f"{token_hint} (from {self.source})"
         if self._basic is not None:
             return "check the user name and password in the URL (sent as basic auth)"
         return f"the server wants credentials and none were sent; {token_how}"
-
-
-def phrase(code: int) -> str:
-    try:
-        return http.HTTPStatus(code).phrase
-    except ValueError:
-        return "Unknown Status"
