@@ -38,18 +38,7 @@ class Answer:
         return f"{request} answered {self.status} {kind}" + (f": {shown}" if shown else "")
 
 
-Recognise = Callable[[Answer], bool]
-"""Whether an answer to the probe's GET is the bootstrap server's own."""
-
-
-def resolve(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], str]:
-    """The addresses `host` resolves to, and why none. The transports' own lookup (`RESOLVER`),
-    so a probe under a stalled resolver costs no thread of its own."""
-    try:
-        resolved = RESOLVER.resolve(host, port, timeout)
-    except Unresolved as exc:
-        return [], describe_exception(exc)
-    return list(dict.fromkeys(str(address[3][0]) for address in resolved.addresses)), ""
+Recognise = Callable[[Answer], bool]  # whether an answer to the probe's GET is the server's own
 
 
 def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]:
@@ -71,18 +60,6 @@ def _tls_context() -> ssl.SSLContext:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     return context
-
-
-def speaks_tls(address: str, port: int, host: str, timeout: float) -> tuple[bool, str]:
-    """Whether a TLS handshake completes on the port, and why not."""
-    try:
-        with (
-            socket.create_connection((address, port), timeout=timeout) as raw,
-            _tls_context().wrap_socket(raw, server_hostname=host) as tls,
-        ):
-            return True, f"TLS handshake completed ({tls.version()})"
-    except (OSError, ValueError) as exc:
-        return False, describe_exception(exc)
 
 
 @dataclass(frozen=True)
@@ -191,10 +168,14 @@ def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
         if isinstance(plain, Answer):
             return Seen.PLAIN, f"TLS: {why}; plain GET / answered {plain.status}"
         return Seen.TLS_FAILED, why
-    shaken, how = speaks_tls(target.address, target.port, target.host, timeout)
-    if shaken:
-        return Seen.TLS, f"plain HTTP: {why}; {how}"
-    return Seen.OTHER, f"not HTTP: {why}"
+    try:
+        with (
+            socket.create_connection((target.address, target.port), timeout=timeout) as raw,
+            _tls_context().wrap_socket(raw, server_hostname=target.host) as tls,
+        ):
+            return Seen.TLS, f"plain HTTP: {why}; TLS handshake completed ({tls.version()})"
+    except (OSError, ValueError):
+        return Seen.OTHER, f"not HTTP: {why}"
 
 
 def _knock(address: str, port: int, host: str, timeout: float) -> Knock:
@@ -228,10 +209,11 @@ def gather(
     if is_ip_literal(host):
         address = host
     else:
-        addresses, why = resolve(host, port, timeout)
-        if not addresses:
-            return replace(seen, resolved=False, detail=why)
-        seen, address = replace(seen, resolved=True), addresses[0]
+        try:  # the transports' own lookup: no thread of its own under a stalled resolver
+            resolved = RESOLVER.resolve(host, port, timeout)
+        except Unresolved as exc:
+            return replace(seen, resolved=False, detail=describe_exception(exc))
+        seen, address = replace(seen, resolved=True), str(resolved.addresses[0][3][0])
     failed, why = _connect(address, port, timeout)
     if failed is not None:
         own = http_port if http_port != port else None
