@@ -260,11 +260,7 @@ class HttpTransport:
             auth = self._auth.asked()
         except Exception as exc:  # a provider that fails fails this request, like the network
             return HttpResult(None, {}, "", TokenUnavailable(describe_exception(exc)), False)
-        sent = dict(self._headers)
-        if auth is not None:
-            sent.update(auth)
-        if headers:
-            sent.update(headers)
+        sent = {**self._headers, **(auth or {}), **(headers or {})}
         data: bytes | None = None
         if json is not None:
             try:

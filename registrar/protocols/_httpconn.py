@@ -78,6 +78,7 @@ class TlsFiles:
             ) from None
         if self._built is not None and self._built[0] == stamp:
             return self._built[1]
+        what = f"CA certificate bundle {self._verify}"
         try:
             context = create_urllib3_context(cert_reqs=None if self._verify else ssl.CERT_NONE)
             if isinstance(self._verify, str):
@@ -85,19 +86,11 @@ class TlsFiles:
                 context.load_verify_locations(**{where: self._verify})
             elif self._verify:
                 context.load_default_certs()
-        except (OSError, ValueError) as exc:
-            raise LocalError(
-                f"could not load the TLS CA certificate bundle {self._verify}: "
-                f"{describe_exception(exc)}"
-            ) from None
-        if self._cert is not None:
-            try:
+            if self._cert is not None:
+                what = f"client certificate {self._cert[0]}"
                 context.load_cert_chain(*self._cert)
-            except (OSError, ValueError) as exc:
-                raise LocalError(
-                    f"could not load the TLS client certificate {self._cert[0]}: "
-                    f"{describe_exception(exc)}"
-                ) from None
+        except (OSError, ValueError) as exc:
+            raise LocalError(f"could not load the TLS {what}: {describe_exception(exc)}") from None
         context.sslsocket_class = _WatchedSSLSocket
         self._built = (stamp, context)
         return context
@@ -142,7 +135,14 @@ class Link:
     def ensure(self, connect_timeout: float) -> HTTPConnection:
         """A usable connection: the kept one, unless the server closed it meanwhile (or wrote
         on it unasked: it cannot be reused either way) or its name moved, else a new one."""
-        self.look(connect_timeout)
+        # Resolved within the request's deadline: an answer without the address in use closes
+        # the kept connection (and a probe's) and counts a move.
+        self._resolved = RESOLVER.resolve(self.host, self.port, connect_timeout, self.watchdog)
+        if self.address is not None and self.address not in self._resolved.hosts:
+            self.moves += 1
+            self.address = None
+            self.discard_probe()
+            self.close()
         with contextlib.suppress(OSError, ValueError):
             if self.conn is not None and self.sock is not None and self.conn.is_connected:
                 return self.conn
@@ -170,19 +170,8 @@ class Link:
             self.watch(conn.sock)
         return conn
 
-    def look(self, timeout: float) -> None:
-        """Resolve the host within the request's deadline: an answer without the address in use
-        closes the kept connection (and a probe's) and counts a move."""
-        resolved = RESOLVER.resolve(self.host, self.port, timeout, self.watchdog)
-        if self.address is not None and self.address not in resolved.hosts:
-            self.moves += 1
-            self.address = None
-            self.discard_probe()
-            self.close()
-        self._resolved = resolved
-
     def opened(self, options: Sequence[tuple[int, int, int | bytes]]) -> socket.socket:
-        """The new connection's socket: the probe's, or one connected to the addresses `look()`
+        """The new connection's socket: the probe's, or one connected to the addresses `ensure()`
         found (urllib3 would call `getaddrinfo` outside the deadline)."""
         sock, self.probe = self.probe, None
         if sock is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from base64 import b64encode
 from collections.abc import Mapping
@@ -28,17 +27,11 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     if value is None:
         return None
     text = value.strip(" \t")
-    if _DELTA_SECONDS.fullmatch(text):
-        # Compare digit counts before converting: int() refuses over 4300 digits.
-        if len(text.lstrip("0")) > len(str(int(RETRY_AFTER_CEILING))):
-            return RETRY_AFTER_CEILING
-        return min(float(int(text)), RETRY_AFTER_CEILING)
-    try:
-        moment = parsedate_tz(text)
-        seconds = float(mktime_tz(moment)) - now if moment is not None else math.nan
-    except (TypeError, ValueError, OverflowError, IndexError):  # a date that overflows
-        return None
-    if not math.isfinite(seconds):
+    if _DELTA_SECONDS.fullmatch(text):  # float(), not int(): int() refuses over 4300 digits
+        return min(float(text), RETRY_AFTER_CEILING)
+    try:  # None is no date (a TypeError here); a date may overflow
+        seconds = float(mktime_tz(parsedate_tz(text))) - now  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CEILING)
 

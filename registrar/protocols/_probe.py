@@ -128,13 +128,12 @@ class _Target:
     options: ProbeOptions
 
     def get(self, path: str, tls: bool | None = None) -> Answer | str:
-        use = self.tls if tls is None else tls
         return fetch(
             self.address,
             self.port,
             self.prefix + path,
             host=self.host,
-            tls=use,
+            tls=self.tls if tls is None else tls,
             options=self.options,
         )
 

@@ -106,7 +106,7 @@ def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as d
 ) -> dict[str, Any]:
     """A complete payload for one rank: every required field a single-rank default unless given
     (any other field too may be passed as a keyword)."""
-    payload: dict[str, Any] = {
+    return {
         "attn_tp_size": attn_tp_size,
         "attn_tp_rank": attn_tp_rank,
         "attn_cp_size": 1,
@@ -121,9 +121,8 @@ def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as d
         "rank_port": rank_port,
         "page_size": page_size,
         "kv_cache_dtype": kv_cache_dtype,
+        **fields,
     }
-    payload.update(fields)
-    return payload
 
 
 def _is_int(value: object) -> bool:
@@ -197,18 +196,14 @@ class _Evidence:
     reconnected: bool = False
 
     def reasons_forgotten(self, count: int) -> list[str]:
-        reasons = []
-        if count == 0:
-            reasons.append("the server has 0 workers registered")
-        if self.seen_ready:
-            reasons.append("the topology was ready since our registration")
-        if count < self.highest_count:
-            reasons.append(f"the count fell from {self.highest_count} to {count}")
-        if self.refused:
-            reasons.append("a connection was refused since our registration")
-        if self.reconnected:
-            reasons.append("the kept-alive connection was re-opened since our registration")
-        return reasons
+        reasons = {
+            "the server has 0 workers registered": count == 0,
+            "the topology was ready since our registration": self.seen_ready,
+            f"the count fell from {self.highest_count} to {count}": count < self.highest_count,
+            "a connection was refused since our registration": self.refused,
+            "the kept-alive connection was re-opened since our registration": self.reconnected,
+        }
+        return [reason for reason, holds in reasons.items() if holds]
 
 
 class SGLangTransport(HttpTransport):
