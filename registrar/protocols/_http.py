@@ -1,6 +1,6 @@
 """The generic HTTP transport: the payload sent as JSON, classified by status, on one kept-alive
-connection it opens itself (a pool would hide the re-opening that is evidence of a restart, and
-costs two to five times the CPU: docs/benchmarks.md). docs/architecture.md, "The layers"."""
+connection of its own (a pool would hide the re-opening that is evidence of a restart, and costs
+two to five times the CPU: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -139,13 +139,10 @@ class HttpTransport:
             return True
         # The server's own idle timeout: opening the connection again proves nothing.
         self._kept_alive = False
-        remaining = deadline - time.monotonic()
-        if remaining > 0:
-            waker.wait(remaining)
+        waker.wait(max(0.0, deadline - time.monotonic()))
         return False
 
     def settle_idle_signal(self, route_survived: bool) -> None:
-        """What the check after a `wait_idle` sign found."""
         learned = self._closes.settle(route_survived)
         if learned is not None:
             logger.info(
@@ -168,8 +165,8 @@ class HttpTransport:
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One request within the deadline; failures are returned, never raised. The body is
-        read up to `limit` bytes (by default as `_cap` says)."""
+        """One request within the deadline, its body read up to `limit` bytes (by default as
+        `_cap` says); failures are returned, never raised."""
         if self._refused:
             refusal = self._link.probe_port(self._connect_timeout)
             if refusal is not None:
@@ -195,17 +192,15 @@ class HttpTransport:
             and self._last_end is not None
             and started - self._last_end < KEEPALIVE_WINDOW
         )
-        prepared = self._prepare(method, path, json, headers)
-        if isinstance(prepared, HttpResult):
-            return prepared
-        target, data, sent = prepared
+        request = self._prepare(method, path, json, headers)
+        if isinstance(request, HttpResult):
+            return request
         response: urllib3.BaseHTTPResponse | None = None
         error: BaseException | None = None
         body, complete, kept = b"", False, False
         due = self._watchdog.begin(self.deadline)
         try:
             conn = self._link.ensure(self._connect_timeout)
-            request = (method, target, data, sent)
             response, body, complete = exchange(conn, request, self._read_timeout, self._cap(limit))
             # An HTTP/1.1 answer read whole that did not close it (`http.client` closes the
             # connection of a `Connection: close` or HTTP/1.0 answer).
@@ -254,8 +249,8 @@ class HttpTransport:
 
     def _prepare(
         self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
-    ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
-        """The request's target, body and headers, or the result of one that cannot be made."""
+    ) -> tuple[str, str, bytes | None, dict[str, str]] | HttpResult:
+        """The request (method, target, body, headers), or the result of one that cannot be made."""
         try:
             auth = self._auth.asked()
         except Exception as exc:  # a provider that fails fails this request, like the network
@@ -270,10 +265,9 @@ class HttpTransport:
             sent["Content-Type"] = "application/json"
         elif method in ("PUT", "POST", "PATCH"):
             data = b""
-        return f"{self._prefix}{path}", data, sent
+        return method, f"{self._prefix}{path}", data, sent
 
     def _cap(self, limit: int | None) -> Callable[[int], int]:
-        """How much of an answer to read, by its status."""
         if limit is not None:
             return lambda _: limit
         return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
@@ -296,7 +290,7 @@ class HttpTransport:
         return answer.content_type != "text/html"
 
     def describe_error(self, exc: BaseException) -> str:
-        """Root cause of a failed exchange: one line, escaped, capped, secret-free."""
+        """The root cause of a failed exchange: one line, escaped, capped, secret-free."""
         if isinstance(exc, DeadlineExceeded):
             text = str(exc)
         elif isinstance(exc, TokenUnavailable):

@@ -97,7 +97,7 @@ class TlsFiles:
 
 
 class _Http(HTTPConnection):
-    """urllib3's connection, on the socket its link opens (`Link.opened`)."""
+    """urllib3's connection, on the socket its link opens."""
 
     link: Link
 
@@ -276,9 +276,8 @@ def _cause(exc: HTTPError) -> Exception:
 
 
 def _read_capped(response: urllib3.BaseHTTPResponse, limit: int) -> tuple[bytes, bool]:
-    """Up to `limit` decoded bytes of the body, and whether that was all. urllib3 bounds inflation
-    as it happens (`read(amt)` decodes at most `amt` bytes); bytes inflating to nothing are
-    bounded too."""
+    """Up to `limit` decoded bytes of the body, and whether that was all: `read(amt)` inflates at
+    most `amt` bytes, and compressed bytes inflating to nothing are bounded too."""
     encoding = response.headers.get("Content-Encoding", "")
     name = encoding.strip().lower()
     if name not in _DECODED:

@@ -3,6 +3,7 @@ sign the route may be gone far sooner than the next check (docs/sglang.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import select
 import socket
@@ -24,19 +25,15 @@ def wait_readable(sock: socket.socket | None, timeout: float, waker: Waker) -> b
         wake = waker.fileno()
     except ValueError:
         sock = None
-    if sock is None:
-        waker.wait(timeout)
-        return False
-    # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
-    poller = select.poll()
-    try:
-        for fd in (sock.fileno(), wake):
-            poller.register(fd, select.POLLIN)
-        readable = poller.poll(max(0, math.ceil(timeout * 1000)))
-    except (OSError, ValueError):
-        waker.wait(max(0.0, deadline - time.monotonic()))
-        return False
-    return bool(readable) and not waker.is_set()
+    if sock is not None:
+        # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
+        with contextlib.suppress(OSError, ValueError):
+            poller = select.poll()
+            for fd in (sock.fileno(), wake):
+                poller.register(fd, select.POLLIN)
+            return bool(poller.poll(max(0, math.ceil(timeout * 1000)))) and not waker.is_set()
+    waker.wait(max(0.0, deadline - time.monotonic()))
+    return False
 
 
 class IdleCloses:

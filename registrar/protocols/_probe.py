@@ -26,11 +26,9 @@ _HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
 
 @dataclass(frozen=True)
 class Answer:
-    """One HTTP answer a probe read: status, content type and the start of the body."""
-
     status: int
     content_type: str
-    text: str
+    text: str  # the start of the body
 
     def describe(self, request: str) -> str:
         shown = clean(" ".join(self.text.split()), 80)
@@ -55,7 +53,7 @@ def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]
 
 
 def _tls_context() -> ssl.SSLContext:
-    """Only to see whether TLS answers: nothing secret is sent, so nothing is verified."""
+    """Only to see whether TLS answers: nothing secret is sent, nothing is verified."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -89,7 +87,6 @@ def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
             timeout=timeout,
             ssl_context=_tls_context(),
             server_hostname=host,
-            assert_hostname=False,
         )
     else:
         conn = HTTPConnection(address, port, timeout=timeout)
@@ -139,7 +136,6 @@ class _Target:
 
 
 def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[Seen, str]:
-    """What speaks on a port that accepts connections."""
     answer = target.get(path)
     if isinstance(answer, str):
         return _not_http(target, answer)
@@ -156,8 +152,7 @@ def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[See
 
 
 def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
-    """No HTTP answer on the scheme the URL names: try the other one (unless the server went
-    away meanwhile: then that is what was seen)."""
+    """No HTTP answer on the URL's scheme: try the other one (unless the server went away)."""
     timeout = target.options.timeout
     gone, how = _connect(target.address, target.port, timeout)
     if gone is not None:

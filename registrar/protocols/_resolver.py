@@ -243,7 +243,6 @@ class Resolver:
         return None
 
     def in_flight(self) -> int:
-        """Lookups in flight (a thread each)."""
         with self._lock:
             return sum(1 for name in self._names.values() if name.pending is not None)
 

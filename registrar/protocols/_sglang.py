@@ -142,8 +142,6 @@ def validate_payload(payload: object) -> dict[str, Any]:
 
 
 def _problems(payload: Mapping[str, Any]) -> Iterator[str]:
-    """Missing or mistyped fields, sizes below 1, ranks outside their size, a port outside
-    [1, 65535]."""
     missing = [name for name in REQUIRED_FIELDS if name not in payload]
     if missing:
         yield "missing " + ", ".join(missing)
@@ -179,8 +177,7 @@ def rank_of(payload: Mapping[str, Any]) -> Rank:
 
 
 def token_from_env(token: Token | None) -> tuple[Token | None, str]:
-    """The explicit token (or provider), else the one SGLang reads from its environment; and
-    where it came from, for messages."""
+    """The explicit token (or provider), else SGLang's from its environment; and its source."""
     if token is not None:
         return token or None, "token" if token else TOKEN_ENV
     return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV), TOKEN_ENV
