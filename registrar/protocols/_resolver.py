@@ -242,10 +242,6 @@ class Resolver:
                 return f"{clean(host, 200)} did not resolve ({name.error}){good}"
         return None
 
-    def in_flight(self) -> int:
-        with self._lock:
-            return sum(1 for name in self._names.values() if name.pending is not None)
-
 
 RESOLVER = Resolver()  # the process's: every transport's lookups go through it
 os.register_at_fork(after_in_child=RESOLVER._reset)
