@@ -56,13 +56,8 @@ _EXCHANGE_ERRORS = (HTTPError, http.client.HTTPException, OSError, ValueError)
 
 
 class HttpTransport:
-    """Registers by sending the payload as JSON (`PUT {url}{path}` by default).
-
-    `timeout` is the request's deadline: a float bounds the whole request and each step within
-    it; a (connect, read) pair bounds connecting and each read, and the whole by their sum.
-    `token_source` names where the token came from, for messages; `max_answer_bytes` caps what
-    is read of a successful answer.
-    """
+    """Registers by sending the payload as JSON (`PUT {url}{path}` by default); `timeout` bounds
+    the whole request as docs/index.md says; `token_source` names the token's origin in messages."""
 
     token_hint = "check the auth token"
     token_how = "pass one with token="

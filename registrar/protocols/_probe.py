@@ -1,6 +1,5 @@
 """The cheap probe behind a diagnosis: resolve, connect, see what speaks there, knock on the
-rank's own port. Each step has a short timeout and never raises (what failed is evidence). Its
-own fresh connections, never the transport's (whose re-opening is evidence); no credential."""
+rank's own port. No step raises (what failed is evidence); fresh connections, no credential."""
 
 from __future__ import annotations
 

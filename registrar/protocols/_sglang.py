@@ -1,6 +1,5 @@
-"""SGLang's bootstrap protocol: payload validation, the rank a payload occupies, and a route
-check that tells a server that forgot us from one merely not ready, by the evidence kept per
-server lifetime (docs/sglang.md, "How a missing route is detected")."""
+"""SGLang's bootstrap protocol: the payload, its rank, and a route check that tells a server that
+forgot us from one not ready (docs/sglang.md, "How a missing route is detected")."""
 
 from __future__ import annotations
 
