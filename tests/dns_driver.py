@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support import sglang_payload
+from support import lookups_in_flight, sglang_payload
 
 from registrar import Backoff, Registrar, etcd_registrar, smg_registrar
 from registrar.core._board import RequestEvent
@@ -77,7 +77,7 @@ def main() -> None:
             answer: Any = {
                 "statuses": [reg.status().to_dict() for reg in registrars],
                 "threads": threading.active_count(),
-                "in_flight": RESOLVER.in_flight(),
+                "in_flight": lookups_in_flight(RESOLVER),
                 "events": seen,
             }
         elif command == "stop":

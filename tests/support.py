@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from registrar import RegisterOutcome, Route, RouteCheck, Verdict
+from registrar.protocols._resolver import Resolver
 from registrar.protocols._sglang import SGLangTransport, make_payload
 
 LOOPBACK = "127.0.0.1"
@@ -296,6 +297,12 @@ class Ports:
     def close(self) -> None:
         for sock in self.sockets:
             sock.close()
+
+
+def lookups_in_flight(resolver: Resolver) -> int:
+    """The resolver's lookups in flight (a thread each)."""
+    with resolver._lock:
+        return sum(1 for name in resolver._names.values() if name.pending is not None)
 
 
 def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.01) -> bool:

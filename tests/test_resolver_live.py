@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from smg_support import Gateway, gateway_binary, workers
-from support import sglang_payload, wait_until
+from support import lookups_in_flight, sglang_payload, wait_until
 
 from registrar import HttpTransport, Registrar, State, smg_registrar
 from registrar.core._backoff import Backoff
@@ -66,7 +66,7 @@ def names(monkeypatch: pytest.MonkeyPatch) -> Iterator[Names]:
         yield made
     finally:
         made.resume()  # the lookups in flight end
-        assert wait_until(lambda: RESOLVER.in_flight() == 0, timeout=HANG)
+        assert wait_until(lambda: lookups_in_flight(RESOLVER) == 0, timeout=HANG)
 
 
 def test_a_stalled_lookup_is_a_failed_attempt_and_stop_holds_its_bound(

@@ -12,7 +12,7 @@ from ..core._transport import Transport
 from ._etcd.settings import EtcdSettings
 from ._etcd.transport import EtcdTransport
 from ._http import HttpTransport
-from ._sglang import SGLangTransport, token_from_env, token_source, validate_payload
+from ._sglang import SGLangTransport, token_from_env, validate_payload
 from ._smg.settings import SmgSettings
 from ._smg.spec import validate_spec, worker_spec
 from ._smg.transport import SmgTransport
@@ -20,7 +20,7 @@ from ._smg.transport import SmgTransport
 
 def _sglang(payload: Mapping[str, Any], s: HttpSettings) -> tuple[Transport, dict[str, Any]]:
     checked = validate_payload(payload)
-    token, source = token_from_env(s.token), token_source(s.token)
+    token, source = token_from_env(s.token)
     made = SGLangTransport(
         s.url, token=token, token_source=source, timeout=s.timeout, verify=s.verify
     )

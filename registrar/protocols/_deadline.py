@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import math
 import os
-import select
 import socket
 import struct
 import threading
@@ -19,9 +17,8 @@ class DeadlineExceeded(TimeoutError):
 
 
 class _Deadlines:
-    """One helper thread for the whole process that ends requests past their deadline: a thread
-    per transport cost a thread per registrar and a wake-up per request. Entries of requests
-    that ended are dropped when they come due."""
+    """One thread for the whole process ends requests past their deadline (one per transport cost
+    a thread per registrar and a wake-up per request); entries of ended requests drop when due."""
 
     def __init__(self) -> None:
         self._reset()
@@ -79,7 +76,7 @@ class Watchdog:
         self._wakes: set[threading.Event] = set()  # its waits not on a socket (a name lookup)
 
     def begin(self, seconds: float) -> float:
-        """Arm for a request of at most `seconds`; when it is due (monotonic)."""
+        """Arm for a request of at most `seconds`; when it is due."""
         with DEADLINES.cond:
             self.at = due = time.monotonic() + seconds
             self.by_abort = False
@@ -94,8 +91,8 @@ class Watchdog:
             return self._fired
 
     def fire(self) -> None:
-        """End the request in flight now, if any (from any thread). Not the next one: a
-        transport may still have requests to make as it closes (etcd revokes its lease)."""
+        """End the request in flight now, if any (any thread); not the next one: a transport may
+        still have requests to make as it closes (etcd revokes its lease)."""
         with DEADLINES.cond:
             if self.at is not None:
                 self.by_abort = True
@@ -103,7 +100,7 @@ class Watchdog:
                 DEADLINES.arm(self, self.at)
 
     def expire(self) -> None:
-        """The deadline passed (called by the deadline thread, with its lock held)."""
+        """The deadline passed (called by the deadline thread, its lock held)."""
         self._fired = True
         self.at = None
         for sock in self._sockets:
@@ -122,8 +119,7 @@ class Watchdog:
             self._sockets.discard(sock)
 
     def attach(self, wake: threading.Event) -> bool:
-        """Set `wake` when the request in flight ends (its deadline, or a stop); False when it
-        already has (`registrar.protocols._resolver.Abandon`)."""
+        """Set `wake` when the request in flight ends (its deadline, or a stop); False if it has."""
         with DEADLINES.cond:
             if self._fired:
                 return False
@@ -133,15 +129,6 @@ class Watchdog:
     def detach(self, wake: threading.Event) -> None:
         with DEADLINES.cond:
             self._wakes.discard(wake)
-
-
-def ready(fds: list[int], timeout: float, write: bool = False) -> set[int]:
-    """The descriptors among `fds` ready to read (or to write) within `timeout`, or closed or in
-    error. `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's)."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLOUT if write else select.POLLIN)
-    return {fd for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000)))}
 
 
 def shutdown(sock: socket.socket) -> None:

@@ -1,6 +1,6 @@
 """The generic HTTP transport: the payload sent as JSON, classified by status, on one kept-alive
-connection it opens itself (a pool would hide the re-opening that is evidence of a restart, and
-costs two to five times the CPU: docs/benchmarks.md). docs/architecture.md, "The layers"."""
+connection of its own (a pool would hide the re-opening that is evidence of a restart, and costs
+two to five times the CPU: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from ..core._redact import clean, redact_url
 from ..core._settings import HttpSettings
 from ..core._transport import Timeout, Token, connect_seconds, deadline_seconds
 from ..core._waker import Waker
-from ._deadline import DeadlineExceeded
-from ._deadline import Watchdog as _Watchdog
+from ._deadline import DeadlineExceeded, Watchdog
 from ._httpconn import (
     ConnectTimeout,
     Link,
@@ -42,7 +41,6 @@ from ._httpvalues import (
     HttpResult,
     TokenUnavailable,
     parse_retry_after,
-    phrase,
 )
 from ._idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
 from ._probe import Answer, gather
@@ -58,13 +56,8 @@ _EXCHANGE_ERRORS = (HTTPError, http.client.HTTPException, OSError, ValueError)
 
 
 class HttpTransport:
-    """Registers by sending the payload as JSON (`PUT {url}{path}` by default).
-
-    `timeout` is the request's deadline: a float bounds the whole request and each step within
-    it; a (connect, read) pair bounds connecting and each read, and the whole by their sum.
-    `token_source` names where the token came from, for messages; `max_answer_bytes` caps what
-    is read of a successful answer.
-    """
+    """Registers by sending the payload as JSON (`PUT {url}{path}` by default); `timeout` bounds
+    the whole request as docs/index.md says; `token_source` names the token's origin in messages."""
 
     token_hint = "check the auth token"
     token_how = "pass one with token="
@@ -94,7 +87,7 @@ class HttpTransport:
         read = settings.timeout
         self._read_timeout = read[1] if isinstance(read, tuple) else read
         self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
-        self._watchdog = _Watchdog()
+        self._watchdog = Watchdog()
         port = parts.port or (443 if parts.scheme == "https" else 80)
         # Proxies from the environment are not followed: the server is on the cluster's network.
         tls = TlsFiles(settings.verify, cert) if parts.scheme == "https" else None
@@ -128,9 +121,8 @@ class HttpTransport:
         return RESOLVER.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait on the idle kept-alive connection (module idle): True when the server closed it,
-        a sign that the route may be gone, unless `IdleCloses` takes it for the server's own
-        idle timeout. A connection not kept alive is not watched."""
+        """Wait on the idle kept-alive connection: True when the server closed it (a sign the
+        route may be gone), unless `IdleCloses` takes it for the server's own idle timeout."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
         if not wait_readable(sock, timeout, waker):
@@ -142,14 +134,10 @@ class HttpTransport:
             return True
         # The server's own idle timeout: opening the connection again proves nothing.
         self._kept_alive = False
-        remaining = deadline - time.monotonic()
-        if remaining > 0:
-            waker.wait(remaining)
+        waker.wait(max(0.0, deadline - time.monotonic()))
         return False
 
     def settle_idle_signal(self, route_survived: bool) -> None:
-        """What the check after a `wait_idle` sign found (a route that survived: the close was
-        the server's idle timeout)."""
         learned = self._closes.settle(route_survived)
         if learned is not None:
             logger.info(
@@ -172,8 +160,8 @@ class HttpTransport:
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One request within the deadline; failures are returned, never raised. The body is
-        read up to `limit` bytes, by default as `_cap` says."""
+        """One request within the deadline, its body read up to `limit` bytes (by default as
+        `_cap` says); failures are returned, never raised."""
         if self._refused:
             refusal = self._link.probe_port(self._connect_timeout)
             if refusal is not None:
@@ -199,17 +187,15 @@ class HttpTransport:
             and self._last_end is not None
             and started - self._last_end < KEEPALIVE_WINDOW
         )
-        prepared = self._prepare(method, path, json, headers)
-        if isinstance(prepared, HttpResult):
-            return prepared
-        target, data, sent = prepared
+        request = self._prepare(method, path, json, headers)
+        if isinstance(request, HttpResult):
+            return request
         response: urllib3.BaseHTTPResponse | None = None
         error: BaseException | None = None
-        body, complete = b"", False
+        body, complete, kept = b"", False, False
         due = self._watchdog.begin(self.deadline)
         try:
             conn = self._link.ensure(self._connect_timeout)
-            request = (method, target, data, sent)
             response, body, complete = exchange(conn, request, self._read_timeout, self._cap(limit))
             # An HTTP/1.1 answer read whole that did not close it (`http.client` closes the
             # connection of a `Connection: close` or HTTP/1.0 answer).
@@ -219,7 +205,6 @@ class HttpTransport:
         finally:
             fired = self._watchdog.end()
         self._last_end = time.monotonic()
-        self._refused = False
         # Evidence even of a request cut at its deadline; a moved address is a replaced server.
         reconnected = (
             was_alive and self._link.opened_count > opened_before
@@ -228,15 +213,30 @@ class HttpTransport:
         # ran out. A lookup says so itself ("could not resolve NAME within 1.0 s").
         unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
         timed_out = isinstance(error, TimeoutError) and self._last_end >= due
-        if not unresolved and (fired or timed_out):
-            return self._abandoned(reconnected)
-        if error is not None or response is None:
-            return self._failed(error, was_alive, reconnected)
+        abandoned = not unresolved and (fired or timed_out)
         # Only an answer read whole leaves its connection reusable (re-opening one cut at the
         # cap is our doing, not evidence).
-        self._kept_alive = kept
+        self._kept_alive = kept and not abandoned
         if not self._kept_alive:
             self._link.close()
+        # A refusal is evidence of its own; `reconnected` is about the connection we had.
+        self._refused = not abandoned and isinstance(error, ConnectionRefusedError)
+        if abandoned:
+            # Whatever the shutdown made the exchange look like (an EOF inside the headers can
+            # pass for a complete answer).
+            exceeded = DeadlineExceeded(
+                "request abandoned: stopping"
+                if self._watchdog.by_abort
+                else f"no complete answer within the request deadline of {self.deadline:g} s"
+            )
+            return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
+        if error is not None or response is None:
+            # Our kept-alive connection broken under the request, or re-opened for it.
+            broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
+                error, TimeoutError | TlsError | LocalError | Unresolved
+            )
+            lost = (reconnected or (was_alive and broken)) and not self._refused
+            return HttpResult(None, {}, "", error, reconnected=lost, refused=self._refused)
         text = body.decode("utf-8", "replace")
         return HttpResult(
             response.status, response.headers, text, None, reconnected, complete=complete
@@ -244,17 +244,13 @@ class HttpTransport:
 
     def _prepare(
         self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
-    ) -> tuple[str, bytes | None, dict[str, str]] | HttpResult:
-        """The request's target, body and headers, or the result of one that cannot be made."""
+    ) -> tuple[str, str, bytes | None, dict[str, str]] | HttpResult:
+        """The request (method, target, body, headers), or the result of one that cannot be made."""
         try:
             auth = self._auth.asked()
         except Exception as exc:  # a provider that fails fails this request, like the network
             return HttpResult(None, {}, "", TokenUnavailable(describe_exception(exc)), False)
-        sent = dict(self._headers)
-        if auth is not None:
-            sent.update(auth)
-        if headers:
-            sent.update(headers)
+        sent = {**self._headers, **(auth or {}), **(headers or {})}
         data: bytes | None = None
         if json is not None:
             try:
@@ -264,36 +260,9 @@ class HttpTransport:
             sent["Content-Type"] = "application/json"
         elif method in ("PUT", "POST", "PATCH"):
             data = b""
-        return f"{self._prefix}{path}", data, sent
-
-    def _abandoned(self, reconnected: bool) -> HttpResult:
-        """The deadline (or a stop) ended the request, whatever the shutdown made the exchange
-        look like (an EOF inside the headers can pass for a complete answer)."""
-        self._kept_alive = False
-        self._link.close()
-        exceeded = DeadlineExceeded(
-            "request abandoned: stopping"
-            if self._watchdog.by_abort
-            else f"no complete answer within the request deadline of {self.deadline:g} s"
-        )
-        return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
-
-    def _failed(self, error: BaseException | None, was_alive: bool, reopened: bool) -> HttpResult:
-        self._kept_alive = False
-        self._link.close()
-        # Our kept-alive connection broken under the request, or re-opened for it: server-closed.
-        broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
-            error, TimeoutError | TlsError | LocalError | Unresolved
-        )
-        # A refusal is evidence of its own; this is about the connection we had.
-        refused = isinstance(error, ConnectionRefusedError)
-        lost = (reopened or (was_alive and broken)) and not refused
-        self._refused = refused
-        return HttpResult(None, {}, "", error, reconnected=lost, refused=refused)
+        return method, f"{self._prefix}{path}", data, sent
 
     def _cap(self, limit: int | None) -> Callable[[int], int]:
-        """How much of an answer to read by its status: `limit`, else `max_answer_bytes` for a
-        success and `EXCERPT_BYTES` otherwise."""
         if limit is not None:
             return lambda _: limit
         return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
@@ -312,12 +281,11 @@ class HttpTransport:
     probe_path: str | None = None  # what the probe GETs (None: the registration path)
 
     def recognise(self, answer: Answer) -> bool:
-        """Whether the probe's answer is this server's own: a generic endpoint has no signature,
-        so any but an HTML page."""
+        """Whether the probe's answer is this server's: a generic one has no signature."""
         return answer.content_type != "text/html"
 
     def describe_error(self, exc: BaseException) -> str:
-        """Root cause of a failed exchange: one line, escaped, capped, secret-free."""
+        """The root cause of a failed exchange: one line, escaped, capped, secret-free."""
         if isinstance(exc, DeadlineExceeded):
             text = str(exc)
         elif isinstance(exc, TokenUnavailable):
@@ -339,7 +307,6 @@ class HttpTransport:
         return clean(text, secrets=self._auth.secrets)
 
     def unreachable(self, result: HttpResult) -> RouteCheck:
-        """The route check of an exchange that failed (no answer)."""
         assert result.error is not None
         return RouteCheck(
             Route.UNREACHABLE,
@@ -366,12 +333,11 @@ class HttpTransport:
         assert code is not None
         if 200 <= code < 300:
             return RegisterOutcome(Verdict.ACCEPTED, status_code=code)
-        label = f"{code} {phrase(code)} from {self.endpoint}"
+        label = f"{code} {http.client.responses.get(code, 'Unknown Status')} from {self.endpoint}"
         body = self.excerpt(result)
         if code >= 500 or code in _RETRIED_4XX:
-            retry_after = None
-            if code in _RETRY_AFTER_CODES:
-                retry_after = parse_retry_after(result.headers.get("Retry-After"), time.time())
+            header = result.headers.get("Retry-After") if code in _RETRY_AFTER_CODES else None
+            retry_after = parse_retry_after(header, time.time())
             detail = f"{label}: {body}" if body else label
             return RegisterOutcome(
                 Verdict.RETRY, status_code=code, error=detail, retry_after=retry_after

@@ -1,6 +1,5 @@
-"""One kept-alive HTTP/1.1 connection on urllib3's connection classes (no pool: the transport
-must see every time it is opened again), and one exchange on it read up to a cap; urllib3's
-exceptions mapped to the transport's. docs/architecture.md, "The layers"."""
+"""One kept-alive connection on urllib3's connection classes (no pool: the transport must see
+every re-opening), one exchange on it read up to a cap, urllib3's exceptions mapped to ours."""
 
 from __future__ import annotations
 
@@ -25,9 +24,8 @@ from ._resolver import RESOLVER, Resolved, connect
 _CHUNK = 16 * 1024
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 _RAW_SLACK = 4  # compressed bytes may exceed the cap this many times (empty gzip blocks)
+# The encodings asked for (urllib3 passes an unknown one through undecoded): any other is an error.
 _DECODED = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
-"""The encodings asked for: urllib3 would pass an unknown one through undecoded (and decodes
-brotli or zstd when installed); an answer in any other is an error, not garbage."""
 
 
 class ConnectTimeout(TimeoutError):
@@ -43,8 +41,7 @@ class TlsError(ConnectionError):
 
 
 class LocalError(OSError):
-    """A file this side needs (CA bundle, client certificate) is unreadable: retried (it may be
-    mid-rotation); it says nothing of the server."""
+    """A CA bundle or client certificate is unreadable: retried (it may be mid-rotation)."""
 
 
 _HANDSHAKING = threading.local()  # the watch of the connection this thread is opening
@@ -62,9 +59,8 @@ class _WatchedSSLSocket(ssl.SSLSocket):
 
 
 class TlsFiles:
-    """The TLS context for `verify` (True: the system's CAs; False: none; a path: that bundle or
-    folder) and a client `cert` (certificate file, key file), built by urllib3. Kept while those
-    files are unchanged: a rotated one is read again, a missing one fails that connection."""
+    """The TLS context for `verify` and a client `cert` (certificate file, key file), kept while
+    those files are unchanged: a rotated one is read again, a missing one fails that connection."""
 
     def __init__(self, verify: bool | str, cert: tuple[str, str] | None) -> None:
         self._verify = verify
@@ -82,41 +78,26 @@ class TlsFiles:
             ) from None
         if self._built is not None and self._built[0] == stamp:
             return self._built[1]
-        context = self._verifying()
-        if self._cert is not None:
-            try:
+        what = f"CA certificate bundle {self._verify}"
+        try:
+            context = create_urllib3_context(cert_reqs=None if self._verify else ssl.CERT_NONE)
+            if isinstance(self._verify, str):
+                where = "capath" if os.path.isdir(self._verify) else "cafile"
+                context.load_verify_locations(**{where: self._verify})
+            elif self._verify:
+                context.load_default_certs()
+            if self._cert is not None:
+                what = f"client certificate {self._cert[0]}"
                 context.load_cert_chain(*self._cert)
-            except (OSError, ValueError) as exc:
-                raise LocalError(
-                    f"could not load the TLS client certificate {self._cert[0]}: "
-                    f"{describe_exception(exc)}"
-                ) from None
+        except (OSError, ValueError) as exc:
+            raise LocalError(f"could not load the TLS {what}: {describe_exception(exc)}") from None
         context.sslsocket_class = _WatchedSSLSocket
         self._built = (stamp, context)
         return context
 
-    def _verifying(self) -> ssl.SSLContext:
-        try:
-            if self._verify is False:
-                return create_urllib3_context(cert_reqs=ssl.CERT_NONE)
-            context = create_urllib3_context()
-            if isinstance(self._verify, str):
-                if os.path.isdir(self._verify):
-                    context.load_verify_locations(capath=self._verify)
-                else:
-                    context.load_verify_locations(cafile=self._verify)
-            else:
-                context.load_default_certs()
-        except (OSError, ValueError) as exc:
-            raise LocalError(
-                f"could not load the TLS CA certificate bundle {self._verify}: "
-                f"{describe_exception(exc)}"
-            ) from None
-        return context
-
 
 class _Http(HTTPConnection):
-    """urllib3's connection, on the socket its link opens (`Link.opened`)."""
+    """urllib3's connection, on the socket its link opens."""
 
     link: Link
 
@@ -129,9 +110,8 @@ class _Https(HTTPSConnection, _Http):
 
 
 class Link:
-    """The transport's one connection to the server, used by one thread at a time: opened on
-    demand (on a probe's socket, when there is one), counted (re-opening a kept-alive one is
-    evidence of a restart) and watched by the watchdog."""
+    """The transport's one connection, used by one thread at a time: opened on demand (on a
+    probe's socket, if any), counted (re-opening a kept-alive one is evidence of a restart)."""
 
     def __init__(self, host: str, port: int, tls: TlsFiles | None, watchdog: Watchdog) -> None:
         self.host = host
@@ -155,13 +135,17 @@ class Link:
     def ensure(self, connect_timeout: float) -> HTTPConnection:
         """A usable connection: the kept one, unless the server closed it meanwhile (or wrote
         on it unasked: it cannot be reused either way) or its name moved, else a new one."""
-        self.look(connect_timeout)
-        if self.conn is not None and self.sock is not None:
-            try:
-                if self.conn.is_connected:
-                    return self.conn
-            except (OSError, ValueError):
-                pass
+        # Resolved within the request's deadline: an answer without the address in use closes
+        # the kept connection (and a probe's) and counts a move.
+        self._resolved = RESOLVER.resolve(self.host, self.port, connect_timeout, self.watchdog)
+        if self.address is not None and self.address not in self._resolved.hosts:
+            self.moves += 1
+            self.address = None
+            self.discard_probe()
+            self.close()
+        with contextlib.suppress(OSError, ValueError):
+            if self.conn is not None and self.sock is not None and self.conn.is_connected:
+                return self.conn
         self.close()
         self.opened_count += 1
         conn: _Http
@@ -186,22 +170,10 @@ class Link:
             self.watch(conn.sock)
         return conn
 
-    def look(self, timeout: float) -> None:
-        """Resolve the host within the request's deadline (`Unresolved` when it has no address):
-        an answer without the address in use closes the kept connection (and a probe's) and
-        counts a move."""
-        resolved = RESOLVER.resolve(self.host, self.port, timeout, self.watchdog)
-        if self.address is not None and self.address not in resolved.hosts:
-            self.moves += 1
-            self.address = None
-            self.discard_probe()
-            self.close()
-        self._resolved = resolved
-
     def opened(self, options: Sequence[tuple[int, int, int | bytes]]) -> socket.socket:
-        """The new connection's socket, watched from now on: the probe's, or one connected to
-        the addresses `look()` found (urllib3 would call `getaddrinfo` outside the deadline)."""
-        sock = self.take_probe()
+        """The new connection's socket: the probe's, or one connected to the addresses `ensure()`
+        found (urllib3 would call `getaddrinfo` outside the deadline)."""
+        sock, self.probe = self.probe, None
         if sock is None:
             try:
                 sock = connect(self._resolved, self._timeout, self.address, options)
@@ -215,8 +187,8 @@ class Link:
         return sock
 
     def watch(self, sock: socket.socket) -> None:
-        """Hand the connection's own socket to the watchdog (no duplicate: one descriptor
-        per connection, so a fleet of registrars in one process stays within its limit)."""
+        """Hand the connection's own socket to the watchdog (no duplicate: one descriptor per
+        connection keeps a fleet of registrars in one process within its limit)."""
         if self.watched is sock:
             return
         if self.watched is not None:
@@ -225,9 +197,8 @@ class Link:
         self.watchdog.track(sock)
 
     def probe_port(self, timeout: float) -> ConnectionRefusedError | None:
-        """After a refusal, a bare connect first (another refusal costs tens of µs of CPU, not a
-        whole request); a connected socket becomes the next connection's. The refusal, or None
-        when it cannot tell (the request will meet the error and name it)."""
+        """After a refusal, a bare connect first (another refusal costs tens of µs, not a whole
+        request); a connected socket becomes the next connection's. The refusal, or None."""
         try:
             first = RESOLVER.resolve(self.host, self.port, timeout).addresses[0]
             sock = connect(Resolved((first,)), timeout, options=_NODELAY)
@@ -239,12 +210,8 @@ class Link:
         self.probe = sock
         return None
 
-    def take_probe(self) -> socket.socket | None:
-        sock, self.probe = self.probe, None
-        return sock
-
     def discard_probe(self) -> None:
-        sock = self.take_probe()
+        sock, self.probe = self.probe, None
         if sock is not None:
             sock.close()
 
@@ -277,7 +244,7 @@ def exchange(
     limit: Callable[[int], int],
 ) -> tuple[urllib3.BaseHTTPResponse, bytes, bool]:
     """Send one request on `conn` and read the answer, its body up to `limit(status)` decoded
-    bytes; a timeout, a TLS alert or a broken connection is named for what it is."""
+    bytes; a timeout, a TLS alert or a broken connection named for what it is."""
     method, target, data, headers = request
     conn.timeout = read_timeout
     try:
@@ -299,20 +266,18 @@ def exchange(
 
 
 def _cause(exc: HTTPError) -> Exception:
-    """The error urllib3 wrapped while reading: the connection's own (reset, a short body
-    against its Content-Length) or the TLS layer's verdict."""
+    """The error urllib3 wrapped while reading (a reset, a short body), or TLS's verdict."""
     cause = exc.__cause__
     if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
         return cause
     if isinstance(exc, Urllib3SSLError):
-        return TlsError(describe_exception(cause if cause is not None else exc))
+        return TlsError(describe_exception(exc))
     return cause if isinstance(cause, Exception) else exc
 
 
 def _read_capped(response: urllib3.BaseHTTPResponse, limit: int) -> tuple[bytes, bool]:
-    """Up to `limit` decoded bytes of the body, and whether that was all of it. urllib3 bounds
-    inflation as it happens (`read(amt)` decodes at most `amt` bytes), so a small bomb costs
-    no more than `limit`; compressed bytes that inflate to nothing are bounded too."""
+    """Up to `limit` decoded bytes of the body, and whether that was all: `read(amt)` inflates at
+    most `amt` bytes, and compressed bytes inflating to nothing are bounded too."""
     encoding = response.headers.get("Content-Encoding", "")
     name = encoding.strip().lower()
     if name not in _DECODED:

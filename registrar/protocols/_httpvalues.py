@@ -1,10 +1,7 @@
-"""The values of one HTTP exchange: its result, the credential it carries, the `Retry-After`
-it may answer."""
+"""The values of one HTTP exchange: its result, its credential, its `Retry-After`."""
 
 from __future__ import annotations
 
-import http
-import math
 import re
 from base64 import b64encode
 from collections.abc import Mapping
@@ -24,31 +21,23 @@ DEFAULT_MAX_ANSWER_BYTES = 64 * 1024  # of a successful answer (SGLang's are und
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds a `Retry-After` header asks to wait (ASCII digits or an HTTP-date, as urllib3
-    reads it), at most `RETRY_AFTER_CEILING`; None when it is neither. Never raises:
-    `str.isdigit()` accepts `²`, which `float()` refuses, and a date may overflow."""
+    """Seconds a `Retry-After` asks to wait (ASCII digits or an HTTP-date), at most
+    `RETRY_AFTER_CEILING`, else None. Never raises: `str.isdigit()` accepts `²`, which `float()`
+    refuses, and a date may overflow."""
     if value is None:
         return None
     text = value.strip(" \t")
-    if _DELTA_SECONDS.fullmatch(text):
-        # Compare digit counts before converting: int() refuses over 4300 digits.
-        if len(text.lstrip("0")) > len(str(int(RETRY_AFTER_CEILING))):
-            return RETRY_AFTER_CEILING
-        return min(float(int(text)), RETRY_AFTER_CEILING)
-    try:
-        moment = parsedate_tz(text)
-        seconds = float(mktime_tz(moment)) - now if moment is not None else math.nan
-    except (TypeError, ValueError, OverflowError, IndexError):  # a date that overflows
-        return None
-    if not math.isfinite(seconds):
+    if _DELTA_SECONDS.fullmatch(text):  # float(), not int(): int() refuses over 4300 digits
+        return min(float(text), RETRY_AFTER_CEILING)
+    try:  # None is no date (a TypeError here); a date may overflow
+        seconds = float(mktime_tz(parsedate_tz(text))) - now  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CEILING)
 
 
 @dataclass(frozen=True)
 class HttpResult:
-    """One HTTP exchange: an answer, or the exception that stopped it."""
-
     status_code: int | None
     headers: Mapping[str, str]
     text: str
@@ -64,19 +53,16 @@ class HttpResult:
 
 
 class TokenUnavailable(RuntimeError):
-    """The token provider failed: the request is not sent, and is retried like a network
-    failure."""
+    """The token provider failed: the request is not sent, and is retried like a network one."""
 
 
 def validate_token(token: object, source: str = "token") -> str | None:
-    """`token` (None or empty: no token), or `ConfigError` naming its source but never its
-    value (the rule: `registrar.core._rules.header_token`)."""
+    """`token` (None or empty: none), or `ConfigError` naming its source, never its value."""
     kept: str | None = rules.applied(source, token, rules.header_token)
     return kept
 
 
 def with_query(path: str, params: Mapping[str, str | int] | None) -> str:
-    """`path` with `params` as its query (`HttpTransport.send` takes the two as one)."""
     return f"{path}?{urlencode(params)}" if params else path
 
 
@@ -107,8 +93,8 @@ class Credentials:
             self.fixed["Authorization"] = f"Basic {basic}"
 
     def asked(self) -> dict[str, str] | None:
-        """The Authorization header from the token provider, if there is one (it may raise:
-        that request fails); every token it answers joins the secrets."""
+        """The provider's Authorization header (it may raise: that request fails); every token
+        it answers joins the secrets."""
         if self._provider is None:
             return None
         token = self._provider()
@@ -123,16 +109,8 @@ class Credentials:
         return {"Authorization": f"Bearer {token}"}
 
     def hint(self, token_hint: str, token_how: str) -> str:
-        """What to check after a 401/403: the credential that was actually sent."""
         if self.has_token:
             return f"{token_hint} (from {self.source})"
         if self._basic is not None:
             return "check the user name and password in the URL (sent as basic auth)"
         return f"the server wants credentials and none were sent; {token_how}"
-
-
-def phrase(code: int) -> str:
-    try:
-        return http.HTTPStatus(code).phrase
-    except ValueError:
-        return "Unknown Status"

@@ -1,49 +1,45 @@
 """The wait on the idle kept-alive connection: a server process that exits closes it at once, a
-sign that the route may be gone far sooner than the next check. `IdleCloses` learns a server's
-own idle timeout, so that its closes do not make a loop of checks."""
+sign the route may be gone far sooner than the next check (docs/sglang.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import select
 import socket
 import time
 
 from ..core._waker import Waker
-from ._deadline import ready
 
+# A connection idle longer may have met the server's own idle timeout (aiohttp: 75 s): re-opening
+# it proves nothing about a restart.
 KEEPALIVE_WINDOW = 60.0
-"""A connection idle for longer than this may have been closed by the server's own idle
-timeout (aiohttp: 75 s), so re-opening it then proves nothing about a restart."""
-MAX_HARMLESS_CLOSES = 2
-"""Closes a check showed harmless, after which this server's closes are no longer signs."""
+MAX_HARMLESS_CLOSES = 2  # closes a check showed harmless, after which closes are no sign
 
 
 def wait_readable(sock: socket.socket | None, timeout: float, waker: Waker) -> bool:
-    """Wait up to `timeout` for `sock` to turn readable (the server closed it, reset it or
-    wrote on it unasked) or for `waker`; True only for the socket. Without a socket, or with
-    a closed waker (the registrar is ending), it is a plain wait: never a spin."""
+    """Wait up to `timeout` for `sock` to turn readable (closed, reset or written on unasked) or
+    for `waker`; True only for the socket. Without either it is a plain wait, never a spin."""
     deadline = time.monotonic() + timeout
     try:
         wake = waker.fileno()
     except ValueError:
         sock = None
-    if sock is None:
-        waker.wait(timeout)
-        return False
-    try:
-        readable = ready([sock.fileno(), wake], timeout)
-    except (OSError, ValueError):
-        waker.wait(max(0.0, deadline - time.monotonic()))
-        return False
-    return bool(readable) and not waker.is_set()
+    if sock is not None:
+        # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
+        with contextlib.suppress(OSError, ValueError):
+            poller = select.poll()
+            for fd in (sock.fileno(), wake):
+                poller.register(fd, select.POLLIN)
+            return bool(poller.poll(max(0, math.ceil(timeout * 1000)))) and not waker.is_set()
+    waker.wait(max(0.0, deadline - time.monotonic()))
+    return False
 
 
 class IdleCloses:
-    """Which closes of the idle connection are signs of a restart.
-
-    Once a close was followed by a check that found the route in place (`settle`), closes
-    after that much idle time are taken as the server's idle timeout; so are closes after
-    KEEPALIVE_WINDOW, and every close once MAX_HARMLESS_CLOSES proved harmless (a server that
-    closes at once, where idle times are too short to tell apart)."""
+    """Which closes of the idle connection are signs of a restart: not those after the idle time
+    of a close a check showed harmless (the server's idle timeout), nor after KEEPALIVE_WINDOW,
+    nor any once MAX_HARMLESS_CLOSES proved harmless (idle times too short to tell apart)."""
 
     def __init__(self) -> None:
         self._signal_age: float | None = None  # idle seconds of the close a check is to settle
@@ -51,7 +47,7 @@ class IdleCloses:
         self._harmless = 0
 
     def is_sign(self, age: float) -> bool:
-        """Whether a close after `age` idle seconds is a sign (to be settled by a check)."""
+        """Whether a close after `age` idle seconds is a sign (for a check to settle)."""
         if (
             age < KEEPALIVE_WINDOW
             and self._harmless < MAX_HARMLESS_CLOSES
@@ -62,8 +58,7 @@ class IdleCloses:
         return False
 
     def settle(self, route_survived: bool) -> float | None:
-        """What the check after a sign found; the idle time newly learned as the server's own
-        idle timeout, if any."""
+        """What the check after a sign found; the server's idle timeout, if newly learned."""
         age, self._signal_age = self._signal_age, None
         if age is None or not route_survived:
             return None

@@ -1,6 +1,5 @@
 """The cheap probe behind a diagnosis: resolve, connect, see what speaks there, knock on the
-rank's own port. Each step has a short timeout and never raises (what failed is evidence). Its
-own fresh connections, never the transport's (whose re-opening is evidence); no credential."""
+rank's own port. No step raises (what failed is evidence); fresh connections, no credential."""
 
 from __future__ import annotations
 
@@ -26,11 +25,9 @@ _HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
 
 @dataclass(frozen=True)
 class Answer:
-    """One HTTP answer a probe read: status, content type and the start of the body."""
-
     status: int
     content_type: str
-    text: str
+    text: str  # the start of the body
 
     def describe(self, request: str) -> str:
         shown = clean(" ".join(self.text.split()), 80)
@@ -38,18 +35,7 @@ class Answer:
         return f"{request} answered {self.status} {kind}" + (f": {shown}" if shown else "")
 
 
-Recognise = Callable[[Answer], bool]
-"""Whether an answer to the probe's GET is the bootstrap server's own."""
-
-
-def resolve(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], str]:
-    """The addresses `host` resolves to, and why none. The transports' own lookup (`RESOLVER`),
-    so a probe under a stalled resolver costs no thread of its own."""
-    try:
-        resolved = RESOLVER.resolve(host, port, timeout)
-    except Unresolved as exc:
-        return [], describe_exception(exc)
-    return list(dict.fromkeys(str(address[3][0]) for address in resolved.addresses)), ""
+Recognise = Callable[[Answer], bool]  # whether an answer to the probe's GET is the server's own
 
 
 def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]:
@@ -66,23 +52,11 @@ def _connect(address: str, port: int, timeout: float) -> tuple[Seen | None, str]
 
 
 def _tls_context() -> ssl.SSLContext:
-    """Only to see whether TLS answers: nothing secret is sent, so nothing is verified."""
+    """Only to see whether TLS answers: nothing secret is sent, nothing is verified."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     return context
-
-
-def speaks_tls(address: str, port: int, host: str, timeout: float) -> tuple[bool, str]:
-    """Whether a TLS handshake completes on the port, and why not."""
-    try:
-        with (
-            socket.create_connection((address, port), timeout=timeout) as raw,
-            _tls_context().wrap_socket(raw, server_hostname=host) as tls,
-        ):
-            return True, f"TLS handshake completed ({tls.version()})"
-    except (OSError, ValueError) as exc:
-        return False, describe_exception(exc)
 
 
 @dataclass(frozen=True)
@@ -112,7 +86,6 @@ def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
             timeout=timeout,
             ssl_context=_tls_context(),
             server_hostname=host,
-            assert_hostname=False,
         )
     else:
         conn = HTTPConnection(address, port, timeout=timeout)
@@ -151,19 +124,17 @@ class _Target:
     options: ProbeOptions
 
     def get(self, path: str, tls: bool | None = None) -> Answer | str:
-        use = self.tls if tls is None else tls
         return fetch(
             self.address,
             self.port,
             self.prefix + path,
             host=self.host,
-            tls=use,
+            tls=self.tls if tls is None else tls,
             options=self.options,
         )
 
 
 def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[Seen, str]:
-    """What speaks on a port that accepts connections."""
     answer = target.get(path)
     if isinstance(answer, str):
         return _not_http(target, answer)
@@ -180,8 +151,7 @@ def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[See
 
 
 def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
-    """No HTTP answer on the scheme the URL names: try the other one (unless the server went
-    away meanwhile: then that is what was seen)."""
+    """No HTTP answer on the URL's scheme: try the other one (unless the server went away)."""
     timeout = target.options.timeout
     gone, how = _connect(target.address, target.port, timeout)
     if gone is not None:
@@ -191,10 +161,14 @@ def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
         if isinstance(plain, Answer):
             return Seen.PLAIN, f"TLS: {why}; plain GET / answered {plain.status}"
         return Seen.TLS_FAILED, why
-    shaken, how = speaks_tls(target.address, target.port, target.host, timeout)
-    if shaken:
-        return Seen.TLS, f"plain HTTP: {why}; {how}"
-    return Seen.OTHER, f"not HTTP: {why}"
+    try:
+        with (
+            socket.create_connection((target.address, target.port), timeout=timeout) as raw,
+            _tls_context().wrap_socket(raw, server_hostname=target.host) as tls,
+        ):
+            return Seen.TLS, f"plain HTTP: {why}; TLS handshake completed ({tls.version()})"
+    except (OSError, ValueError):
+        return Seen.OTHER, f"not HTTP: {why}"
 
 
 def _knock(address: str, port: int, host: str, timeout: float) -> Knock:
@@ -228,10 +202,11 @@ def gather(
     if is_ip_literal(host):
         address = host
     else:
-        addresses, why = resolve(host, port, timeout)
-        if not addresses:
-            return replace(seen, resolved=False, detail=why)
-        seen, address = replace(seen, resolved=True), addresses[0]
+        try:  # the transports' own lookup: no thread of its own under a stalled resolver
+            resolved = RESOLVER.resolve(host, port, timeout)
+        except Unresolved as exc:
+            return replace(seen, resolved=False, detail=describe_exception(exc))
+        seen, address = replace(seen, resolved=True), str(resolved.addresses[0][3][0])
     failed, why = _connect(address, port, timeout)
     if failed is not None:
         own = http_port if http_port != port else None

@@ -22,8 +22,7 @@ from ._deadline import Watchdog
 logger = logging.getLogger("registrar")
 
 FRESH = 0.5  # seconds an answer (or a failure) is reused: a fleet asks twice a second at most
-STALE_WAIT = 0.5
-"""With a last good answer, how long a caller waits for a lookup in flight before using it."""
+STALE_WAIT = 0.5  # with a last good answer, how long to wait for a lookup in flight first
 STALLED_AFTER = 1.0  # a lookup in flight longer shows in the status ("resolving NAME")
 QUIET = 60.0  # after a warning about a name, its next outage is logged at DEBUG this long
 
@@ -37,8 +36,6 @@ class Unresolved(OSError):
 
 @dataclass(frozen=True)
 class Resolved:
-    """The addresses to connect to, in the resolver's order."""
-
     addresses: tuple[Address, ...]
     stale: bool = False  # the last good answer, used because the resolver fails or stalls
 
@@ -49,8 +46,6 @@ class Resolved:
 
 @dataclass
 class _Pending:
-    """One lookup in flight, and its waiters' events."""
-
     started: float
     waiters: set[threading.Event] = field(default_factory=set)
     done: bool = False
@@ -58,8 +53,6 @@ class _Pending:
 
 @dataclass
 class _Name:
-    """What is known of one name."""
-
     good: tuple[Address, ...] | None = None  # the last good answer (port 0)
     asked_at: float | None = None  # when the last lookup ended
     error: str | None = None  # why the last lookup failed; None after an answer
@@ -75,7 +68,6 @@ def seconds(value: float) -> str:
 
 
 def is_ip_literal(host: str) -> bool:
-    """An address written as such: nothing to look up."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -186,8 +178,7 @@ class Resolver:
         )
 
     def _start(self, name: _Name, host: str, now: float) -> _Pending:
-        pending = _Pending(now)
-        name.pending = pending
+        pending = name.pending = _Pending(now)
         worker = threading.Thread(
             target=self._run, args=(name, pending, host), name="registrar-resolve", daemon=True
         )
@@ -219,7 +210,7 @@ class Resolver:
     def _settle(
         self, name: _Name, host: str, found: tuple[Address, ...], error: str | None
     ) -> None:
-        """Keep what the lookup found (the lock held), and say in the log what changed."""
+        """Keep what the lookup found (the lock held), and log what changed."""
         name.asked_at = self._monotonic()
         name.error = error
         if error is not None:
@@ -235,8 +226,7 @@ class Resolver:
         name.good = found
 
     def describe(self, host: str) -> str | None:
-        """For the status: a lookup stalled ("resolving NAME"), or the last good address in use;
-        None while the name resolves normally."""
+        """For the status: a lookup stalled ("resolving NAME"), or the last good address in use."""
         key = host.strip("[]").rstrip(".").lower()
         with self._lock:
             name = self._names.get(key)
@@ -252,11 +242,6 @@ class Resolver:
                 return f"{clean(host, 200)} did not resolve ({name.error}){good}"
         return None
 
-    def in_flight(self) -> int:
-        """Lookups in flight (a thread each)."""
-        with self._lock:
-            return sum(1 for name in self._names.values() if name.pending is not None)
-
 
 RESOLVER = Resolver()  # the process's: every transport's lookups go through it
 os.register_at_fork(after_in_child=RESOLVER._reset)
@@ -269,7 +254,7 @@ def connect(
     options: Sequence[tuple[int, int, int | bytes]] = (),
 ) -> socket.socket:
     """A socket connected to one of `resolved`'s addresses, tried in turn (`prefer`, the address
-    in use, first), each within `timeout`; the last error when none connects."""
+    in use, first), each within `timeout`; else the last error."""
     addresses = sorted(resolved.addresses, key=lambda a: a[3][0] != prefer)
     error: OSError = OSError("no address to connect to")
     for family, kind, proto, address in addresses:

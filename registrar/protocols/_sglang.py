@@ -1,12 +1,11 @@
-"""SGLang's bootstrap protocol: payload validation, the rank a payload occupies, and a route
-check that tells a server that forgot us from one merely not ready, by the evidence kept per
-server lifetime (docs/sglang.md, "How a missing route is detected")."""
+"""SGLang's bootstrap protocol: the payload, its rank, and a route check that tells a server that
+forgot us from one not ready (docs/sglang.md, "How a missing route is detected")."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from ._probe import Answer
 
 TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
 
+# Fields the real server reads; a missing one makes it answer a bare 500.
 REQUIRED_FIELDS: Mapping[str, type] = {
     "attn_tp_size": int,
     "attn_tp_rank": int,
@@ -37,7 +37,6 @@ REQUIRED_FIELDS: Mapping[str, type] = {
     "page_size": int,
     "kv_cache_dtype": str,
 }
-"""Fields the real server reads; a missing one makes it answer a bare 500."""
 
 _SIZE_RANK = (
     ("attn_tp_size", "attn_tp_rank"),
@@ -57,8 +56,8 @@ def count_in(text: str) -> int | None:
 
 
 def is_bootstrap_answer(answer: Answer) -> bool:
-    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's: its server info (200,
-    with the topology's sizes), or 503 "(N workers registered)"."""
+    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's: its info (200, with the
+    topology's sizes), or 503 "(N workers registered)"."""
     if answer.status == 503:
         return count_in(answer.text) is not None
     if answer.status != 200:
@@ -88,8 +87,8 @@ class Rank:
         }
 
 
+# The all-`-1` route query: the server's info once every rank is in, 503 with the count before.
 PROBE_PATH = with_query("/route", Rank(-1, -1, -1, -1).query())
-"""The all-`-1` route query: the server's info once every rank is in, 503 with the count before."""
 
 
 def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as documented
@@ -106,7 +105,7 @@ def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as d
 ) -> dict[str, Any]:
     """A complete payload for one rank: every required field a single-rank default unless given
     (any other field too may be passed as a keyword)."""
-    payload: dict[str, Any] = {
+    return {
         "attn_tp_size": attn_tp_size,
         "attn_tp_rank": attn_tp_rank,
         "attn_cp_size": 1,
@@ -121,9 +120,8 @@ def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as d
         "rank_port": rank_port,
         "page_size": page_size,
         "kv_cache_dtype": kv_cache_dtype,
+        **fields,
     }
-    payload.update(fields)
-    return payload
 
 
 def _is_int(value: object) -> bool:
@@ -136,41 +134,33 @@ def validate_payload(payload: object) -> dict[str, Any]:
         raise ConfigError(
             f"payload must be a mapping of SGLang registration fields, got {type(payload).__name__}"
         )
-    problems = [*_field_problems(payload), *_range_problems(payload)]
+    problems = list(_problems(payload))
     if problems:
         raise ConfigError("invalid SGLang payload: " + "; ".join(problems))
     return dict(payload)
 
 
-def _field_problems(payload: Mapping[str, Any]) -> list[str]:
-    problems: list[str] = []
+def _problems(payload: Mapping[str, Any]) -> Iterator[str]:
     missing = [name for name in REQUIRED_FIELDS if name not in payload]
     if missing:
-        problems.append("missing " + ", ".join(missing))
+        yield "missing " + ", ".join(missing)
     for name, kind in REQUIRED_FIELDS.items():
         if name not in payload:
             continue
         value = payload[name]
         if kind is int and not _is_int(value):
-            problems.append(f"{name} must be an integer, got {value!r}")
+            yield f"{name} must be an integer, got {value!r}"
         elif kind is str and (not isinstance(value, str) or not value):
-            problems.append(f"{name} must be a non-empty string, got {value!r}")
-    return problems
-
-
-def _range_problems(payload: Mapping[str, Any]) -> list[str]:
-    """Sizes below 1, ranks outside their size, a port outside [1, 65535]."""
-    problems: list[str] = []
+            yield f"{name} must be a non-empty string, got {value!r}"
     for size, rank in _SIZE_RANK:
         s, r = payload.get(size), payload.get(rank)
         if _is_int(s) and s < 1:  # type: ignore[operator]
-            problems.append(f"{size} must be >= 1, got {s!r}")
+            yield f"{size} must be >= 1, got {s!r}"
         elif _is_int(s) and _is_int(r) and not 0 <= r < s:  # type: ignore[operator]
-            problems.append(f"{rank} must be within [0, {size}={s}), got {r!r}")
+            yield f"{rank} must be within [0, {size}={s}), got {r!r}"
     port = payload.get("rank_port")
     if _is_int(port) and not 1 <= port <= 65535:  # type: ignore[operator]
-        problems.append(f"rank_port must be within [1, 65535], got {port!r}")
-    return problems
+        yield f"rank_port must be within [1, 65535], got {port!r}"
 
 
 def rank_of(payload: Mapping[str, Any]) -> Rank:
@@ -185,16 +175,11 @@ def rank_of(payload: Mapping[str, Any]) -> Rank:
     )
 
 
-def token_from_env(token: Token | None) -> Token | None:
-    """The explicit token (or provider), else the one SGLang reads from its environment."""
+def token_from_env(token: Token | None) -> tuple[Token | None, str]:
+    """The explicit token (or provider), else SGLang's from its environment; and its source."""
     if token is not None:
-        return token or None
-    return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV)
-
-
-def token_source(token: Token | None) -> str:
-    """Where `token_from_env(token)` takes it from, for messages."""
-    return "token" if token else TOKEN_ENV
+        return token or None, "token" if token else TOKEN_ENV
+    return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV), TOKEN_ENV
 
 
 @dataclass
@@ -207,18 +192,14 @@ class _Evidence:
     reconnected: bool = False
 
     def reasons_forgotten(self, count: int) -> list[str]:
-        reasons = []
-        if count == 0:
-            reasons.append("the server has 0 workers registered")
-        if self.seen_ready:
-            reasons.append("the topology was ready since our registration")
-        if count < self.highest_count:
-            reasons.append(f"the count fell from {self.highest_count} to {count}")
-        if self.refused:
-            reasons.append("a connection was refused since our registration")
-        if self.reconnected:
-            reasons.append("the kept-alive connection was re-opened since our registration")
-        return reasons
+        reasons = {
+            "the server has 0 workers registered": count == 0,
+            "the topology was ready since our registration": self.seen_ready,
+            f"the count fell from {self.highest_count} to {count}": count < self.highest_count,
+            "a connection was refused since our registration": self.refused,
+            "the kept-alive connection was re-opened since our registration": self.reconnected,
+        }
+        return [reason for reason, holds in reasons.items() if holds]
 
 
 class SGLangTransport(HttpTransport):
@@ -228,7 +209,6 @@ class SGLangTransport(HttpTransport):
     token_how = f"pass one with token= or {TOKEN_ENV}"
 
     def __init__(self, url: str, **options: Any) -> None:
-        """`options` are `HttpTransport`'s; the path is SGLang's."""
         super().__init__(url, path="/route", **options)
         self._evidence = _Evidence()
 
@@ -241,10 +221,8 @@ class SGLangTransport(HttpTransport):
         return outcome
 
     def _note(self, result: HttpResult) -> None:
-        if result.refused:
-            self._evidence.refused = True
-        if result.reconnected:
-            self._evidence.reconnected = True
+        self._evidence.refused |= result.refused
+        self._evidence.reconnected |= result.reconnected
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         result = self.send("GET", with_query("/route", rank_of(payload).query()))
