@@ -29,9 +29,12 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     text = value.strip(" \t")
     if _DELTA_SECONDS.fullmatch(text):  # float(), not int(): int() refuses over 4300 digits
         return min(float(text), RETRY_AFTER_CEILING)
-    try:  # None is no date (a TypeError here); a date may overflow
-        seconds = float(mktime_tz(parsedate_tz(text))) - now  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError, IndexError):
+    date = parsedate_tz(text)
+    if date is None:
+        return None
+    try:  # a date may overflow
+        seconds = float(mktime_tz(date)) - now
+    except (ValueError, OverflowError, IndexError):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CEILING)
 
