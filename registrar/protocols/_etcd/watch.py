@@ -58,8 +58,7 @@ class ChunkedLines:
         self._line = bytearray()
         self._left = 0
         self._state = "size"
-        self.ended = False
-        """The zero-size chunk arrived: the server ended the stream."""
+        self.ended = False  # the zero-size chunk arrived: the server ended the stream
 
     def feed(self, data: bytes) -> list[Any]:
         """The complete messages `data` finishes, in order."""
@@ -179,8 +178,18 @@ class WatchStream:
                 if len(self._head) > _MAX_HEAD:
                     raise StreamError("watch answer head too long")
                 return []
+            lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
+            status = lines[0].split(" ", 2)
+            if len(status) < 2 or status[1] != "200":
+                raise StreamError(f"watch refused: {clean(lines[0], 80)}")
+            fields = {
+                name.strip().lower(): value.strip().lower()
+                for name, _, value in (line.partition(":") for line in lines[1:])
+            }
+            if "chunked" not in fields.get("transfer-encoding", ""):
+                raise StreamError("watch answer is not a stream")
             data = bytes(self._head[end + 4 :])
-            self._body = _chunked_body(bytes(self._head[:end]).decode("latin-1"), self._limit)
+            self._body = ChunkedLines(self._limit)
         messages = self._body.feed(data)
         if self._body.ended:
             raise StreamError("the server ended the watch stream")
@@ -189,22 +198,6 @@ class WatchStream:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
-
-
-def _chunked_body(head: str, limit: int) -> ChunkedLines:
-    """The decoder of the body a watch answer's `head` announces; `StreamError` unless a 200
-    stream."""
-    lines = head.split("\r\n")
-    status = lines[0].split(" ", 2)
-    if len(status) < 2 or status[1] != "200":
-        raise StreamError(f"watch refused: {clean(lines[0], 80)}")
-    fields = {
-        name.strip().lower(): value.strip().lower()
-        for name, _, value in (line.partition(":") for line in lines[1:])
-    }
-    if "chunked" not in fields.get("transfer-encoding", ""):
-        raise StreamError("watch answer is not a stream")
-    return ChunkedLines(limit)
 
 
 def watch_change(
@@ -260,7 +253,23 @@ class KeyWatch:
             if lease and self._broken:
                 limit = min(limit, max(0.0, self._next_try - now))
             return False if waker.wait(limit) else None
-        return self._wait_stream(stream, waker, limit, value, lease)
+        ready = stream.wait_readable(waker, limit)
+        if ready is not True:
+            return ready
+        try:
+            messages = stream.read()
+        except (OSError, StreamError) as exc:
+            self._drop_stream(broken=True)
+            logger.info("etcd watch at %s ended: %s", stream.endpoint, describe_exception(exc))
+            # An established watch that breaks may mean the member restarted, perhaps without
+            # its data: check now. One that never got going only waits for its next try.
+            return True if stream.created else None
+        for message in messages:
+            if isinstance(message, Mapping):
+                done, answer = self._on_message(stream, message, value, lease)
+                if done:
+                    return answer
+        return None
 
     def close(self) -> None:
         self._drop_stream(broken=False)
@@ -281,31 +290,10 @@ class KeyWatch:
             self._next_try = now + _WATCH_RETRY * (0.5 + random.random())
         return self._stream
 
-    def _wait_stream(
-        self, stream: WatchStream, waker: Waker, limit: float, value: bytes, lease: int
-    ) -> bool | None:
-        ready = stream.wait_readable(waker, limit)
-        if ready is not True:
-            return ready
-        try:
-            messages = stream.read()
-        except (OSError, StreamError) as exc:
-            self._drop_stream(broken=True)
-            logger.info("etcd watch at %s ended: %s", stream.endpoint, describe_exception(exc))
-            # An established watch that breaks may mean the member restarted, perhaps without
-            # its data: check now. One that never got going only waits for its next try.
-            return True if stream.created else None
-        for message in messages:
-            if isinstance(message, Mapping):
-                done, answer = self._on_message(stream, message, value, lease)
-                if done:
-                    return answer
-        return None
-
     def _on_message(
         self, stream: WatchStream, message: Mapping[str, Any], value: bytes, lease: int
     ) -> tuple[bool, bool | None]:
-        """What one watch message means: (done, what `_wait_stream` answers when done)."""
+        """What one watch message means: (done, what `wait` answers when done)."""
         result = message.get("result")
         result = result if isinstance(result, Mapping) else {}
         compacted = int64(result.get("compact_revision"))
