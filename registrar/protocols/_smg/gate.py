@@ -16,10 +16,9 @@ Readiness = Callable[[], str | None]
 
 
 class ReadinessGate:
-    """The served process's readiness over time, from the settings' `ready` (a URL ready while
-    it answers 2xx on one kept-alive connection, or a callable answering True) or a given
-    `ready` check: since when it has been not ready, so that a worker is withdrawn only after
-    `grace` seconds of it, not at the first failed look."""
+    """From the settings' `ready` (a URL ready while it answers 2xx on one kept-alive
+    connection, or a callable answering True) or a given `ready` check: since when the process
+    has been not ready, so that a worker is withdrawn after `grace` seconds, not at one look."""
 
     def __init__(self, settings: SmgSettings, clock: Clock, ready: Readiness | None) -> None:
         self._http: HttpTransport | None = None
@@ -35,7 +34,6 @@ class ReadinessGate:
         self._unready_since: float | None = None
 
     def not_ready(self) -> str | None:
-        """Why the worker must not be offered now (None: offer it), asking now."""
         if self.ready is None:
             return None
         reason = self.ready()
@@ -46,15 +44,14 @@ class ReadinessGate:
         return reason
 
     def unready_for(self) -> float:
-        """Seconds the served process has been seen not ready (0 when ready), asking now."""
+        """Seconds the served process has been seen not ready (0 when ready)."""
         if self.not_ready() is None or self._unready_since is None:
             return 0.0
         return self._clock.monotonic() - self._unready_since
 
     def wait(self, idle: Callable[[float, Waker], bool], timeout: float, waker: Waker) -> bool:
-        """`idle(seconds, waker)` in steps of `interval`, looking at the served process
-        between them: True when `idle` says so or the process has been not ready for
-        `grace`; False on timeout or when the waker is set."""
+        """`idle(seconds, waker)` in steps of `interval`, looking at the served process between
+        them: True when `idle` says so or the process has been not ready for `grace`."""
         end = self._clock.monotonic() + timeout
         while True:
             left = end - self._clock.monotonic()

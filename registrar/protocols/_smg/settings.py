@@ -1,5 +1,4 @@
-"""The smg gateway registration's settings (docs/gateway.md, "Settings"): every rule of the
-gateway options is here, and only here."""
+"""The smg gateway options and every rule of them (docs/gateway.md, "Settings")."""
 
 from __future__ import annotations
 
@@ -28,21 +27,13 @@ def _worker_url(value: object) -> str | None:
     return None if value is None else rules.url(value)
 
 
-def _seconds(value: object) -> float:
-    kept = rules.seconds(value)
-    if kept >= 1e9:
-        raise rules.Invalid("must be a positive number of seconds")
-    return kept
+_seconds = rules.number_within(lambda v: 0 < v < 1e9, "must be a positive number of seconds")
 
 
 @dataclass(frozen=True)
 class SmgSettings:
-    """The worker kept listed by one or more smg gateways, when it may be offered, the waits
-    for the gateway, the control-plane key, and how to reach the gateways."""
-
     gateways: str | Sequence[str]
-    worker_url: str | None = None
-    """None: the payload is the worker's spec (`protocol="smg"`)."""
+    worker_url: str | None = None  # None: the payload is the worker's spec (`protocol="smg"`)
     worker_type: str = "regular"
     bootstrap_port: int | None = None
     ready: str | Callable[[], bool] | None = None

@@ -1,7 +1,5 @@
-"""`SmgTransport`: one worker kept listed by the gateway, from the POST that offers it to the
-DELETE that drains it (docs/gateway.md, "How the protocol keeps the worker listed"). The
-gateway's answers are read here, never trusting a type; the served process's readiness is
-followed by `.gate`."""
+"""One worker kept listed by the gateway, from the POST that offers it to the DELETE that drains
+it (docs/gateway.md, "How the protocol keeps the worker listed"); answers never trusted."""
 
 from __future__ import annotations
 
@@ -33,9 +31,8 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 
 
 class SmgTransport:
-    """Keeps the worker of `settings` listed by the gateway at `gateway` (by default the first
-    the settings name). `ready` replaces the settings' readiness check; `clock` and `sender`
-    are for tests (a fake clock; an object whose `send` answers like `HttpTransport.send`)."""
+    """`gateway` defaults to the settings' first; `ready` replaces the settings' readiness
+    check; `clock` and `sender` (whose `send` answers like `HttpTransport.send`) are for tests."""
 
     def __init__(
         self,
@@ -62,19 +59,16 @@ class SmgTransport:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._gate = ReadinessGate(settings, self._clock, ready)
         self._sender = sender.send if sender is not None else self._http.send
-        self.requests_sent = 0
-        """Requests that reached the gateway so far (a refused connection is not counted)."""
+        self.requests_sent = 0  # a refused connection is not counted
         self._stopping = threading.Event()
         self._abort_lock = threading.Lock()
         self._closing = False
         self.worker_id: str | None = None
-        """The gateway's id of our worker, when known."""
         self._url: str | None = None
-        self._posted = False
-        """A POST was sent whose worker we may not know the id of (its answer was lost)."""
+        self._posted = False  # a POST was sent whose answer (and worker id) may be lost
+        # The worker an attempt follows was being removed (a withdrawal or an operator's
+        # DELETE not finished yet): once it is gone, POST again at once.
         self._draining_seen = False
-        """The worker an attempt follows was being removed (a withdrawal or an operator's
-        DELETE not finished yet): once it is gone, POST again at once."""
 
     @property
     def display_url(self) -> str:
@@ -85,7 +79,6 @@ class SmgTransport:
         return self._gate.interval
 
     def not_ready(self) -> str | None:
-        """The `Gated` hook: why the worker must not be offered now (None: offer it)."""
         return self._gate.not_ready()
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
@@ -178,17 +171,29 @@ class SmgTransport:
         if self._gate.ready is not None and self.worker_id is not None:
             unready = self._gate.unready_for()
             if unready >= self._gate.grace:
-                return self._withdraw_unready(unready)
+                reason = clean(self._gate.not_ready() or "not ready", 200)
+                logger.warning(
+                    "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the "
+                    "gateway",
+                    self.display_url,
+                    unready,
+                    reason,
+                )
+                removed = self._remove(wait=False)
+                return RouteCheck(
+                    Route.MISSING,
+                    None,
+                    f"withdrawn: not ready for {unready:.1f} s ({reason})"
+                    + ("" if removed else "; the gateway did not take the removal"),
+                )
         if self.worker_id is None:
             return self._find()
-        result = self._send("GET", f"/workers/{self.worker_id}")
-        check = self._classify(result)
+        check = self._classify(self._send("GET", f"/workers/{self.worker_id}"))
         self._http.settle_idle_signal(check.route is Route.PRESENT)
         return check
 
     def _classify(self, result: HttpResult) -> RouteCheck:
-        """What `GET /workers/{id}` answered: MISSING (the loop registers again) only when the
-        gateway does not know the id."""
+        """MISSING (the loop registers again) only when the gateway does not know the id."""
         if result.error is not None:
             return self._http.unreachable(result)
         code = result.status_code
@@ -233,22 +238,6 @@ class SmgTransport:
         self.worker_id = str(mine[0]["id"])
         self._posted = False
         return _listed_check(mine[0], 200, self._url, self.worker_id)
-
-    def _withdraw_unready(self, unready: float) -> RouteCheck:
-        reason = self.not_ready() or "not ready"
-        logger.warning(
-            "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the gateway",
-            self.display_url,
-            unready,
-            clean(reason, 200),
-        )
-        removed = self._remove(wait=False)
-        return RouteCheck(
-            Route.MISSING,
-            None,
-            f"withdrawn: not ready for {unready:.1f} s ({clean(reason, 200)})"
-            + ("" if removed else "; the gateway did not take the removal"),
-        )
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
