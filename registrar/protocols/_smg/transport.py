@@ -1,12 +1,13 @@
 """One worker kept listed by the gateway, from the POST that offers it to the DELETE that drains
-it (docs/gateway.md, "How the protocol keeps the worker listed"); answers never trusted."""
+it, while the served process is ready (docs/gateway.md, "How the protocol keeps the worker
+listed", "Registration only when ready"); the gateway's answers are never trusted."""
 
 from __future__ import annotations
 
 import logging
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...core._clock import Clock, SystemClock
@@ -16,7 +17,6 @@ from ...core._untrusted import load_json
 from ...core._waker import Waker
 from .._http import HttpTransport
 from .._httpvalues import HttpResult
-from .gate import Readiness, ReadinessGate
 from .settings import KEY_ENV, SmgSettings
 
 logger = logging.getLogger("registrar.protocols.smg.transport")
@@ -28,6 +28,88 @@ MAX_LIST_BYTES = 16 * 1024 * 1024
 HTTP transport's usual cap (64 KiB)."""
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+Readiness = Callable[[], str | None]
+"""None when the served process is ready, else why not (one line)."""
+
+
+class ReadinessGate:
+    """From the settings' `ready` (a URL ready while it answers 2xx on one kept-alive
+    connection, or a callable answering True) or a given `ready` check: since when the process
+    has been not ready, so that a worker is withdrawn after `grace` seconds, not at one look."""
+
+    def __init__(self, settings: SmgSettings, clock: Clock, ready: Readiness | None) -> None:
+        self._http: HttpTransport | None = None
+        if ready is None and isinstance(settings.ready, str):
+            self._http = HttpTransport("/".join(settings.ready.split("/", 3)[:3]), timeout=2.0)
+            ready = _url_check(settings.ready, self._http)
+        elif ready is None and callable(settings.ready):
+            ready = _called(settings.ready)
+        self.ready = ready
+        self._clock = clock
+        self.grace = settings.grace
+        self.interval = settings.ready_interval
+        self._unready_since: float | None = None
+
+    def not_ready(self) -> str | None:
+        if self.ready is None:
+            return None
+        reason = self.ready()
+        if reason is None:
+            self._unready_since = None
+        elif self._unready_since is None:
+            self._unready_since = self._clock.monotonic()
+        return reason
+
+    def unready_for(self) -> float:
+        """Seconds the served process has been seen not ready (0 when ready)."""
+        if self.not_ready() is None or self._unready_since is None:
+            return 0.0
+        return self._clock.monotonic() - self._unready_since
+
+    def wait(self, idle: Callable[[float, Waker], bool], timeout: float, waker: Waker) -> bool:
+        """`idle(seconds, waker)` in steps of `interval`, looking at the served process between
+        them: True when `idle` says so or the process has been not ready for `grace`."""
+        end = self._clock.monotonic() + timeout
+        while True:
+            left = end - self._clock.monotonic()
+            if left <= 0 or waker.is_set():
+                return False
+            if idle(min(left, self.interval), waker):
+                return True
+            if waker.is_set():
+                return False
+            if self.unready_for() >= self.grace:
+                return True
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+
+
+def _called(check: Callable[[], bool]) -> Readiness:
+    def called() -> str | None:
+        try:
+            return None if check() else "the readiness callable answered False"
+        except Exception as exc:
+            return f"the readiness callable raised {type(exc).__name__}"
+
+    return called
+
+
+def _url_check(url: str, http: HttpTransport) -> Readiness:
+    parts = url.split("/", 3)
+    path = "/" + parts[3] if len(parts) > 3 else "/"
+
+    def get() -> str | None:
+        result = http.send("GET", path)
+        if result.error is not None:
+            return f"GET {url}: {http.describe_error(result.error)}"
+        if result.status_code is not None and 200 <= result.status_code < 300:
+            return None
+        return f"GET {url} answered {result.status_code}"
+
+    return get
 
 
 class SmgTransport:
