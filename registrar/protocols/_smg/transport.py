@@ -8,6 +8,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ...core._clock import Clock, SystemClock
@@ -33,83 +34,20 @@ Readiness = Callable[[], str | None]
 """None when the served process is ready, else why not (one line)."""
 
 
-class ReadinessGate:
-    """From the settings' `ready` (a URL ready while it answers 2xx on one kept-alive
-    connection, or a callable answering True) or a given `ready` check: since when the process
-    has been not ready, so that a worker is withdrawn after `grace` seconds, not at one look."""
-
-    def __init__(self, settings: SmgSettings, clock: Clock, ready: Readiness | None) -> None:
-        self._http: HttpTransport | None = None
-        if ready is None and isinstance(settings.ready, str):
-            self._http = HttpTransport("/".join(settings.ready.split("/", 3)[:3]), timeout=2.0)
-            ready = _url_check(settings.ready, self._http)
-        elif ready is None and callable(settings.ready):
-            ready = _called(settings.ready)
-        self.ready = ready
-        self._clock = clock
-        self.grace = settings.grace
-        self.interval = settings.ready_interval
-        self._unready_since: float | None = None
-
-    def not_ready(self) -> str | None:
-        if self.ready is None:
-            return None
-        reason = self.ready()
-        if reason is None:
-            self._unready_since = None
-        elif self._unready_since is None:
-            self._unready_since = self._clock.monotonic()
-        return reason
-
-    def unready_for(self) -> float:
-        """Seconds the served process has been seen not ready (0 when ready)."""
-        if self.not_ready() is None or self._unready_since is None:
-            return 0.0
-        return self._clock.monotonic() - self._unready_since
-
-    def wait(self, idle: Callable[[float, Waker], bool], timeout: float, waker: Waker) -> bool:
-        """`idle(seconds, waker)` in steps of `interval`, looking at the served process between
-        them: True when `idle` says so or the process has been not ready for `grace`."""
-        end = self._clock.monotonic() + timeout
-        while True:
-            left = end - self._clock.monotonic()
-            if left <= 0 or waker.is_set():
-                return False
-            if idle(min(left, self.interval), waker):
-                return True
-            if waker.is_set():
-                return False
-            if self.unready_for() >= self.grace:
-                return True
-
-    def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
+def _called(check: Callable[[], bool]) -> str | None:
+    try:
+        return None if check() else "the readiness callable answered False"
+    except Exception as exc:
+        return f"the readiness callable raised {type(exc).__name__}"
 
 
-def _called(check: Callable[[], bool]) -> Readiness:
-    def called() -> str | None:
-        try:
-            return None if check() else "the readiness callable answered False"
-        except Exception as exc:
-            return f"the readiness callable raised {type(exc).__name__}"
-
-    return called
-
-
-def _url_check(url: str, http: HttpTransport) -> Readiness:
-    parts = url.split("/", 3)
-    path = "/" + parts[3] if len(parts) > 3 else "/"
-
-    def get() -> str | None:
-        result = http.send("GET", path)
-        if result.error is not None:
-            return f"GET {url}: {http.describe_error(result.error)}"
-        if result.status_code is not None and 200 <= result.status_code < 300:
-            return None
-        return f"GET {url} answered {result.status_code}"
-
-    return get
+def _got(url: str, http: HttpTransport, path: str) -> str | None:
+    result = http.send("GET", path)
+    if result.error is not None:
+        return f"GET {url}: {http.describe_error(result.error)}"
+    if result.status_code is not None and 200 <= result.status_code < 300:
+        return None
+    return f"GET {url} answered {result.status_code}"
 
 
 class SmgTransport:
@@ -139,7 +77,19 @@ class SmgTransport:
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._gate = ReadinessGate(settings, self._clock, ready)
+        # The served process's readiness: from `ready`, else the settings' (a URL ready while it
+        # answers 2xx on one kept-alive connection, or a callable answering True).
+        self._ready_http: HttpTransport | None = None
+        if ready is None and isinstance(settings.ready, str):
+            parts = settings.ready.split("/", 3)
+            self._ready_http = HttpTransport("/".join(parts[:3]), timeout=2.0)
+            path = "/" + parts[3] if len(parts) > 3 else "/"
+            ready = partial(_got, settings.ready, self._ready_http, path)
+        elif ready is None and callable(settings.ready):
+            ready = partial(_called, settings.ready)
+        self._ready = ready
+        self.ready_interval = settings.ready_interval
+        self._unready_since: float | None = None  # withdrawn only after `grace` seconds of it
         self._sender = sender.send if sender is not None else self._http.send
         self.requests_sent = 0  # a refused connection is not counted
         self._stopping = threading.Event()
@@ -156,12 +106,21 @@ class SmgTransport:
     def display_url(self) -> str:
         return self._http.display_url
 
-    @property
-    def ready_interval(self) -> float:
-        return self._gate.interval
-
     def not_ready(self) -> str | None:
-        return self._gate.not_ready()
+        if self._ready is None:
+            return None
+        reason = self._ready()
+        if reason is None:
+            self._unready_since = None
+        elif self._unready_since is None:
+            self._unready_since = self._clock.monotonic()
+        return reason
+
+    def _unready_for(self) -> float:
+        """Seconds the served process has been seen not ready (0 when ready), asking now."""
+        if self.not_ready() is None or self._unready_since is None:
+            return 0.0
+        return self._clock.monotonic() - self._unready_since
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         self._url = str(payload["url"])
@@ -250,10 +209,10 @@ class SmgTransport:
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         self._url = str(payload["url"])
-        if self._gate.ready is not None and self.worker_id is not None:
-            unready = self._gate.unready_for()
-            if unready >= self._gate.grace:
-                reason = clean(self._gate.not_ready() or "not ready", 200)
+        if self._ready is not None and self.worker_id is not None:
+            unready = self._unready_for()
+            if unready >= self._settings.grace:
+                reason = clean(self.not_ready() or "not ready", 200)
                 logger.warning(
                     "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the "
                     "gateway",
@@ -323,10 +282,21 @@ class SmgTransport:
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
-        True once the served process has been not ready for `grace` (the check withdraws it)."""
-        if self._gate.ready is None:
+        in steps of `ready_interval`, True once the served process has been not ready for
+        `grace` (the check withdraws it)."""
+        if self._ready is None:
             return self._http.wait_idle(timeout, waker)
-        return self._gate.wait(self._http.wait_idle, timeout, waker)
+        end = self._clock.monotonic() + timeout
+        while True:
+            left = end - self._clock.monotonic()
+            if left <= 0 or waker.is_set():
+                return False
+            if self._http.wait_idle(min(left, self.ready_interval), waker):
+                return True
+            if waker.is_set():
+                return False
+            if self._unready_for() >= self._settings.grace:
+                return True
 
     def _remove(self, wait: bool = True) -> bool:
         """DELETE our worker and (`wait`) wait, within `drain_timeout`, until the gateway no
@@ -394,7 +364,8 @@ class SmgTransport:
             self._remove()
         finally:
             self._http.close()
-            self._gate.close()
+            if self._ready_http is not None:
+                self._ready_http.close()
 
 
 def _worker_id_in(result: HttpResult) -> str | None:
