@@ -209,7 +209,8 @@ class EtcdClient:
         return answer
 
     def call(self, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
-        """The final answer, failing over while a member is in trouble."""
+        """The final answer, failing over while a member is in trouble; a failed one with its
+        `failure` said: every member's answer when several failed."""
         failures: list[str] = []
         refusals = 0
         count = len(self.urls)
@@ -219,21 +220,17 @@ class EtcdClient:
             if self._aborted:
                 break
             answer = self._ask(index, path, body)
-            if answer.member_trouble:
-                failures.append(f"{answer.endpoint}: {answer.message}")
-                refusals += answer.refused
-                continue
-            if index != self.current:
-                logger.info("etcd: now using %s", answer.endpoint)
-                self.current = index
-            return self._failed(answer, failures)
-        self.all_refused = refusals == count
-        return self._failed(answer, failures)
-
-    def _failed(self, answer: EtcdAnswer, failures: list[str]) -> EtcdAnswer:
-        """`answer` with its `failure` said: every member's answer when several failed."""
+            if not answer.member_trouble:
+                if index != self.current:
+                    logger.info("etcd: now using %s", answer.endpoint)
+                    self.current = index
+                break
+            failures.append(f"{answer.endpoint}: {answer.message}")
+            refusals += answer.refused
         if answer.ok:
             return answer
+        if answer.member_trouble:  # no member left to ask (or stopping)
+            self.all_refused = refusals == count
         if len(failures) > 1:
             text = "no etcd endpoint answered: " + "; ".join(failures)
         else:

@@ -138,24 +138,19 @@ class EtcdTransport:
             return RegisterOutcome(verdict, error=text, refused=refused)
         if answer.member_trouble or answer.code == Grpc.EXHAUSTED or answer.status_code == 429:
             return RegisterOutcome(Verdict.RETRY, answer.status_code, f"{what}: {text}")
-        error = f"{what}: {text}; {self._hint(answer)}"
-        return RegisterOutcome(Verdict.FATAL, answer.status_code, error)
-
-    def _hint(self, answer: EtcdAnswer) -> str:
-        """What a person must fix for a refused grant or put."""
-        code = answer.code
-        if code == Grpc.UNAUTHENTICATED or (
-            code == Grpc.INVALID and "authentication" in answer.message
-        ):
-            return "check the etcd user and password"
-        if code == Grpc.PERMISSION:
-            return (
+        code, message = answer.code, answer.message
+        if code == Grpc.UNAUTHENTICATED or (code == Grpc.INVALID and "authentication" in message):
+            hint = "check the etcd user and password"
+        elif code == Grpc.PERMISSION:
+            hint = (
                 f"etcd user {self._client.settings.username!r} may not write "
                 f"{clean(self._key_text, 200)!r}; grant its role readwrite on the key"
             )
-        if code == Grpc.INVALID and "user name is empty" in answer.message:
-            return "etcd requires authentication: give a username and password"
-        return "check the key, the value and the TTL"
+        elif code == Grpc.INVALID and "user name is empty" in message:
+            hint = "etcd requires authentication: give a username and password"
+        else:
+            hint = "check the key, the value and the TTL"
+        return RegisterOutcome(Verdict.FATAL, answer.status_code, f"{what}: {text}; {hint}")
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """Renew the lease, then read the key back."""
@@ -168,8 +163,8 @@ class EtcdTransport:
         if ttl <= 0:
             return RouteCheck(
                 Route.MISSING,
-                status_code=answer.status_code,
-                evidence=f"lease {self.lease:x} has expired or was revoked",
+                answer.status_code,
+                f"lease {self.lease:x} has expired or was revoked",
             )
         self._granted_ttl = float(ttl)
         self._renewed_at = time.monotonic()
@@ -187,11 +182,9 @@ class EtcdTransport:
         if since is not None and since > self._granted_ttl:
             return RouteCheck(
                 Route.MISSING,
-                status_code=answer.status_code,
-                evidence=(
-                    f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
-                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})"
-                ),
+                answer.status_code,
+                f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
+                f"{self._granted_ttl:g} s: the key has expired ({answer.failure})",
             )
         route = _unanswered(answer)
         refused = route is Route.UNREACHABLE and self._client.all_refused
