@@ -71,7 +71,6 @@ def int64(value: object) -> int:
 
 
 def header_revision(body: Mapping[str, Any]) -> int:
-    """The store's revision an answer was made at (0 when it names none)."""
     header = body.get("header")
     return int64(header.get("revision")) if isinstance(header, Mapping) else 0
 

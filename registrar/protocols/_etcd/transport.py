@@ -34,8 +34,6 @@ def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE
 
 
 class EtcdTransport:
-    """`max_message_bytes` caps one watch message."""
-
     def __init__(
         self, settings: EtcdSettings, *, max_message_bytes: int = MAX_WATCH_MESSAGE
     ) -> None:
@@ -239,7 +237,6 @@ class EtcdTransport:
 
 
 def _unanswered(answer: EtcdAnswer) -> Route:
-    """A renewal or read that failed: unreachable when no member answered, else undetermined."""
     if answer.status_code is None or answer.member_trouble:
         return Route.UNREACHABLE
     return Route.UNDETERMINED

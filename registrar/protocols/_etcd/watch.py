@@ -1,7 +1,6 @@
-"""The watch on our key: a `POST /v3/watch` stream that tells at once when the key is deleted or
-overwritten. Read from a plain (or TLS) socket, not a buffered HTTP client, so that `select()`
-sees exactly the bytes not yet read, and each piece is bounded as it arrives (a `StreamError`,
-never a growing buffer)."""
+"""The watch on our key (`POST /v3/watch`): news at once when it is deleted or overwritten. Read
+from a plain (or TLS) socket, not a buffered HTTP client, so that `select()` sees exactly the
+bytes not yet read, and each piece is bounded as it arrives (never a growing buffer)."""
 
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ _WATCH_RETRY = 1.0
 
 
 def message_limit(value: object) -> int:
-    """`max_message_bytes` checked: a whole number of bytes, 1 KiB or more."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1024:
         return value
     raise ConfigError(f"max_message_bytes must be an integer >= 1024, got {value!r}")
@@ -230,9 +228,8 @@ def watch_change(
 
 
 class KeyWatch:
-    """Follows `key` on the member `client` uses (following its failover), re-opening a broken
-    stream after a jittered second; `seen_revision` is the key's last revision the registration
-    knows of (the watch reports only later changes)."""
+    """Follows `key` on the member `client` uses, re-opening a broken stream after a jittered
+    second; `seen_revision`: the key's last revision known (the watch reports later ones)."""
 
     def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
         self._client = client

@@ -25,8 +25,7 @@ logger = logging.getLogger("registrar.protocols.smg.transport")
 DEFAULT_WATCH_INTERVAL = 5.0
 """Seconds between checks of our worker: an operator's DELETE is undone within about this."""
 MAX_LIST_BYTES = 16 * 1024 * 1024
-"""`GET /workers` is read up to this (about 600 bytes per worker); every other answer up to the
-HTTP transport's usual cap (64 KiB)."""
+"""What `GET /workers` may read (about 600 bytes a worker; any other answer: 64 KiB)."""
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -282,8 +281,7 @@ class SmgTransport:
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
-        in steps of `ready_interval`, True once the served process has been not ready for
-        `grace` (the check withdraws it)."""
+        True once the process has been not ready for `grace` (the check withdraws the worker)."""
         if self._ready is None:
             return self._http.wait_idle(timeout, waker)
         end = self._clock.monotonic() + timeout
@@ -378,7 +376,6 @@ def _worker_id_in(result: HttpResult) -> str | None:
 
 
 def _json_object(result: HttpResult) -> dict[str, Any] | None:
-    """A complete answer's JSON object, or None."""
     if not result.complete:
         return None
     try:
@@ -391,7 +388,6 @@ def _json_object(result: HttpResult) -> dict[str, Any] | None:
 def _listed_check(
     info: Mapping[str, Any], code: int | None, url: str | None, worker_id: str | None
 ) -> RouteCheck:
-    """What the listing `info` of our worker `worker_id` (at `url`) means for the route."""
     listed = str(info.get("url", "")).rstrip("/")
     ours = (url or "").rstrip("/")
     if listed != ours:
