@@ -27,6 +27,10 @@ DEFAULT_WATCH_INTERVAL = 5.0
 MAX_LIST_BYTES = 16 * 1024 * 1024
 """What `GET /workers` may read (about 600 bytes a worker; any other answer: 64 KiB)."""
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
+_PASSING = {  # statuses of a worker on its way in or out: the route is neither there nor gone
+    "pending": "the gateway is still adding the worker",
+    "draining": "the gateway is removing the worker (draining); it is added again once gone",
+}
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 Readiness = Callable[[], str | None]
@@ -138,12 +142,9 @@ class SmgTransport:
                 return self._http.classify_registration(result)
             worker_id = _worker_id_in(result)
             if worker_id is None:
-                return RegisterOutcome(
-                    Verdict.RETRY,
-                    code,
-                    f"{code} from {self._http.endpoint} names no worker id: "
-                    f"{self._http.excerpt(result)}",
-                )
+                excerpt = self._http.excerpt(result)
+                error = f"{code} from {self._http.endpoint} names no worker id: {excerpt}"
+                return RegisterOutcome(Verdict.RETRY, code, error)
             if code == 409:
                 logger.info(
                     "%s already holds worker %s at %s: adopted",
@@ -248,7 +249,7 @@ class SmgTransport:
         if info is None:
             excerpt = self._http.excerpt(result)
             return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {excerpt}")
-        return _listed_check(info, code, self._url, self.worker_id)
+        return self._listed(info, code)
 
     def _find(self) -> RouteCheck:
         """Before we know an id: our URL in the gateway's list, adopted when found."""
@@ -277,7 +278,22 @@ class SmgTransport:
             return RouteCheck(Route.MISSING, 200, f"the gateway lists no worker at {ours}")
         self.worker_id = str(mine[0]["id"])
         self._posted = False
-        return _listed_check(mine[0], 200, self._url, self.worker_id)
+        return self._listed(mine[0], 200)
+
+    def _listed(self, info: Mapping[str, Any], code: int | None) -> RouteCheck:
+        listed = str(info.get("url", "")).rstrip("/")
+        ours = (self._url or "").rstrip("/")
+        if listed != ours:
+            theirs = clean(listed, 200)
+            return RouteCheck(Route.CONFLICT, code, f"our worker id lists {theirs}, not {ours}")
+        passing = _PASSING.get(str(info.get("status")))
+        if passing is not None:
+            return RouteCheck(Route.UNDETERMINED, code, passing)
+        health = (
+            "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
+        )
+        status = clean(info.get("status"), 40)
+        return RouteCheck(Route.PRESENT, code, f"listed as {self.worker_id} ({status}, {health})")
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
@@ -308,11 +324,9 @@ class SmgTransport:
         started = self._clock.monotonic()
         result = self._send("DELETE", f"/workers/{worker_id}")
         if result.error is not None or result.status_code not in (200, 202, 204, 400, 404):
-            what = (
-                self._http.describe_error(result.error)
-                if result.error is not None
-                else f"{result.status_code}: {self._http.excerpt(result)}"
-            )
+            what = f"{result.status_code}: {self._http.excerpt(result)}"
+            if result.error is not None:
+                what = self._http.describe_error(result.error)
             logger.warning("%s: could not remove worker %s: %s", self.display_url, worker_id, what)
             return False
         if not wait:
@@ -383,24 +397,3 @@ def _json_object(result: HttpResult) -> dict[str, Any] | None:
     except ValueError:
         return None
     return body if isinstance(body, dict) else None
-
-
-def _listed_check(
-    info: Mapping[str, Any], code: int | None, url: str | None, worker_id: str | None
-) -> RouteCheck:
-    listed = str(info.get("url", "")).rstrip("/")
-    ours = (url or "").rstrip("/")
-    if listed != ours:
-        theirs = clean(listed, 200)
-        return RouteCheck(Route.CONFLICT, code, f"our worker id lists {theirs}, not {ours}")
-    if info.get("status") == "pending":
-        return RouteCheck(Route.UNDETERMINED, code, "the gateway is still adding the worker")
-    if info.get("status") == "draining":
-        return RouteCheck(
-            Route.UNDETERMINED,
-            code,
-            "the gateway is removing the worker (draining); it is added again once gone",
-        )
-    health = "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
-    status = clean(info.get("status"), 40)
-    return RouteCheck(Route.PRESENT, code, f"listed as {worker_id} ({status}, {health})")
