@@ -54,22 +54,31 @@ class ChunkedLines:
         self._limit = limit
         self._raw = bytearray()
         self._line = bytearray()
-        self._left = 0
-        self._state = "size"
+        self._left = 0  # bytes of the current chunk's data still to come
+        self._after_data = False  # a chunk's data ended: its CRLF comes next
         self.ended = False  # the zero-size chunk arrived: the server ended the stream
 
     def feed(self, data: bytes) -> list[Any]:
         """The complete messages `data` finishes, in order."""
         self._raw += data
         messages: list[Any] = []
-        steps = {"size": self._size, "data": self._data, "crlf": self._crlf}
         while self._raw and not self.ended:
-            if not steps[self._state](messages):
+            if self._left:
+                self._data(messages)
+            elif not self._next_chunk():
                 break
         return messages
 
-    def _size(self, messages: list[Any]) -> bool:
-        """False when more bytes are needed (or the stream ended)."""
+    def _next_chunk(self) -> bool:
+        """The CRLF after a chunk's data, then the next chunk's size line; False when more bytes
+        are needed (or the stream ended)."""
+        if self._after_data:
+            if len(self._raw) < 2:
+                return False
+            if self._raw[:2] != b"\r\n":
+                raise StreamError("chunk not followed by CRLF")
+            del self._raw[:2]
+            self._after_data = False
         end = self._raw.find(b"\r\n")
         if end < 0:
             if len(self._raw) > _MAX_SIZE_LINE:
@@ -78,24 +87,20 @@ class ChunkedLines:
         text = bytes(self._raw[:end]).split(b";", 1)[0].strip()
         del self._raw[: end + 2]
         try:
-            size = int(text, 16)
+            self._left = int(text, 16)
         except ValueError:
             raise StreamError(f"bad chunk size {clean(text, 40)!r}") from None
-        if size < 0:
+        if self._left < 0:
             raise StreamError("negative chunk size")
-        if size == 0:
-            self.ended = True
-            return False
-        self._left, self._state = size, "data"
-        return True
+        self.ended = self._left == 0
+        return not self.ended
 
-    def _data(self, messages: list[Any]) -> bool:
+    def _data(self, messages: list[Any]) -> None:
         take = min(self._left, len(self._raw))
         self._line += self._raw[:take]
         del self._raw[:take]
         self._left -= take
-        if self._left == 0:
-            self._state = "crlf"
+        self._after_data = self._left == 0
         while (end := self._line.find(b"\n")) >= 0:
             line = bytes(self._line[:end]).strip()
             del self._line[: end + 1]
@@ -106,16 +111,6 @@ class ChunkedLines:
                     raise StreamError(f"unreadable watch message: {exc}") from None
         if len(self._line) > self._limit:
             raise StreamError(f"watch message over {self._limit} bytes")
-        return True
-
-    def _crlf(self, messages: list[Any]) -> bool:
-        if len(self._raw) < 2:
-            return False
-        if self._raw[:2] != b"\r\n":
-            raise StreamError("chunk not followed by CRLF")
-        del self._raw[:2]
-        self._state = "size"
-        return True
 
 
 class WatchStream:
