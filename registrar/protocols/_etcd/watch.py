@@ -237,9 +237,8 @@ class KeyWatch:
         self._next_try = 0.0
 
     def wait(self, value: bytes, lease: int, waker: Waker, now: float, limit: float) -> bool | None:
-        """Wait up to `limit` seconds for news of `value` under `lease`: True when the key
-        changed, the watch broke or came back after a break (a member that restarted may have
-        lost its data); False when the waker is set; None when nothing happened."""
+        """True when the key changed, or the watch broke or came back after a break (a member
+        that restarted may have lost its data); False when the waker is set; None: no news."""
         stream = self._ensure_stream(now, value, lease)
         if stream is None:
             if lease and self._broken:

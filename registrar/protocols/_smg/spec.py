@@ -23,8 +23,7 @@ def worker_type(value: object) -> str:
 def worker_spec(
     url: str, worker_type: str = "regular", bootstrap_port: int | None = None, **fields: Any
 ) -> dict[str, Any]:
-    """The `POST /workers` body for a worker at `url`, or `ConfigError` naming the field. Other
-    fields of the gateway's WorkerSpec (priority, cost, labels, ...) pass through."""
+    """The body for a worker at `url`; other WorkerSpec fields (priority, labels...) pass."""
     spec: dict[str, Any] = {"url": url, "worker_type": worker_type, **fields}
     if bootstrap_port is not None:
         spec["bootstrap_port"] = bootstrap_port

@@ -135,7 +135,6 @@ class SmgTransport:
         for _ in range(2):  # again at once when the worker we adopted was being removed
             self._draining_seen = False
             result = self._send("POST", "/workers", json=dict(payload))
-            # Sent, unless refused (or unresolved): its worker may exist even if its answer is lost.
             self._posted = self._posted or not (result.refused or result.unsent)
             code = result.status_code
             if result.error is not None or code not in (200, 201, 202, 409):
@@ -168,9 +167,8 @@ class SmgTransport:
         )
 
     def _confirm(self, worker_id: str) -> RegisterOutcome | None:
-        """Poll our worker until listed ready, within `confirm_timeout`; None when the gateway
-        does not know the id (POST again). A RETRY keeps the id: the next attempt follows the
-        same worker instead of adding another."""
+        """Poll our worker until listed ready; None when the gateway does not know the id (POST
+        again). A RETRY keeps the id: the next attempt follows it instead of adding another."""
         deadline = self._clock.monotonic() + self._settings.confirm_timeout
         delay = _POLL_FIRST
         while True:
