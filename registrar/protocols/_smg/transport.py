@@ -33,9 +33,6 @@ _PASSING = {  # statuses of a worker on its way in or out: the route is neither 
 }
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
-Readiness = Callable[[], str | None]
-"""None when the served process is ready, else why not (one line)."""
-
 
 def _called(check: Callable[[], bool]) -> str | None:
     try:
@@ -54,15 +51,16 @@ def _got(url: str, http: HttpTransport, path: str) -> str | None:
 
 
 class SmgTransport:
-    """`gateway` defaults to the settings' first; `ready` replaces the settings' readiness
-    check; `clock` and `sender` (whose `send` answers like `HttpTransport.send`) are for tests."""
+    """`gateway` defaults to the settings' first; `ready` (None when the served process is ready,
+    else why not) replaces the settings' readiness check; `clock` and `sender` (whose `send`
+    answers like `HttpTransport.send`) are for tests."""
 
     def __init__(
         self,
         settings: SmgSettings,
         gateway: str | None = None,
         *,
-        ready: Readiness | None = None,
+        ready: Callable[[], str | None] | None = None,
         clock: Clock | None = None,
         sender: Any = None,
     ) -> None:
