@@ -18,7 +18,7 @@ from ...core._waker import Waker
 from .._httpconn import TlsError
 from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
 from .settings import DEFAULT_KEEPALIVE_FRACTION, EtcdSettings
-from .watch import MAX_WATCH_MESSAGE, KeyWatch, message_limit
+from .watch import MAX_WATCH_MESSAGE, KeyWatch
 
 logger = logging.getLogger("registrar.protocols.etcd.transport")
 
@@ -41,7 +41,7 @@ class EtcdTransport:
         self._key_text = settings.key
         self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
         self._client = EtcdClient(settings)
-        self._watch = KeyWatch(self._client, self._key, message_limit(max_message_bytes))
+        self._watch = KeyWatch(self._client, self._key, max_message_bytes)
         self._value = b""
         self.lease = 0  # before the first grant
         self._granted_ttl = float(self._ttl)

@@ -36,12 +36,6 @@ _WATCH_RETRY = 1.0
 """Seconds between attempts to re-open a broken watch (jittered by +-50 %)."""
 
 
-def message_limit(value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024:
-        return value
-    raise ConfigError(f"max_message_bytes must be an integer >= 1024, got {value!r}")
-
-
 class StreamError(ValueError):
     """The watch stream broke its framing or a bound."""
 
@@ -227,6 +221,8 @@ class KeyWatch:
     second; `seen_revision`: the key's last revision known (the watch reports later ones)."""
 
     def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1024:
+            raise ConfigError(f"max_message_bytes must be an integer >= 1024, got {limit!r}")
         self._client = client
         self._key = key
         self._limit = limit
