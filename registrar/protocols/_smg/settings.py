@@ -15,18 +15,6 @@ from . import spec
 KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 """A stand-in worker is listed in about 0.1 s; one whose /health fails is dropped in about 2 s."""
-
-
-def _ready(value: object) -> str | Callable[[], bool] | None:
-    if value is None or callable(value):
-        return value
-    return rules.url(value)
-
-
-def _worker_url(value: object) -> str | None:
-    return None if value is None else rules.url(value)
-
-
 _seconds = rules.number_within(lambda v: 0 < v < 1e9, "must be a positive number of seconds")
 
 
@@ -48,10 +36,10 @@ class SmgSettings:
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
-        "worker_url": _worker_url,
+        "worker_url": lambda value: None if value is None else rules.url(value),
         "worker_type": spec.worker_type,
         "bootstrap_port": rules.port_or_none,
-        "ready": _ready,
+        "ready": lambda value: value if value is None or callable(value) else rules.url(value),
         "grace": _seconds,
         "ready_interval": _seconds,
         "confirm_timeout": _seconds,
