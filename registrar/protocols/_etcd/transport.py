@@ -41,15 +41,12 @@ class EtcdTransport:
         self._key_text = settings.key
         self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
         self._client = EtcdClient(settings)
+        self.display_url = f"{','.join(self._client.shown)} key {clean(settings.key, 200)}"
         self._watch = KeyWatch(self._client, self._key, max_message_bytes)
         self._value = b""
         self.lease = 0  # before the first grant
         self._granted_ttl = float(self._ttl)
         self._renewed_at: float | None = None  # the latest renewal (or grant) acknowledged
-
-    @property
-    def display_url(self) -> str:
-        return f"{','.join(self._client.shown)} key {clean(self._key_text, 200)}"
 
     def fit_watch_interval(self, given: float | None) -> float:
         """`given`, or the longest interval that renews the lease in time (None)."""

@@ -76,6 +76,7 @@ class SmgTransport:
         )
         self._http.token_hint = "check the gateway's control-plane key"
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
+        self.display_url = self._http.display_url
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
         # The served process's readiness: from `ready`, else the settings' (a URL ready while it
@@ -102,10 +103,6 @@ class SmgTransport:
         # The worker an attempt follows was being removed (a withdrawal or an operator's
         # DELETE not finished yet): once it is gone, POST again at once.
         self._draining_seen = False
-
-    @property
-    def display_url(self) -> str:
-        return self._http.display_url
 
     def not_ready(self) -> str | None:
         if self._ready is None:
