@@ -152,8 +152,18 @@ class EtcdTransport:
         if not self.lease:
             return RouteCheck(Route.MISSING, evidence="no lease yet")
         answer = self._client.call("/v3/lease/keepalive", {"ID": str(self.lease)})
-        if answer.body is None:
-            return self._not_renewed(answer)
+        if answer.body is None:  # not lost until no renewal was acknowledged for the TTL
+            since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
+            if since is not None and since > self._granted_ttl:
+                return RouteCheck(
+                    Route.MISSING,
+                    answer.status_code,
+                    f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
+                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})",
+                )
+            route = _unanswered(answer)
+            refused = route is Route.UNREACHABLE and self._client.all_refused
+            return RouteCheck(route, answer.status_code, answer.failure, refused=refused)
         ttl = int64(answer.body.get("TTL"))
         if ttl <= 0:
             return RouteCheck(
@@ -170,20 +180,6 @@ class EtcdTransport:
             answer.body, answer.status_code, self._value, self.lease
         )
         return check
-
-    def _not_renewed(self, answer: EtcdAnswer) -> RouteCheck:
-        """Not lost until no renewal has been acknowledged for the lease's TTL."""
-        since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
-        if since is not None and since > self._granted_ttl:
-            return RouteCheck(
-                Route.MISSING,
-                answer.status_code,
-                f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
-                f"{self._granted_ttl:g} s: the key has expired ({answer.failure})",
-            )
-        route = _unanswered(answer)
-        refused = route is Route.UNREACHABLE and self._client.all_refused
-        return RouteCheck(route, answer.status_code, answer.failure, refused=refused)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the watch stream, the waker and the renewal schedule; True when the key
