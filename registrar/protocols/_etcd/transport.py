@@ -46,7 +46,7 @@ class EtcdTransport:
         self._value = b""
         self.lease = 0  # before the first grant
         self._granted_ttl = float(self._ttl)
-        self._renewed_at: float | None = None  # the latest renewal (or grant) acknowledged
+        self._renewed_at = 0.0  # the latest renewal (or grant) acknowledged: set with a lease
 
     def fit_watch_interval(self, given: float | None) -> float:
         """`given`, or the longest interval that renews the lease in time (None)."""
@@ -98,8 +98,6 @@ class EtcdTransport:
 
     def _accepted(self, body: Mapping[str, Any], status: int | None) -> RegisterOutcome:
         self._watch.seen_revision = header_revision(body)
-        if self._renewed_at is None:
-            self._renewed_at = time.monotonic()
         previous = body.get("prev_kv")
         previous = previous if isinstance(previous, Mapping) else {}
         old_lease = int64(previous.get("lease"))
@@ -153,8 +151,8 @@ class EtcdTransport:
             return RouteCheck(Route.MISSING, evidence="no lease yet")
         answer = self._client.call("/v3/lease/keepalive", {"ID": str(self.lease)})
         if answer.body is None:  # not lost until no renewal was acknowledged for the TTL
-            since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
-            if since is not None and since > self._granted_ttl:
+            since = time.monotonic() - self._renewed_at
+            if since > self._granted_ttl:
                 return RouteCheck(
                     Route.MISSING,
                     answer.status_code,
@@ -186,7 +184,7 @@ class EtcdTransport:
         changed, the watch broke or came back after a break, or the lease is due for renewal."""
         end = time.monotonic() + max(0.0, timeout)
         due = math.inf
-        if self.lease and self._renewed_at is not None:
+        if self.lease:
             # A little past the schedule the loop keeps (watch_interval): this only fires when
             # the registrar was given a longer watch interval than the TTL allows.
             due = self._renewed_at + self._fraction * self._granted_ttl * 1.1

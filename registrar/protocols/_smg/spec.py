@@ -24,10 +24,8 @@ def worker_spec(
     url: str, worker_type: str = "regular", bootstrap_port: int | None = None, **fields: Any
 ) -> dict[str, Any]:
     """The body for a worker at `url`; other WorkerSpec fields (priority, labels...) pass."""
-    spec: dict[str, Any] = {"url": url, "worker_type": worker_type, **fields}
-    if bootstrap_port is not None:
-        spec["bootstrap_port"] = bootstrap_port
-    return validate_spec(spec)
+    port = {} if bootstrap_port is None else {"bootstrap_port": bootstrap_port}
+    return validate_spec({"url": url, "worker_type": worker_type, **fields, **port})
 
 
 def validate_spec(payload: object) -> dict[str, Any]:
