@@ -246,7 +246,7 @@ class KeyWatch:
         try:
             messages = stream.read()
         except (OSError, StreamError) as exc:
-            self._drop_stream(broken=True)
+            self.close(broken=True)
             logger.info("etcd watch at %s ended: %s", stream.endpoint, describe_exception(exc))
             # An established watch that breaks may mean the member restarted, perhaps without
             # its data: check now. One that never got going only waits for its next try.
@@ -258,14 +258,11 @@ class KeyWatch:
                     return answer
         return None
 
-    def close(self) -> None:
-        self._drop_stream(broken=False)
-
     def _ensure_stream(self, now: float, value: bytes, lease: int) -> WatchStream | None:
         if not lease or not value or self._denied:
             return None
         if self._stream is not None and self._stream.index != self._client.current:
-            self._drop_stream(broken=False)  # follow the failover
+            self.close()  # follow the failover
         if self._stream is not None or now < self._next_try:
             return self._stream
         index = self._client.current
@@ -296,13 +293,13 @@ class KeyWatch:
                 stream.endpoint,
                 reason,
             )
-            self._drop_stream(broken=False)
+            self.close()
             self._denied = True
             return True, None
         if reason is not None:
             logger.info("etcd watch at %s: %s", stream.endpoint, reason)
             if reason.startswith("the watch"):  # cancelled or failed: open a new one
-                self._drop_stream(broken=True)
+                self.close(broken=True)
             return True, True
         if result.get("created") and not stream.created:
             stream.created = True
@@ -326,7 +323,8 @@ class KeyWatch:
             lines.append(f"Authorization: {self._client.token}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
-    def _drop_stream(self, broken: bool) -> None:
+    def close(self, broken: bool = False) -> None:
+        """Drop the stream; `broken`: open a new one after a jittered second."""
         if self._stream is not None:
             self._stream.close()
             self._stream = None
