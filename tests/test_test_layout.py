@@ -210,10 +210,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_fast_recovery.py", "test_many_descriptors.py"),
         "the idle-connection watch and the connect probe",
     ),
-    "registrar.protocols._smg.gate": (
-        ("test_smg_unit.py", "test_smg_gateway.py"),
-        "one part of the smg protocol; its tests are the protocol's",
-    ),
     "registrar.protocols._smg.spec": (
         ("test_smg_unit.py",),
         "one part of the smg protocol; its tests are the protocol's",

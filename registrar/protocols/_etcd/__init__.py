@@ -1,2 +1,1 @@
-"""etcd v3 as the registry: the payload under a key, held by a lease this process keeps alive
-(docs/etcd.md: the model, the settings, the figures)."""
+"""etcd v3 as the registry: the payload under a key held by a lease (docs/etcd.md)."""

@@ -1,6 +1,5 @@
-"""The cluster as one client on etcd's JSON gateway (`POST /v3/...`, one `HttpTransport` per
-member, no gRPC stack): failover, the auth token, and the gateway's answers and encodings (keys
-and values base64, int64 as strings) read here alone, never trusting their types."""
+"""The cluster as one client on etcd's JSON gateway (`POST /v3/...`, no gRPC stack): failover,
+the auth token, and the gateway's answers (base64 bytes, int64 as strings), never trusted."""
 
 from __future__ import annotations
 
@@ -72,7 +71,6 @@ def int64(value: object) -> int:
 
 
 def header_revision(body: Mapping[str, Any]) -> int:
-    """The store's revision an answer was made at (0 when it names none)."""
     header = body.get("header")
     return int64(header.get("revision")) if isinstance(header, Mapping) else 0
 
@@ -83,15 +81,12 @@ class EtcdAnswer:
 
     endpoint: str
     status_code: int | None
-    body: Mapping[str, Any] | None = None
-    """The message (a streaming call's `result` unwrapped) on success."""
+    body: Mapping[str, Any] | None = None  # a streaming call's `result` unwrapped
     code: int | None = None
-    message: str = ""
-    """Error text: etcd's message or the root cause of a failed exchange, cleaned."""
+    message: str = ""  # etcd's message or the root cause of a failed exchange, cleaned
     error: BaseException | None = None
     refused: bool = False
-    failure: str = ""
-    """What went wrong across the members asked, for a log line or a status, secrets left out."""
+    failure: str = ""  # what went wrong across the members asked, secrets left out
 
     @property
     def ok(self) -> bool:
@@ -147,17 +142,14 @@ class EtcdClient:
         self.settings = settings
         self.urls = list(settings.endpoints)
         self.shown = [redact_url(url) for url in self.urls]
-        """The endpoints, credentials redacted, in failover order."""
         self._http = [
             HttpTransport(
                 url, path="/", timeout=settings.timeout, verify=settings.verify, cert=settings.cert
             )
             for url in self.urls
         ]
-        self.current = 0
-        """The member that answered last: the first one asked."""
-        self.all_refused = False
-        """Every member refused the connection in the last call (nothing listens anywhere)."""
+        self.current = 0  # the member that answered last: the first one asked
+        self.all_refused = False  # in the last call (nothing listens anywhere)
         self._tls = TlsFiles(settings.verify, settings.cert)
         self.secrets = Secrets.of((settings.password,))
         self.token: str | None = None
@@ -167,7 +159,6 @@ class EtcdClient:
         self._abort_lock = threading.Lock()
 
     def tls_context(self, index: int) -> ssl.SSLContext | None:
-        """The context of the unary calls (built from the same files) for a watch on `index`."""
         return self._tls.context() if self.urls[index].startswith("https://") else None
 
     def _send(self, index: int, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
@@ -182,8 +173,7 @@ class EtcdClient:
         return answer
 
     def _authenticate(self, index: int) -> EtcdAnswer | None:
-        """Fetch a token from member `index`; None when done (or auth is off), else the failed
-        answer."""
+        """None when a token is held (or auth is off), else the failed answer."""
         username = self.settings.username
         if username is None or self.token or self._auth_off:
             return None
@@ -218,8 +208,8 @@ class EtcdClient:
         return answer
 
     def call(self, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
-        """The final answer, failing over while a member is in trouble; `all_refused` tells
-        whether every member refused the connection."""
+        """The final answer, failing over while a member is in trouble; a failed one with its
+        `failure` said: every member's answer when several failed."""
         failures: list[str] = []
         refusals = 0
         count = len(self.urls)
@@ -229,21 +219,17 @@ class EtcdClient:
             if self._aborted:
                 break
             answer = self._ask(index, path, body)
-            if answer.member_trouble:
-                failures.append(f"{answer.endpoint}: {answer.message}")
-                refusals += answer.refused
-                continue
-            if index != self.current:
-                logger.info("etcd: now using %s", answer.endpoint)
-                self.current = index
-            return self._failed(answer, failures)
-        self.all_refused = refusals == count
-        return self._failed(answer, failures)
-
-    def _failed(self, answer: EtcdAnswer, failures: list[str]) -> EtcdAnswer:
-        """`answer` with its `failure` said: every member's answer when several failed."""
+            if not answer.member_trouble:
+                if index != self.current:
+                    logger.info("etcd: now using %s", answer.endpoint)
+                    self.current = index
+                break
+            failures.append(f"{answer.endpoint}: {answer.message}")
+            refusals += answer.refused
         if answer.ok:
             return answer
+        if answer.member_trouble:  # no member left to ask (or stopping)
+            self.all_refused = refusals == count
         if len(failures) > 1:
             text = "no etcd endpoint answered: " + "; ".join(failures)
         else:
@@ -254,7 +240,6 @@ class EtcdClient:
         return clean(text, 400, self.secrets)
 
     def resolution(self) -> str | None:
-        """The first member whose name stalls or fails in the resolver, said as it says it."""
         found = (transport.resolution() for transport in self._http)
         return next((text for text in found if text is not None), None)
 

@@ -1,5 +1,4 @@
-"""The etcd registration's settings (docs/etcd.md, "Settings"): every rule of the etcd options
-is here, and only here."""
+"""The etcd options and every rule of them (docs/etcd.md, "Settings")."""
 
 from __future__ import annotations
 
@@ -44,9 +43,6 @@ def _cert(value: object) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class EtcdSettings:
-    """The key under a lease, how long a crashed process's key outlives it, when the lease is
-    renewed, and how to reach etcd (credentials, deadline, TLS)."""
-
     endpoints: str | Sequence[str]
     key: str
     ttl: float = 10.0

@@ -1,12 +1,12 @@
-"""`EtcdTransport`: the payload under a key, held by a lease this process keeps alive
-(docs/etcd.md, "The model"). The requests go through `.client`; what etcd's answers mean for
-the registration is decided here: retry what one member or a passing state caused, stop on what
-only a person can fix, and never call a key lost before its lease has surely run out."""
+"""The payload under a key, held by a lease this process keeps alive (docs/etcd.md, "The
+model"): retry what one member or a passing state caused, stop on what only a person can fix,
+and never call a key lost before its lease has surely run out."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +18,7 @@ from ...core._waker import Waker
 from .._httpconn import TlsError
 from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
 from .settings import DEFAULT_KEEPALIVE_FRACTION, EtcdSettings
-from .watch import MAX_WATCH_MESSAGE, KeyWatch, message_limit
+from .watch import MAX_WATCH_MESSAGE, KeyWatch
 
 logger = logging.getLogger("registrar.protocols.etcd.transport")
 
@@ -29,15 +29,11 @@ _LONGEST_WAIT = 1.5
 
 
 def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION) -> float:
-    """The watch interval that renews a lease of `ttl` seconds at least every
-    `keepalive_fraction * ttl` (each check renews it)."""
+    """The watch interval that renews the lease at least every `keepalive_fraction * ttl`."""
     return ttl * keepalive_fraction / _LONGEST_WAIT
 
 
 class EtcdTransport:
-    """Keeps `payload` (as compact JSON) under the settings' `key`, held by a lease renewed
-    every `keepalive_fraction * ttl` seconds. `max_message_bytes` caps one watch message."""
-
     def __init__(
         self, settings: EtcdSettings, *, max_message_bytes: int = MAX_WATCH_MESSAGE
     ) -> None:
@@ -45,21 +41,15 @@ class EtcdTransport:
         self._key_text = settings.key
         self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
         self._client = EtcdClient(settings)
-        self._watch = KeyWatch(self._client, self._key, message_limit(max_message_bytes))
+        self.display_url = f"{','.join(self._client.shown)} key {clean(settings.key, 200)}"
+        self._watch = KeyWatch(self._client, self._key, max_message_bytes)
         self._value = b""
-        self.lease = 0
-        """The current lease ID (0 before the first grant)."""
+        self.lease = 0  # before the first grant
         self._granted_ttl = float(self._ttl)
-        self._renewed_at: float | None = None
-        """When the latest renewal (or grant) was acknowledged."""
-
-    @property
-    def display_url(self) -> str:
-        return f"{','.join(self._client.shown)} key {clean(self._key_text, 200)}"
+        self._renewed_at = 0.0  # the latest renewal (or grant) acknowledged: set with a lease
 
     def fit_watch_interval(self, given: float | None) -> float:
-        """`given` (a positive number, checked by the loop's settings), or the longest interval
-        that renews the lease in time (None); a longer one is a `ConfigError`."""
+        """`given`, or the longest interval that renews the lease in time (None)."""
         longest = watch_interval_for(self._ttl, self._fraction)
         if given is None:
             return longest
@@ -77,25 +67,22 @@ class EtcdTransport:
         our value under another lease is overwritten, not adopted (docs/etcd.md, "The model")."""
         # Compact, keys sorted: the same payload is the same bytes in every life of the process.
         self._value = json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
-        if self.lease:
+        answer = self._put() if self.lease else None
+        if answer is None or answer.code == Grpc.NOT_FOUND:
+            if answer is not None:
+                logger.info("etcd: lease %x is gone; granting a new one", self.lease)
+                self.lease = 0
+            answer = self._client.call("/v3/lease/grant", {"TTL": str(self._ttl)})
+            if answer.body is None:
+                return self._not_written(answer, "lease grant")
+            self.lease = int64(answer.body.get("ID"))
+            self._granted_ttl = float(int64(answer.body.get("TTL")) or self._ttl)
+            self._renewed_at = time.monotonic()
+            if not self.lease:
+                return RegisterOutcome(
+                    Verdict.RETRY, status_code=answer.status_code, error="lease grant without an ID"
+                )
             answer = self._put()
-            if answer.body is not None:
-                return self._accepted(answer.body, answer.status_code)
-            if answer.code != Grpc.NOT_FOUND:
-                return self._not_written(answer, "put")
-            logger.info("etcd: lease %x is gone; granting a new one", self.lease)
-            self.lease = 0
-        answer = self._client.call("/v3/lease/grant", {"TTL": str(self._ttl)})
-        if answer.body is None:
-            return self._not_written(answer, "lease grant")
-        self.lease = int64(answer.body.get("ID"))
-        self._granted_ttl = float(int64(answer.body.get("TTL")) or self._ttl)
-        self._renewed_at = time.monotonic()
-        if not self.lease:
-            return RegisterOutcome(
-                Verdict.RETRY, status_code=answer.status_code, error="lease grant without an ID"
-            )
-        answer = self._put()
         if answer.body is not None:
             return self._accepted(answer.body, answer.status_code)
         return self._not_written(answer, "put")
@@ -111,8 +98,6 @@ class EtcdTransport:
 
     def _accepted(self, body: Mapping[str, Any], status: int | None) -> RegisterOutcome:
         self._watch.seen_revision = header_revision(body)
-        if self._renewed_at is None:
-            self._renewed_at = time.monotonic()
         previous = body.get("prev_kv")
         previous = previous if isinstance(previous, Mapping) else {}
         old_lease = int64(previous.get("lease"))
@@ -145,97 +130,75 @@ class EtcdTransport:
             refused = not fatal and self._client.all_refused
             return RegisterOutcome(verdict, error=text, refused=refused)
         if answer.member_trouble or answer.code == Grpc.EXHAUSTED or answer.status_code == 429:
-            return RegisterOutcome(
-                Verdict.RETRY, status_code=answer.status_code, error=f"{what}: {text}"
-            )
-        return RegisterOutcome(
-            Verdict.FATAL,
-            status_code=answer.status_code,
-            error=f"{what}: {text}; {self._hint(answer)}",
-        )
-
-    def _hint(self, answer: EtcdAnswer) -> str:
-        """What a person must fix for a refused grant or put."""
-        code = answer.code
-        if code == Grpc.UNAUTHENTICATED or (
-            code == Grpc.INVALID and "authentication" in answer.message
-        ):
-            return "check the etcd user and password"
-        if code == Grpc.PERMISSION:
-            return (
+            return RegisterOutcome(Verdict.RETRY, answer.status_code, f"{what}: {text}")
+        code, message = answer.code, answer.message
+        if code == Grpc.UNAUTHENTICATED or (code == Grpc.INVALID and "authentication" in message):
+            hint = "check the etcd user and password"
+        elif code == Grpc.PERMISSION:
+            hint = (
                 f"etcd user {self._client.settings.username!r} may not write "
                 f"{clean(self._key_text, 200)!r}; grant its role readwrite on the key"
             )
-        if code == Grpc.INVALID and "user name is empty" in answer.message:
-            return "etcd requires authentication: give a username and password"
-        return "check the key, the value and the TTL"
+        elif code == Grpc.INVALID and "user name is empty" in message:
+            hint = "etcd requires authentication: give a username and password"
+        else:
+            hint = "check the key, the value and the TTL"
+        return RegisterOutcome(Verdict.FATAL, answer.status_code, f"{what}: {text}; {hint}")
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """Renew the lease, then read the key back."""
         if not self.lease:
             return RouteCheck(Route.MISSING, evidence="no lease yet")
         answer = self._client.call("/v3/lease/keepalive", {"ID": str(self.lease)})
-        if answer.body is None:
-            return self._not_renewed(answer)
+        if answer.body is None:  # not lost until no renewal was acknowledged for the TTL
+            since = time.monotonic() - self._renewed_at
+            if since > self._granted_ttl:
+                return RouteCheck(
+                    Route.MISSING,
+                    answer.status_code,
+                    f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
+                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})",
+                )
+            route = _unanswered(answer)
+            refused = route is Route.UNREACHABLE and self._client.all_refused
+            return RouteCheck(route, answer.status_code, answer.failure, refused=refused)
         ttl = int64(answer.body.get("TTL"))
         if ttl <= 0:
             return RouteCheck(
                 Route.MISSING,
-                status_code=answer.status_code,
-                evidence=f"lease {self.lease:x} has expired or was revoked",
+                answer.status_code,
+                f"lease {self.lease:x} has expired or was revoked",
             )
         self._granted_ttl = float(ttl)
         self._renewed_at = time.monotonic()
         answer = self._client.call("/v3/kv/range", {"key": b64(self._key)})
         if answer.body is None:
-            route = _unanswered(answer)
-            return RouteCheck(route, status_code=answer.status_code, evidence=answer.failure)
+            return RouteCheck(_unanswered(answer), answer.status_code, answer.failure)
         check, self._watch.seen_revision = key_check(
             answer.body, answer.status_code, self._value, self.lease
         )
         return check
 
-    def _not_renewed(self, answer: EtcdAnswer) -> RouteCheck:
-        """Not lost until no renewal has been acknowledged for the lease's TTL."""
-        since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
-        if since is not None and since > self._granted_ttl:
-            return RouteCheck(
-                Route.MISSING,
-                status_code=answer.status_code,
-                evidence=(
-                    f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
-                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})"
-                ),
-            )
-        route = _unanswered(answer)
-        refused = route is Route.UNREACHABLE and self._client.all_refused
-        evidence = answer.failure
-        return RouteCheck(route, status_code=answer.status_code, evidence=evidence, refused=refused)
-
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the watch stream, the waker and the renewal schedule; True when the key
         changed, the watch broke or came back after a break, or the lease is due for renewal."""
         end = time.monotonic() + max(0.0, timeout)
+        due = math.inf
+        if self.lease:
+            # A little past the schedule the loop keeps (watch_interval): this only fires when
+            # the registrar was given a longer watch interval than the TTL allows.
+            due = self._renewed_at + self._fraction * self._granted_ttl * 1.1
         while True:
             if waker.is_set():
                 return False
             now = time.monotonic()
-            due = self._renewal_due()
-            if due is not None and now >= due:
+            if now >= due:
                 return True
             if now >= end:
                 return False
-            limit = end - now if due is None else min(end, due) - now
-            changed = self._watch.wait(self._value, self.lease, waker, now, limit)
+            changed = self._watch.wait(self._value, self.lease, waker, now, min(end, due) - now)
             if changed is not None:
                 return changed
-
-    def _renewal_due(self) -> float | None:
-        if not self.lease or self._renewed_at is None:
-            return None
-        # A little past the schedule the loop keeps (watch_interval): this only fires when the
-        # registrar was given a longer watch interval than the TTL allows.
-        return self._renewed_at + self._fraction * self._granted_ttl * 1.1
 
     def resolution(self) -> str | None:
         return self._client.resolution()
@@ -265,7 +228,6 @@ class EtcdTransport:
 
 
 def _unanswered(answer: EtcdAnswer) -> Route:
-    """A renewal or read that failed: unreachable when no member answered, else undetermined."""
     if answer.status_code is None or answer.member_trouble:
         return Route.UNREACHABLE
     return Route.UNDETERMINED
@@ -279,28 +241,25 @@ def key_check(
     kvs = body.get("kvs")
     kv = kvs[0] if isinstance(kvs, list) and kvs and isinstance(kvs[0], Mapping) else None
     if kv is None:
-        missing = RouteCheck(Route.MISSING, status_code=status, evidence="the key is not there")
-        return missing, header_revision(body)
+        return RouteCheck(Route.MISSING, status, "the key is not there"), header_revision(body)
     # The key as of the answer's revision: later changes are what the watch must report
     # (watching from there, not from the key's own older revision, also keeps clear of
     # history that compaction removed).
     seen = max(int64(kv.get("mod_revision")), header_revision(body))
     holder = int64(kv.get("lease"))
-    route, evidence = _holding(unb64(kv.get("value")) == value, holder, lease)
-    return RouteCheck(route, status_code=status, evidence=evidence), seen
-
-
-def _holding(ours: bool, holder: int, lease: int) -> tuple[Route, str]:
+    ours = unb64(kv.get("value")) == value
     if ours and holder == lease:
-        return Route.PRESENT, f"lease {holder:x}"
-    if ours and holder:
+        route, evidence = Route.PRESENT, f"lease {holder:x}"
+    elif ours and holder:
         # A twin with our value: the key is right and will not outlive its holder; taking
         # it over would only make the twin take it back.
-        return Route.PRESENT, f"our value, held by another lease ({holder:x})"
-    if not holder:
-        return Route.MISSING, "the key was overwritten without a lease"
-    if holder == lease:
-        return Route.MISSING, "another value under our lease"
-    # Another live registrant holds the key with its own value: fighting over it would
-    # flip readers between the two; take it back only once its lease ends.
-    return Route.CONFLICT, f"the key holds another value under lease {holder:x}"
+        route, evidence = Route.PRESENT, f"our value, held by another lease ({holder:x})"
+    elif not holder:
+        route, evidence = Route.MISSING, "the key was overwritten without a lease"
+    elif holder == lease:
+        route, evidence = Route.MISSING, "another value under our lease"
+    else:
+        # Another live registrant holds the key with its own value: fighting over it would
+        # flip readers between the two; take it back only once its lease ends.
+        route, evidence = Route.CONFLICT, f"the key holds another value under lease {holder:x}"
+    return RouteCheck(route, status, evidence), seen

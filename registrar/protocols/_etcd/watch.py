@@ -1,7 +1,6 @@
-"""The watch on our key: a `POST /v3/watch` stream that tells at once when the key is deleted or
-overwritten. Read from a plain (or TLS) socket, not a buffered HTTP client, so that `select()`
-sees exactly the bytes not yet read, and each piece is bounded as it arrives (a `StreamError`,
-never a growing buffer)."""
+"""The watch on our key (`POST /v3/watch`): news at once when it is deleted or overwritten. Read
+from a plain (or TLS) socket, not a buffered HTTP client, so that `select()` sees exactly the
+bytes not yet read, and each piece is bounded as it arrives (never a growing buffer)."""
 
 from __future__ import annotations
 
@@ -37,13 +36,6 @@ _WATCH_RETRY = 1.0
 """Seconds between attempts to re-open a broken watch (jittered by +-50 %)."""
 
 
-def message_limit(value: object) -> int:
-    """`max_message_bytes` checked: a whole number of bytes, 1 KiB or more."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1024:
-        return value
-    raise ConfigError(f"max_message_bytes must be an integer >= 1024, got {value!r}")
-
-
 class StreamError(ValueError):
     """The watch stream broke its framing or a bound."""
 
@@ -56,23 +48,31 @@ class ChunkedLines:
         self._limit = limit
         self._raw = bytearray()
         self._line = bytearray()
-        self._left = 0
-        self._state = "size"
-        self.ended = False
-        """The zero-size chunk arrived: the server ended the stream."""
+        self._left = 0  # bytes of the current chunk's data still to come
+        self._after_data = False  # a chunk's data ended: its CRLF comes next
+        self.ended = False  # the zero-size chunk arrived: the server ended the stream
 
     def feed(self, data: bytes) -> list[Any]:
         """The complete messages `data` finishes, in order."""
         self._raw += data
         messages: list[Any] = []
-        steps = {"size": self._size, "data": self._data, "crlf": self._crlf}
         while self._raw and not self.ended:
-            if not steps[self._state](messages):
+            if self._left:
+                self._data(messages)
+            elif not self._next_chunk():
                 break
         return messages
 
-    def _size(self, messages: list[Any]) -> bool:
-        """False when more bytes are needed (or the stream ended)."""
+    def _next_chunk(self) -> bool:
+        """The CRLF after a chunk's data, then the next chunk's size line; False when more bytes
+        are needed (or the stream ended)."""
+        if self._after_data:
+            if len(self._raw) < 2:
+                return False
+            if self._raw[:2] != b"\r\n":
+                raise StreamError("chunk not followed by CRLF")
+            del self._raw[:2]
+            self._after_data = False
         end = self._raw.find(b"\r\n")
         if end < 0:
             if len(self._raw) > _MAX_SIZE_LINE:
@@ -81,24 +81,20 @@ class ChunkedLines:
         text = bytes(self._raw[:end]).split(b";", 1)[0].strip()
         del self._raw[: end + 2]
         try:
-            size = int(text, 16)
+            self._left = int(text, 16)
         except ValueError:
             raise StreamError(f"bad chunk size {clean(text, 40)!r}") from None
-        if size < 0:
+        if self._left < 0:
             raise StreamError("negative chunk size")
-        if size == 0:
-            self.ended = True
-            return False
-        self._left, self._state = size, "data"
-        return True
+        self.ended = self._left == 0
+        return not self.ended
 
-    def _data(self, messages: list[Any]) -> bool:
+    def _data(self, messages: list[Any]) -> None:
         take = min(self._left, len(self._raw))
         self._line += self._raw[:take]
         del self._raw[:take]
         self._left -= take
-        if self._left == 0:
-            self._state = "crlf"
+        self._after_data = self._left == 0
         while (end := self._line.find(b"\n")) >= 0:
             line = bytes(self._line[:end]).strip()
             del self._line[: end + 1]
@@ -109,16 +105,6 @@ class ChunkedLines:
                     raise StreamError(f"unreadable watch message: {exc}") from None
         if len(self._line) > self._limit:
             raise StreamError(f"watch message over {self._limit} bytes")
-        return True
-
-    def _crlf(self, messages: list[Any]) -> bool:
-        if len(self._raw) < 2:
-            return False
-        if self._raw[:2] != b"\r\n":
-            raise StreamError("chunk not followed by CRLF")
-        del self._raw[:2]
-        self._state = "size"
-        return True
 
 
 class WatchStream:
@@ -179,8 +165,18 @@ class WatchStream:
                 if len(self._head) > _MAX_HEAD:
                     raise StreamError("watch answer head too long")
                 return []
+            lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
+            status = lines[0].split(" ", 2)
+            if len(status) < 2 or status[1] != "200":
+                raise StreamError(f"watch refused: {clean(lines[0], 80)}")
+            fields = {
+                name.strip().lower(): value.strip().lower()
+                for name, _, value in (line.partition(":") for line in lines[1:])
+            }
+            if "chunked" not in fields.get("transfer-encoding", ""):
+                raise StreamError("watch answer is not a stream")
             data = bytes(self._head[end + 4 :])
-            self._body = _chunked_body(bytes(self._head[:end]).decode("latin-1"), self._limit)
+            self._body = ChunkedLines(self._limit)
         messages = self._body.feed(data)
         if self._body.ended:
             raise StreamError("the server ended the watch stream")
@@ -189,22 +185,6 @@ class WatchStream:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
-
-
-def _chunked_body(head: str, limit: int) -> ChunkedLines:
-    """The decoder of the body a watch answer's `head` announces; `StreamError` unless a 200
-    stream."""
-    lines = head.split("\r\n")
-    status = lines[0].split(" ", 2)
-    if len(status) < 2 or status[1] != "200":
-        raise StreamError(f"watch refused: {clean(lines[0], 80)}")
-    fields = {
-        name.strip().lower(): value.strip().lower()
-        for name, _, value in (line.partition(":") for line in lines[1:])
-    }
-    if "chunked" not in fields.get("transfer-encoding", ""):
-        raise StreamError("watch answer is not a stream")
-    return ChunkedLines(limit)
 
 
 def watch_change(
@@ -237,11 +217,12 @@ def watch_change(
 
 
 class KeyWatch:
-    """Follows `key` on the member `client` uses (following its failover), re-opening a broken
-    stream after a jittered second; `seen_revision` is the key's last revision the registration
-    knows of (the watch reports only later changes)."""
+    """Follows `key` on the member `client` uses, re-opening a broken stream after a jittered
+    second; `seen_revision`: the key's last revision known (the watch reports later ones)."""
 
     def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1024:
+            raise ConfigError(f"max_message_bytes must be an integer >= 1024, got {limit!r}")
         self._client = client
         self._key = key
         self._limit = limit
@@ -252,45 +233,20 @@ class KeyWatch:
         self._next_try = 0.0
 
     def wait(self, value: bytes, lease: int, waker: Waker, now: float, limit: float) -> bool | None:
-        """Wait up to `limit` seconds for news of `value` under `lease`: True when the key
-        changed, the watch broke or came back after a break (a member that restarted may have
-        lost its data); False when the waker is set; None when nothing happened."""
+        """True when the key changed, or the watch broke or came back after a break (a member
+        that restarted may have lost its data); False when the waker is set; None: no news."""
         stream = self._ensure_stream(now, value, lease)
         if stream is None:
             if lease and self._broken:
                 limit = min(limit, max(0.0, self._next_try - now))
             return False if waker.wait(limit) else None
-        return self._wait_stream(stream, waker, limit, value, lease)
-
-    def close(self) -> None:
-        self._drop_stream(broken=False)
-
-    def _ensure_stream(self, now: float, value: bytes, lease: int) -> WatchStream | None:
-        if not lease or not value or self._denied:
-            return None
-        if self._stream is not None and self._stream.index != self._client.current:
-            self._drop_stream(broken=False)  # follow the failover
-        if self._stream is not None or now < self._next_try:
-            return self._stream
-        index = self._client.current
-        try:
-            self._stream = WatchStream(self._client, index, self._request(index), self._limit)
-        except (OSError, ValueError) as exc:
-            logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
-            self._broken = True
-            self._next_try = now + _WATCH_RETRY * (0.5 + random.random())
-        return self._stream
-
-    def _wait_stream(
-        self, stream: WatchStream, waker: Waker, limit: float, value: bytes, lease: int
-    ) -> bool | None:
         ready = stream.wait_readable(waker, limit)
         if ready is not True:
             return ready
         try:
             messages = stream.read()
         except (OSError, StreamError) as exc:
-            self._drop_stream(broken=True)
+            self.close(broken=True)
             logger.info("etcd watch at %s ended: %s", stream.endpoint, describe_exception(exc))
             # An established watch that breaks may mean the member restarted, perhaps without
             # its data: check now. One that never got going only waits for its next try.
@@ -302,10 +258,26 @@ class KeyWatch:
                     return answer
         return None
 
+    def _ensure_stream(self, now: float, value: bytes, lease: int) -> WatchStream | None:
+        if not lease or not value or self._denied:
+            return None
+        if self._stream is not None and self._stream.index != self._client.current:
+            self.close()  # follow the failover
+        if self._stream is not None or now < self._next_try:
+            return self._stream
+        index = self._client.current
+        try:
+            self._stream = WatchStream(self._client, index, self._request(index), self._limit)
+        except (OSError, ValueError) as exc:
+            logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
+            self._broken = True
+            self._next_try = now + _WATCH_RETRY * (0.5 + random.random())
+        return self._stream
+
     def _on_message(
         self, stream: WatchStream, message: Mapping[str, Any], value: bytes, lease: int
     ) -> tuple[bool, bool | None]:
-        """What one watch message means: (done, what `_wait_stream` answers when done)."""
+        """What one watch message means: (done, what `wait` answers when done)."""
         result = message.get("result")
         result = result if isinstance(result, Mapping) else {}
         compacted = int64(result.get("compact_revision"))
@@ -321,13 +293,13 @@ class KeyWatch:
                 stream.endpoint,
                 reason,
             )
-            self._drop_stream(broken=False)
+            self.close()
             self._denied = True
             return True, None
         if reason is not None:
             logger.info("etcd watch at %s: %s", stream.endpoint, reason)
             if reason.startswith("the watch"):  # cancelled or failed: open a new one
-                self._drop_stream(broken=True)
+                self.close(broken=True)
             return True, True
         if result.get("created") and not stream.created:
             stream.created = True
@@ -351,7 +323,8 @@ class KeyWatch:
             lines.append(f"Authorization: {self._client.token}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
-    def _drop_stream(self, broken: bool) -> None:
+    def close(self, broken: bool = False) -> None:
+        """Drop the stream; `broken`: open a new one after a jittered second."""
         if self._stream is not None:
             self._stream.close()
             self._stream = None

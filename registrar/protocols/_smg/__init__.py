@@ -1,2 +1,1 @@
-"""SGLang's model gateway (`smg`, the successor of sgl-router) as the registry: a worker added
-through its control plane and kept there (docs/gateway.md)."""
+"""SGLang's model gateway (`smg`, after sgl-router) as the registry (docs/gateway.md)."""

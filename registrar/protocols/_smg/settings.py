@@ -1,5 +1,4 @@
-"""The smg gateway registration's settings (docs/gateway.md, "Settings"): every rule of the
-gateway options is here, and only here."""
+"""The smg gateway options and every rule of them (docs/gateway.md, "Settings")."""
 
 from __future__ import annotations
 
@@ -16,33 +15,13 @@ from . import spec
 KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 """A stand-in worker is listed in about 0.1 s; one whose /health fails is dropped in about 2 s."""
-
-
-def _ready(value: object) -> str | Callable[[], bool] | None:
-    if value is None or callable(value):
-        return value
-    return rules.url(value)
-
-
-def _worker_url(value: object) -> str | None:
-    return None if value is None else rules.url(value)
-
-
-def _seconds(value: object) -> float:
-    kept = rules.seconds(value)
-    if kept >= 1e9:
-        raise rules.Invalid("must be a positive number of seconds")
-    return kept
+_seconds = rules.number_within(lambda v: 0 < v < 1e9, "must be a positive number of seconds")
 
 
 @dataclass(frozen=True)
 class SmgSettings:
-    """The worker kept listed by one or more smg gateways, when it may be offered, the waits
-    for the gateway, the control-plane key, and how to reach the gateways."""
-
     gateways: str | Sequence[str]
-    worker_url: str | None = None
-    """None: the payload is the worker's spec (`protocol="smg"`)."""
+    worker_url: str | None = None  # None: the payload is the worker's spec (`protocol="smg"`)
     worker_type: str = "regular"
     bootstrap_port: int | None = None
     ready: str | Callable[[], bool] | None = None
@@ -57,10 +36,10 @@ class SmgSettings:
 
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
-        "worker_url": _worker_url,
+        "worker_url": lambda value: None if value is None else rules.url(value),
         "worker_type": spec.worker_type,
         "bootstrap_port": rules.port_or_none,
-        "ready": _ready,
+        "ready": lambda value: value if value is None or callable(value) else rules.url(value),
         "grace": _seconds,
         "ready_interval": _seconds,
         "confirm_timeout": _seconds,

@@ -23,12 +23,9 @@ def worker_type(value: object) -> str:
 def worker_spec(
     url: str, worker_type: str = "regular", bootstrap_port: int | None = None, **fields: Any
 ) -> dict[str, Any]:
-    """The `POST /workers` body for a worker at `url`, or `ConfigError` naming the field. Other
-    fields of the gateway's WorkerSpec (priority, cost, labels, ...) pass through."""
-    spec: dict[str, Any] = {"url": url, "worker_type": worker_type, **fields}
-    if bootstrap_port is not None:
-        spec["bootstrap_port"] = bootstrap_port
-    return validate_spec(spec)
+    """The body for a worker at `url`; other WorkerSpec fields (priority, labels...) pass."""
+    port = {} if bootstrap_port is None else {"bootstrap_port": bootstrap_port}
+    return validate_spec({"url": url, "worker_type": worker_type, **fields, **port})
 
 
 def validate_spec(payload: object) -> dict[str, Any]:

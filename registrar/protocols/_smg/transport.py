@@ -1,14 +1,14 @@
-"""`SmgTransport`: one worker kept listed by the gateway, from the POST that offers it to the
-DELETE that drains it (docs/gateway.md, "How the protocol keeps the worker listed"). The
-gateway's answers are read here, never trusting a type; the served process's readiness is
-followed by `.gate`."""
+"""One worker kept listed by the gateway, from the POST that offers it to the DELETE that drains
+it, while the served process is ready (docs/gateway.md, "How the protocol keeps the worker
+listed", "Registration only when ready"); the gateway's answers are never trusted."""
 
 from __future__ import annotations
 
 import logging
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ...core._clock import Clock, SystemClock
@@ -18,7 +18,6 @@ from ...core._untrusted import load_json
 from ...core._waker import Waker
 from .._http import HttpTransport
 from .._httpvalues import HttpResult
-from .gate import Readiness, ReadinessGate
 from .settings import KEY_ENV, SmgSettings
 
 logger = logging.getLogger("registrar.protocols.smg.transport")
@@ -26,23 +25,42 @@ logger = logging.getLogger("registrar.protocols.smg.transport")
 DEFAULT_WATCH_INTERVAL = 5.0
 """Seconds between checks of our worker: an operator's DELETE is undone within about this."""
 MAX_LIST_BYTES = 16 * 1024 * 1024
-"""`GET /workers` is read up to this (about 600 bytes per worker); every other answer up to the
-HTTP transport's usual cap (64 KiB)."""
+"""What `GET /workers` may read (about 600 bytes a worker; any other answer: 64 KiB)."""
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
+_PASSING = {  # statuses of a worker on its way in or out: the route is neither there nor gone
+    "pending": "the gateway is still adding the worker",
+    "draining": "the gateway is removing the worker (draining); it is added again once gone",
+}
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
+def _called(check: Callable[[], bool]) -> str | None:
+    try:
+        return None if check() else "the readiness callable answered False"
+    except Exception as exc:
+        return f"the readiness callable raised {type(exc).__name__}"
+
+
+def _got(url: str, http: HttpTransport, path: str) -> str | None:
+    result = http.send("GET", path)
+    if result.error is not None:
+        return f"GET {url}: {http.describe_error(result.error)}"
+    if result.status_code is not None and 200 <= result.status_code < 300:
+        return None
+    return f"GET {url} answered {result.status_code}"
+
+
 class SmgTransport:
-    """Keeps the worker of `settings` listed by the gateway at `gateway` (by default the first
-    the settings name). `ready` replaces the settings' readiness check; `clock` and `sender`
-    are for tests (a fake clock; an object whose `send` answers like `HttpTransport.send`)."""
+    """`gateway` defaults to the settings' first; `ready` (None when the served process is ready,
+    else why not) replaces the settings' readiness check; `clock` and `sender` (whose `send`
+    answers like `HttpTransport.send`) are for tests."""
 
     def __init__(
         self,
         settings: SmgSettings,
         gateway: str | None = None,
         *,
-        ready: Readiness | None = None,
+        ready: Callable[[], str | None] | None = None,
         clock: Clock | None = None,
         sender: Any = None,
     ) -> None:
@@ -58,35 +76,49 @@ class SmgTransport:
         )
         self._http.token_hint = "check the gateway's control-plane key"
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
+        self.display_url = self._http.display_url
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._gate = ReadinessGate(settings, self._clock, ready)
+        # The served process's readiness: from `ready`, else the settings' (a URL ready while it
+        # answers 2xx on one kept-alive connection, or a callable answering True).
+        self._ready_http: HttpTransport | None = None
+        if ready is None and isinstance(settings.ready, str):
+            parts = settings.ready.split("/", 3)
+            self._ready_http = HttpTransport("/".join(parts[:3]), timeout=2.0)
+            path = "/" + parts[3] if len(parts) > 3 else "/"
+            ready = partial(_got, settings.ready, self._ready_http, path)
+        elif ready is None and callable(settings.ready):
+            ready = partial(_called, settings.ready)
+        self._ready = ready
+        self.ready_interval = settings.ready_interval
+        self._unready_since: float | None = None  # withdrawn only after `grace` seconds of it
         self._sender = sender.send if sender is not None else self._http.send
-        self.requests_sent = 0
-        """Requests that reached the gateway so far (a refused connection is not counted)."""
+        self.requests_sent = 0  # a refused connection is not counted
         self._stopping = threading.Event()
         self._abort_lock = threading.Lock()
         self._closing = False
         self.worker_id: str | None = None
-        """The gateway's id of our worker, when known."""
         self._url: str | None = None
-        self._posted = False
-        """A POST was sent whose worker we may not know the id of (its answer was lost)."""
+        self._posted = False  # a POST was sent whose answer (and worker id) may be lost
+        # The worker an attempt follows was being removed (a withdrawal or an operator's
+        # DELETE not finished yet): once it is gone, POST again at once.
         self._draining_seen = False
-        """The worker an attempt follows was being removed (a withdrawal or an operator's
-        DELETE not finished yet): once it is gone, POST again at once."""
-
-    @property
-    def display_url(self) -> str:
-        return self._http.display_url
-
-    @property
-    def ready_interval(self) -> float:
-        return self._gate.interval
 
     def not_ready(self) -> str | None:
-        """The `Gated` hook: why the worker must not be offered now (None: offer it)."""
-        return self._gate.not_ready()
+        if self._ready is None:
+            return None
+        reason = self._ready()
+        if reason is None:
+            self._unready_since = None
+        elif self._unready_since is None:
+            self._unready_since = self._clock.monotonic()
+        return reason
+
+    def _unready_for(self) -> float:
+        """Seconds the served process has been seen not ready (0 when ready), asking now."""
+        if self.not_ready() is None or self._unready_since is None:
+            return 0.0
+        return self._clock.monotonic() - self._unready_since
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
         self._url = str(payload["url"])
@@ -98,19 +130,15 @@ class SmgTransport:
         for _ in range(2):  # again at once when the worker we adopted was being removed
             self._draining_seen = False
             result = self._send("POST", "/workers", json=dict(payload))
-            # Sent, unless refused (or unresolved): its worker may exist even if its answer is lost.
             self._posted = self._posted or not (result.refused or result.unsent)
             code = result.status_code
             if result.error is not None or code not in (200, 201, 202, 409):
                 return self._http.classify_registration(result)
             worker_id = _worker_id_in(result)
             if worker_id is None:
-                return RegisterOutcome(
-                    Verdict.RETRY,
-                    code,
-                    f"{code} from {self._http.endpoint} names no worker id: "
-                    f"{self._http.excerpt(result)}",
-                )
+                excerpt = self._http.excerpt(result)
+                error = f"{code} from {self._http.endpoint} names no worker id: {excerpt}"
+                return RegisterOutcome(Verdict.RETRY, code, error)
             if code == 409:
                 logger.info(
                     "%s already holds worker %s at %s: adopted",
@@ -134,9 +162,8 @@ class SmgTransport:
         )
 
     def _confirm(self, worker_id: str) -> RegisterOutcome | None:
-        """Poll our worker until listed ready, within `confirm_timeout`; None when the gateway
-        does not know the id (POST again). A RETRY keeps the id: the next attempt follows the
-        same worker instead of adding another."""
+        """Poll our worker until listed ready; None when the gateway does not know the id (POST
+        again). A RETRY keeps the id: the next attempt follows it instead of adding another."""
         deadline = self._clock.monotonic() + self._settings.confirm_timeout
         delay = _POLL_FIRST
         while True:
@@ -175,20 +202,32 @@ class SmgTransport:
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         self._url = str(payload["url"])
-        if self._gate.ready is not None and self.worker_id is not None:
-            unready = self._gate.unready_for()
-            if unready >= self._gate.grace:
-                return self._withdraw_unready(unready)
+        if self._ready is not None and self.worker_id is not None:
+            unready = self._unready_for()
+            if unready >= self._settings.grace:
+                reason = clean(self.not_ready() or "not ready", 200)
+                logger.warning(
+                    "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the "
+                    "gateway",
+                    self.display_url,
+                    unready,
+                    reason,
+                )
+                removed = self._remove(wait=False)
+                return RouteCheck(
+                    Route.MISSING,
+                    None,
+                    f"withdrawn: not ready for {unready:.1f} s ({reason})"
+                    + ("" if removed else "; the gateway did not take the removal"),
+                )
         if self.worker_id is None:
             return self._find()
-        result = self._send("GET", f"/workers/{self.worker_id}")
-        check = self._classify(result)
+        check = self._classify(self._send("GET", f"/workers/{self.worker_id}"))
         self._http.settle_idle_signal(check.route is Route.PRESENT)
         return check
 
     def _classify(self, result: HttpResult) -> RouteCheck:
-        """What `GET /workers/{id}` answered: MISSING (the loop registers again) only when the
-        gateway does not know the id."""
+        """MISSING (the loop registers again) only when the gateway does not know the id."""
         if result.error is not None:
             return self._http.unreachable(result)
         code = result.status_code
@@ -203,7 +242,7 @@ class SmgTransport:
         if info is None:
             excerpt = self._http.excerpt(result)
             return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {excerpt}")
-        return _listed_check(info, code, self._url, self.worker_id)
+        return self._listed(info, code)
 
     def _find(self) -> RouteCheck:
         """Before we know an id: our URL in the gateway's list, adopted when found."""
@@ -232,30 +271,39 @@ class SmgTransport:
             return RouteCheck(Route.MISSING, 200, f"the gateway lists no worker at {ours}")
         self.worker_id = str(mine[0]["id"])
         self._posted = False
-        return _listed_check(mine[0], 200, self._url, self.worker_id)
+        return self._listed(mine[0], 200)
 
-    def _withdraw_unready(self, unready: float) -> RouteCheck:
-        reason = self.not_ready() or "not ready"
-        logger.warning(
-            "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the gateway",
-            self.display_url,
-            unready,
-            clean(reason, 200),
+    def _listed(self, info: Mapping[str, Any], code: int | None) -> RouteCheck:
+        listed = str(info.get("url", "")).rstrip("/")
+        ours = (self._url or "").rstrip("/")
+        if listed != ours:
+            theirs = clean(listed, 200)
+            return RouteCheck(Route.CONFLICT, code, f"our worker id lists {theirs}, not {ours}")
+        passing = _PASSING.get(str(info.get("status")))
+        if passing is not None:
+            return RouteCheck(Route.UNDETERMINED, code, passing)
+        health = (
+            "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
         )
-        removed = self._remove(wait=False)
-        return RouteCheck(
-            Route.MISSING,
-            None,
-            f"withdrawn: not ready for {unready:.1f} s ({clean(reason, 200)})"
-            + ("" if removed else "; the gateway did not take the removal"),
-        )
+        status = clean(info.get("status"), 40)
+        return RouteCheck(Route.PRESENT, code, f"listed as {self.worker_id} ({status}, {health})")
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
-        True once the served process has been not ready for `grace` (the check withdraws it)."""
-        if self._gate.ready is None:
+        True once the process has been not ready for `grace` (the check withdraws the worker)."""
+        if self._ready is None:
             return self._http.wait_idle(timeout, waker)
-        return self._gate.wait(self._http.wait_idle, timeout, waker)
+        end = self._clock.monotonic() + timeout
+        while True:
+            left = end - self._clock.monotonic()
+            if left <= 0 or waker.is_set():
+                return False
+            if self._http.wait_idle(min(left, self.ready_interval), waker):
+                return True
+            if waker.is_set():
+                return False
+            if self._unready_for() >= self._settings.grace:
+                return True
 
     def _remove(self, wait: bool = True) -> bool:
         """DELETE our worker and (`wait`) wait, within `drain_timeout`, until the gateway no
@@ -269,11 +317,9 @@ class SmgTransport:
         started = self._clock.monotonic()
         result = self._send("DELETE", f"/workers/{worker_id}")
         if result.error is not None or result.status_code not in (200, 202, 204, 400, 404):
-            what = (
-                self._http.describe_error(result.error)
-                if result.error is not None
-                else f"{result.status_code}: {self._http.excerpt(result)}"
-            )
+            what = f"{result.status_code}: {self._http.excerpt(result)}"
+            if result.error is not None:
+                what = self._http.describe_error(result.error)
             logger.warning("%s: could not remove worker %s: %s", self.display_url, worker_id, what)
             return False
         if not wait:
@@ -323,7 +369,8 @@ class SmgTransport:
             self._remove()
         finally:
             self._http.close()
-            self._gate.close()
+            if self._ready_http is not None:
+                self._ready_http.close()
 
 
 def _worker_id_in(result: HttpResult) -> str | None:
@@ -336,7 +383,6 @@ def _worker_id_in(result: HttpResult) -> str | None:
 
 
 def _json_object(result: HttpResult) -> dict[str, Any] | None:
-    """A complete answer's JSON object, or None."""
     if not result.complete:
         return None
     try:
@@ -344,25 +390,3 @@ def _json_object(result: HttpResult) -> dict[str, Any] | None:
     except ValueError:
         return None
     return body if isinstance(body, dict) else None
-
-
-def _listed_check(
-    info: Mapping[str, Any], code: int | None, url: str | None, worker_id: str | None
-) -> RouteCheck:
-    """What the listing `info` of our worker `worker_id` (at `url`) means for the route."""
-    listed = str(info.get("url", "")).rstrip("/")
-    ours = (url or "").rstrip("/")
-    if listed != ours:
-        theirs = clean(listed, 200)
-        return RouteCheck(Route.CONFLICT, code, f"our worker id lists {theirs}, not {ours}")
-    if info.get("status") == "pending":
-        return RouteCheck(Route.UNDETERMINED, code, "the gateway is still adding the worker")
-    if info.get("status") == "draining":
-        return RouteCheck(
-            Route.UNDETERMINED,
-            code,
-            "the gateway is removing the worker (draining); it is added again once gone",
-        )
-    health = "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
-    status = clean(info.get("status"), 40)
-    return RouteCheck(Route.PRESENT, code, f"listed as {worker_id} ({status}, {health})")
