@@ -46,6 +46,15 @@ def load_json(text: str | bytes) -> Any:
     return value
 
 
+def json_object(text: str | bytes) -> dict[str, Any] | None:
+    """The JSON object in `text`; None when it is not valid JSON or not an object."""
+    try:
+        value = load_json(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def encode_payload(payload: object, limit: int) -> dict[str, Any]:
     """A private JSON copy of `payload`, or ConfigError saying what is wrong with it."""
     if not isinstance(payload, Mapping):

@@ -7,12 +7,14 @@ from base64 import b64encode
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import mktime_tz, parsedate_tz
+from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
 from ..core import _rules as rules
 from ..core._errors import ConfigError
 from ..core._redact import Secrets
 from ..core._transport import Token
+from ..core._untrusted import json_object
 from ._resolver import Unresolved
 
 RETRY_AFTER_CEILING = 365 * 24 * 3600.0  # a year (the registrar's own cap is far smaller)
@@ -48,6 +50,10 @@ class HttpResult:
     reconnected: bool  # the kept-alive connection was re-opened for it, or broke under it
     refused: bool = False
     complete: bool = True  # False: the body was cut at the cap
+
+    def json_object(self) -> dict[str, Any] | None:
+        """The answer's JSON object, when it was read whole and is one."""
+        return json_object(self.text) if self.complete else None
 
     @property
     def unsent(self) -> bool:

@@ -16,7 +16,7 @@ from .._version import __version__
 from ..core._diagnosis import Evidence, Knock, Seen, port_text
 from ..core._errors import describe_exception
 from ..core._redact import clean, redact_url
-from ..core._untrusted import load_json
+from ..core._untrusted import json_object
 from ._resolver import RESOLVER, Unresolved, is_ip_literal
 
 PROBE_TIMEOUT = 2.0  # seconds for each step (resolve, connect, one answer)
@@ -103,15 +103,11 @@ def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
             return describe_exception(exc)
 
 
-def _gateway(answer: Answer | str) -> bool:
+def lists_workers(answer: Answer | str) -> bool:
     """smg's `GET /workers`: a JSON object with a `workers` list."""
     if isinstance(answer, str) or answer.status != 200:
         return False
-    try:
-        body = load_json(answer.text)
-    except ValueError:
-        return False
-    return isinstance(body, dict) and isinstance(body.get("workers"), list)
+    return isinstance((json_object(answer.text) or {}).get("workers"), list)
 
 
 @dataclass(frozen=True)
@@ -145,7 +141,7 @@ def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[See
         return Seen.DENIED, described
     if answer.content_type == "text/html" or answer.text.lstrip().startswith("<"):
         return Seen.HTML, described
-    if _gateway(target.get("/workers")):
+    if lists_workers(target.get("/workers")):
         return Seen.GATEWAY, f"{described}; GET /workers lists workers"
     return Seen.OTHER, described
 

@@ -13,7 +13,7 @@ from ..core._errors import ConfigError
 from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean
 from ..core._transport import Token
-from ..core._untrusted import load_json
+from ..core._untrusted import json_object, load_json
 from ._http import HttpTransport
 from ._httpvalues import HttpResult, validate_token, with_query
 from ._probe import Answer
@@ -60,13 +60,7 @@ def is_bootstrap_answer(answer: Answer) -> bool:
     topology's sizes), or 503 "(N workers registered)"."""
     if answer.status == 503:
         return count_in(answer.text) is not None
-    if answer.status != 200:
-        return False
-    try:
-        info = load_json(answer.text)
-    except ValueError:
-        return False
-    return isinstance(info, dict) and "attn_tp_size" in info
+    return answer.status == 200 and "attn_tp_size" in (json_object(answer.text) or {})
 
 
 @dataclass(frozen=True)

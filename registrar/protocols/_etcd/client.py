@@ -14,7 +14,6 @@ from enum import IntEnum
 from typing import Any
 
 from ...core._redact import Secrets, clean, redact_url
-from ...core._untrusted import load_json
 from .._http import HttpTransport
 from .._httpconn import TlsError, TlsFiles
 from .._httpvalues import HttpResult
@@ -111,10 +110,7 @@ def parse_answer(
         text = describe(result.error)
         return EtcdAnswer(endpoint, None, message=text, error=result.error, refused=result.refused)
     status = result.status_code
-    try:
-        document = load_json(result.text) if result.complete else None
-    except ValueError:
-        document = None
+    document = result.json_object()
     if isinstance(document, dict) and isinstance(document.get("result"), dict):
         document = document["result"]  # a streaming call's one message
     elif isinstance(document, dict) and isinstance(document.get("error"), dict):

@@ -14,7 +14,6 @@ from typing import Any
 from ...core._clock import Clock, SystemClock
 from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core._redact import clean
-from ...core._untrusted import load_json
 from ...core._waker import Waker
 from .._http import HttpTransport
 from .._httpvalues import HttpResult
@@ -172,7 +171,7 @@ class SmgTransport:
             if result.error is None and code in (400, 404):
                 self.worker_id = None
                 return None
-            info = _json_object(result) if code == 200 else None
+            info = result.json_object() if code == 200 else None
             if info is None:
                 return self._http.classify_registration(result)
             status = info.get("status")
@@ -238,7 +237,7 @@ class SmgTransport:
             )
             self.worker_id = None
             return RouteCheck(Route.MISSING, code, evidence)
-        info = _json_object(result) if code == 200 else None
+        info = result.json_object() if code == 200 else None
         if info is None:
             excerpt = self._http.excerpt(result)
             return RouteCheck(Route.UNDETERMINED, code, f"unexpected {code}: {excerpt}")
@@ -257,7 +256,7 @@ class SmgTransport:
                 f"{self._http.excerpt(result)}",
             )
         ours = (self._url or "").rstrip("/")
-        listed = (_json_object(result) or {}).get("workers")
+        listed = (result.json_object() or {}).get("workers")
         if not isinstance(listed, list):
             return RouteCheck(Route.UNDETERMINED, 200, "the worker list could not be read")
         mine = [
@@ -375,18 +374,8 @@ class SmgTransport:
 
 def _worker_id_in(result: HttpResult) -> str | None:
     """The worker id a 202 (`worker_id`) or a 409 (in its error text) names."""
-    body = _json_object(result) or {}
+    body = result.json_object() or {}
     if isinstance(body.get("worker_id"), str) and _UUID.fullmatch(body["worker_id"]):
         return str(body["worker_id"])
     found = _UUID.search(body["error"]) if isinstance(body.get("error"), str) else None
     return found.group(0) if found else None
-
-
-def _json_object(result: HttpResult) -> dict[str, Any] | None:
-    if not result.complete:
-        return None
-    try:
-        body = load_json(result.text)
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None

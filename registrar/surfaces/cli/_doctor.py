@@ -17,8 +17,8 @@ from urllib.parse import urlencode, urlsplit
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
 from ...core._redact import clean
-from ...core._untrusted import load_json
-from ...protocols._probe import Answer, ProbeOptions, fetch, gather
+from ...core._untrusted import json_object, load_json
+from ...protocols._probe import Answer, ProbeOptions, fetch, gather, lists_workers
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 from .._parsers import urls
 from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
@@ -152,27 +152,15 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     return row("pass", f"{expected} of {expected} rows{note}", data=data)
 
 
-def _is_workers(answer: Answer) -> bool:
-    body = _json(answer)
-    return answer.status == 200 and isinstance(body, dict) and isinstance(body.get("workers"), list)
-
-
-def _json(answer: Answer) -> Any:
-    try:
-        return load_json(answer.text)
-    except ValueError:
-        return None
-
-
 def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
     """A gateway (smg): reachable and listing workers, none twice, none unhealthy."""
     url = url.rstrip("/")
-    seen = gather(url, "/workers", _is_workers, options=options)
+    seen = gather(url, "/workers", lists_workers, options=options)
     found = _reach("gateway", url, seen, "smg")
     if _failed(found):
         return found
     answer = _get(url, "/workers", options)
-    body = _json(answer) if isinstance(answer, Answer) else None
+    body = json_object(answer.text) if isinstance(answer, Answer) else None
     listed = [w for w in (body or {}).get("workers", []) if isinstance(w, dict)]
     urls = [str(w.get("url", "")).rstrip("/") for w in listed]
     twice = sorted({u for u in urls if urls.count(u) > 1})
@@ -186,8 +174,7 @@ def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
 
 
 def _is_etcd(answer: Answer) -> bool:
-    body = _json(answer)
-    return answer.status == 200 and isinstance(body, dict) and "etcdserver" in body
+    return answer.status == 200 and "etcdserver" in (json_object(answer.text) or {})
 
 
 def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
