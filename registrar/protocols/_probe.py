@@ -111,13 +111,22 @@ def lists_workers(answer: Answer | str) -> bool:
 
 
 @dataclass(frozen=True)
-class _Target:
+class Target:
     address: str
     port: int
     host: str
     prefix: str
     tls: bool
     options: ProbeOptions
+
+    @classmethod
+    def of(cls, url: str, options: ProbeOptions, address: str = "") -> Target:
+        """`url`'s host, port (the scheme's by default) and path, reached at `address` (by
+        default the host itself)."""
+        parts = urlsplit(url)
+        host, tls = parts.hostname or "", parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        return cls(address or host, port, host, parts.path.rstrip("/"), tls, options)
 
     def get(self, path: str, tls: bool | None = None) -> Answer | str:
         return fetch(
@@ -130,7 +139,7 @@ class _Target:
         )
 
 
-def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[Seen, str]:
+def _what_answers(target: Target, path: str, recognise: Recognise) -> tuple[Seen, str]:
     answer = target.get(path)
     if isinstance(answer, str):
         return _not_http(target, answer)
@@ -146,7 +155,7 @@ def _what_answers(target: _Target, path: str, recognise: Recognise) -> tuple[See
     return Seen.OTHER, described
 
 
-def _not_http(target: _Target, why: str) -> tuple[Seen, str]:
+def _not_http(target: Target, why: str) -> tuple[Seen, str]:
     """No HTTP answer on the URL's scheme: try the other one (unless the server went away)."""
     timeout = target.options.timeout
     gone, how = _connect(target.address, target.port, timeout)
@@ -208,6 +217,5 @@ def gather(
         own = http_port if http_port != port else None
         knocks = (_knock(address, own, host, timeout),) if own else ()
         return replace(seen, seen=failed, detail=why, others=knocks)
-    target = _Target(address, port, host, parts.path.rstrip("/"), parts.scheme == "https", options)
-    kind, detail = _what_answers(target, path, recognise)
+    kind, detail = _what_answers(Target.of(url, options, address), path, recognise)
     return replace(seen, seen=kind, detail=detail)

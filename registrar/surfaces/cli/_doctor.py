@@ -12,13 +12,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
 from ...core._redact import clean
 from ...core._untrusted import json_object, load_json
-from ...protocols._probe import Answer, ProbeOptions, fetch, gather, lists_workers
+from ...protocols._probe import Answer, ProbeOptions, Target, gather, lists_workers
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 from .._parsers import urls
 from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
@@ -98,13 +98,6 @@ def bootstrap_findings(
     return [*found, _rows(url, expect, options)]
 
 
-def _get(url: str, path: str, options: ProbeOptions) -> Answer | str:
-    parts = urlsplit(url)
-    host, tls = parts.hostname or "", parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
-    return fetch(host, port, parts.path.rstrip("/") + path, host=host, tls=tls, options=options)
-
-
 def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
     sizes = [info.get(k) for k in ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")]
     if not all(isinstance(s, int) and s >= 1 for s in sizes):
@@ -116,7 +109,8 @@ def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
 def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
     row = functools.partial(Finding, "bootstrap", url, "rows")
-    answer = _get(url, PROBE_PATH, options)
+    get = Target.of(url, options).get
+    answer = get(PROBE_PATH)
     if isinstance(answer, str):
         return row("fail", f"no answer: {answer}")
     if answer.status == 503:
@@ -133,7 +127,7 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     if ranks is None:
         return row("fail", f"unreadable server info: {answer.text!r}")
     expected, asked = len(ranks), ranks[:MAX_RANKS]
-    answers = [(r, _get(url, "/route?" + urlencode(r.query()), options)) for r in asked]
+    answers = [(r, get("/route?" + urlencode(r.query()))) for r in asked]
     missing = [r for r, a in answers if isinstance(a, Answer) and a.status == 404]
     shown = [asdict(r) for r in missing]
     data = {"registered": expected - len(missing), "expected": expected, "missing": shown}
@@ -159,7 +153,7 @@ def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
     found = _reach("gateway", url, seen, "smg")
     if _failed(found):
         return found
-    answer = _get(url, "/workers", options)
+    answer = Target.of(url, options).get("/workers")
     body = json_object(answer.text) if isinstance(answer, Answer) else None
     listed = [w for w in (body or {}).get("workers", []) if isinstance(w, dict)]
     urls = [str(w.get("url", "")).rstrip("/") for w in listed]
