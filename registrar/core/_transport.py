@@ -26,8 +26,8 @@ def deadline_seconds(timeout: Timeout) -> float:
     return sum(timeout) if isinstance(timeout, tuple) else timeout
 
 
-def connect_seconds(timeout: Timeout) -> float:
-    return timeout[0] if isinstance(timeout, tuple) else timeout
+def connect_read(timeout: Timeout) -> tuple[float, float]:
+    return timeout if isinstance(timeout, tuple) else (timeout, timeout)
 
 
 @runtime_checkable

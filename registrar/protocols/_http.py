@@ -23,7 +23,7 @@ from ..core._errors import describe_exception, root_cause
 from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, redact_url
 from ..core._settings import HttpSettings
-from ..core._transport import Timeout, Token, connect_seconds, deadline_seconds
+from ..core._transport import Timeout, Token, connect_read, deadline_seconds
 from ..core._waker import Waker
 from ._deadline import DeadlineExceeded, Watchdog
 from ._httpconn import (
@@ -83,9 +83,7 @@ class HttpTransport:
         self._path = path if path.startswith("/") else f"/{path}"
         self._method = method
         self.deadline = deadline_seconds(settings.timeout)  # seconds one request may take in all
-        self._connect_timeout = connect_seconds(settings.timeout)
-        read = settings.timeout
-        self._read_timeout = read[1] if isinstance(read, tuple) else read
+        self._connect_timeout, self._read_timeout = connect_read(settings.timeout)
         self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
         self._watchdog = Watchdog()
         port = parts.port or (443 if parts.scheme == "https" else 80)

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from ..._version import __version__
 from ...core._errors import ConfigError, describe_exception
 from ...core._redact import clean
-from ...core._transport import connect_seconds
+from ...core._transport import connect_read
 from ...core._untrusted import load_json
 from ...core._waker import Waker
 from .._resolver import RESOLVER, connect
@@ -114,7 +114,7 @@ class WatchStream:
         parts = urlsplit(client.urls[index])
         host = parts.hostname or "127.0.0.1"
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        timeout = connect_seconds(client.settings.timeout)
+        timeout = connect_read(client.settings.timeout)[0]
         context = client.tls_context(index)
         # Resolved within the connect timeout (a stalled resolver must not hold the watch).
         sock = connect(RESOLVER.resolve(host, port, timeout), timeout)
