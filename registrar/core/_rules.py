@@ -17,6 +17,7 @@ from ._errors import ConfigError
 from ._redact import clean, redact_url
 
 _T = TypeVar("_T")
+_V = TypeVar("_V")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 
 
@@ -93,14 +94,16 @@ def each_seconds(value: object) -> float | tuple[float, float]:
     return seconds(value)
 
 
-def worded(rule: Callable[[object], _T], allowed: str) -> Callable[[object], _T]:
-    """`rule`, its own wording replaced by `allowed`."""
+def worded(
+    rule: Callable[[_V], _T], allowed: str, error: type[ValueError] = Invalid
+) -> Callable[[_V], _T]:
+    """`rule`, the wording of its `error` replaced by `allowed` (the option parsers' too)."""
 
-    def reworded(value: object) -> _T:
+    def reworded(value: _V) -> _T:
         try:
             return rule(value)
-        except Invalid:
-            raise Invalid(allowed) from None
+        except error:
+            raise error(allowed) from None
 
     return reworded
 

@@ -8,6 +8,8 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..core._rules import worded
+
 _T = TypeVar("_T")
 _OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -24,29 +26,17 @@ def number(text: str) -> float:
     return value
 
 
-def _expecting(parse: Callable[[str], _T], expected: str) -> Callable[[str], _T]:
-    """`parse`, its ValueError saying `expected`."""
-
-    def read(text: str) -> _T:
-        try:
-            return parse(text)
-        except ValueError:
-            raise ValueError(expected) from None
-
-    return read
-
-
 def _off_or(parse: Callable[[str], _T], expected: str) -> Callable[[str], _T | None]:
     """`parse`, or None for a word that means no limit."""
-    read = _expecting(parse, expected)
+    read = worded(parse, expected, ValueError)
     return lambda text: None if text.strip().lower() in _OFF else read(text)
 
 
-seconds = _expecting(number, "must be a positive number of seconds")
-parse_seconds_or_zero = _expecting(number, "must be a number of seconds >= 0")
+seconds = worded(number, "must be a positive number of seconds", ValueError)
+parse_seconds_or_zero = worded(number, "must be a number of seconds >= 0", ValueError)
 seconds_or_off = _off_or(number, "must be a positive number of seconds, or off")
 int_or_off = _off_or(int, "must be an integer >= 1, or unlimited")
-integer = _expecting(int, "must be an integer")
+integer = worded(int, "must be an integer", ValueError)
 
 
 def timeout(text: str) -> float | tuple[float, float]:
@@ -81,7 +71,7 @@ def parse_port(text: str) -> int:
     """A TCP port to listen on, 0 meaning any free one (the health server's own rule: it is no
     registration setting)."""
     expected = "must be a port number within [0, 65535] (0: any free port)"
-    value = _expecting(int, expected)(text)
+    value = worded(int, expected, ValueError)(text)
     if not 0 <= value <= 65535:
         raise ValueError(expected)
     return value
