@@ -198,13 +198,18 @@ def url(value: object) -> str:
     return value.rstrip("/")
 
 
+def comma_list(text: str) -> list[str]:
+    """The comma-separated parts of `text`, stripped, the empty ones dropped."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def urls(kind: str, example: str) -> Rule:
     """The rule of a list of `kind` URLs (a sequence, or one string, comma-separated): at least
     one, each an http(s) URL, none twice."""
 
     def rule(value: object) -> tuple[str, ...]:
         if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
+            value = comma_list(value)
         if not isinstance(value, list | tuple) or not value:
             raise Invalid(f"must name at least one {kind} URL, e.g. {example}")
         found = tuple(url(item) for item in value)

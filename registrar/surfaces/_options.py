@@ -24,7 +24,6 @@ from ._parsers import (
     seconds,
     seconds_or_off,
     timeout,
-    urls,
     word,
 )
 
@@ -306,7 +305,7 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "GATEWAY",
         "gateways",
-        urls,
+        rules.comma_list,
         "http://127.0.0.1:30000",
         "instead of URL: smg gateway URLs, comma-separated, or the flag repeated (docs/gateway.md)",
         repeat=True,

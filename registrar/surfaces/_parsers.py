@@ -75,7 +75,3 @@ def parse_port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise ValueError(expected)
     return value
-
-
-def urls(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]

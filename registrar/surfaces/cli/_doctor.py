@@ -20,7 +20,6 @@ from ...core._redact import clean
 from ...core._untrusted import json_object, load_json
 from ...protocols._probe import Answer, ProbeOptions, Target, gather, lists_workers
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
-from .._parsers import urls
 from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
 MAX_RANKS = 4096
@@ -186,7 +185,7 @@ _MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
 
 def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
     """Every URL of a repeated flag (each may list several, comma-separated), checked."""
-    found = [url for text in given or () for url in urls(text)]
+    found = [url for text in given or () for url in rules.comma_list(text)]
     for url in found:
         try:
             rules.url(url)
