@@ -11,7 +11,6 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import urllib3
 from urllib3.exceptions import HTTPError
@@ -43,7 +42,7 @@ from ._httpvalues import (
     parse_retry_after,
 )
 from ._idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
-from ._probe import Answer, gather
+from ._probe import Answer, Target, gather
 from ._resolver import RESOLVER, Unresolved
 
 logger = logging.getLogger("registrar.protocols.http")
@@ -77,7 +76,6 @@ class HttpTransport:
     ) -> None:
         settings = HttpSettings(url, timeout=timeout, token=token, verify=verify)
         self._url = settings.url
-        parts = urlsplit(self._url)
         self._auth = Credentials(self._url, settings.token, token_source)
         self.display_url = redact_url(self._url)
         self._path = path if path.startswith("/") else f"/{path}"
@@ -86,11 +84,11 @@ class HttpTransport:
         self._connect_timeout, self._read_timeout = connect_read(settings.timeout)
         self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
         self._watchdog = Watchdog()
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        where = Target.of(self._url)
         # Proxies from the environment are not followed: the server is on the cluster's network.
-        tls = TlsFiles(settings.verify, cert) if parts.scheme == "https" else None
-        self._link = Link(parts.hostname or "", port, tls, self._watchdog)
-        self._prefix = parts.path.rstrip("/")
+        tls = TlsFiles(settings.verify, cert) if where.tls else None
+        self._link = Link(where.host, where.port, tls, self._watchdog)
+        self._prefix = where.prefix
         self._headers = {
             "User-Agent": f"registrar/{__version__}",
             "Accept-Encoding": "gzip, deflate",  # only what httpconn decodes, with a cap

@@ -120,9 +120,9 @@ class Target:
     options: ProbeOptions
 
     @classmethod
-    def of(cls, url: str, options: ProbeOptions, address: str = "") -> Target:
+    def of(cls, url: str, options: ProbeOptions = ProbeOptions(), address: str = "") -> Target:
         """`url`'s host, port (the scheme's by default) and path, reached at `address` (by
-        default the host itself)."""
+        default the host itself); the transports' too."""
         parts = urlsplit(url)
         host, tls = parts.hostname or "", parts.scheme == "https"
         port = parts.port or (443 if tls else 80)

@@ -22,6 +22,7 @@ from ...core._redact import clean
 from ...core._transport import connect_read
 from ...core._untrusted import load_json
 from ...core._waker import Waker
+from .._probe import Target
 from .._resolver import RESOLVER, connect
 from .client import EtcdClient, b64, int64, unb64
 
@@ -111,16 +112,14 @@ class WatchStream:
     """One `POST /v3/watch` on a non-blocking socket, on member `index`."""
 
     def __init__(self, client: EtcdClient, index: int, request: bytes, limit: int) -> None:
-        parts = urlsplit(client.urls[index])
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        where = Target.of(client.urls[index])
         timeout = connect_read(client.settings.timeout)[0]
         context = client.tls_context(index)
         # Resolved within the connect timeout (a stalled resolver must not hold the watch).
-        sock = connect(RESOLVER.resolve(host, port, timeout), timeout)
+        sock = connect(RESOLVER.resolve(where.host, where.port, timeout), timeout)
         try:
             if context is not None:
-                sock = context.wrap_socket(sock, server_hostname=host)
+                sock = context.wrap_socket(sock, server_hostname=where.host)
             sock.sendall(request)
             sock.setblocking(False)
         except BaseException:
