@@ -30,7 +30,6 @@ _REQUIRED = (
 
 LATEST_RELEASE = "0.5.23"
 
-_OLDEST = (0, 5, 10)
 FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
     "enable_dsa_cache_layer_split": (0, 5, 16),
     "prefill_http_port": (0, 5, 16),
@@ -51,7 +50,7 @@ def release_fields(release: str) -> frozenset[str]:
         version = ()
     if len(version) != 3 or not all(p.startswith("post") for p in parts[3:]):
         raise ValueError(f"release={release!r}: give an SGLang version such as '0.5.19'")
-    if version < _OLDEST:
+    if version < (0, 5, 10):
         raise ValueError(
             f"release={release!r}: the reference server speaks the protocol of SGLang 0.5.10 "
             "and later (older releases have no worker count nor 503); give 0.5.10 or newer"
@@ -61,6 +60,9 @@ def release_fields(release: str) -> frozenset[str]:
 
 CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
 """aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
+
+Reply = tuple[int, str, str, int | None]
+"""An answer: its status, text and content type, and a PUT's `rank_port`."""
 
 
 @dataclass
@@ -96,16 +98,16 @@ class RouteTable:
     def expected(self) -> Any:
         return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
 
-    def put(self, body: bytes) -> tuple[int, str, int]:
-        """SGLang's `_handle_route_put`: the status and text it answers, and the payload's
-        `rank_port`. Its reads come first (a null page_size fails before the table changes)."""
+    def put(self, body: bytes) -> Reply:
+        """SGLang's `_handle_route_put`. Its reads come first (a null page_size fails before the
+        table changes)."""
         data = json.loads(body)
         fields = {name: data[name] for name in _REQUIRED}
         rank_port = int(fields["rank_port"])
         int(fields["page_size"])
         refused = self._layout_checks(data)
         if refused is not None:
-            return 400, refused, rank_port
+            return 400, refused, "text/plain", rank_port
         single = fields["system_dp_size"] == 1
         self._first_writer_wins(data, fields, single)
         dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
@@ -113,7 +115,7 @@ class RouteTable:
         self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
         self.count += 1
         self.expected()  # computed for a log line after the count: a bad size fails here
-        return 200, "OK", rank_port
+        return 200, "OK", "text/plain", rank_port
 
     def _layout_checks(self, data: dict[str, Any]) -> str | None:
         """The checks a PUT passes before it is stored (each in the releases that have it):
@@ -130,28 +132,28 @@ class RouteTable:
             self.dsv41_spec_layout = layout
         return None
 
-    def get(self, path: str) -> tuple[int, str, str]:
+    def get(self, path: str) -> Reply:
         """SGLang's `_handle_route_get` (the first of a repeated parameter; int() only where the
-        real one calls it): status, text and content type."""
+        real one calls it)."""
         query = parse_qs(urlsplit(path).query)
         values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
         if not all(values):
-            return 400, "Missing inputs for bootstrap server.", "text/plain"
+            return 400, "Missing inputs for bootstrap server.", "text/plain", None
         dp, cp, tp, pp = values
         everything = int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1
         if not self.ready():
             text = f"Prefill server not fully registered yet ({self.count} workers registered)."
-            return 503, text, "text/plain"
+            return 503, text, "text/plain", None
         if everything:
-            return 200, json.dumps(self.info()), "application/json"
+            return 200, json.dumps(self.info()), "application/json", None
         # Keys are the payload's values; the real nested lookup by int finds the same ones.
         found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
         if found is None:
             text = (
                 f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
             )
-            return 404, text, "text/plain"
-        return 200, json.dumps(found), "application/json"
+            return 404, text, "text/plain", None
+        return 200, json.dumps(found), "application/json", None
 
     def info(self) -> dict[str, Any]:
         """The answer to the all-`-1` query: `PrefillServerInfo` as the real server sends it."""
