@@ -1,11 +1,7 @@
 """Prometheus metrics, behind the `sglang-registrar[metrics]` extra (the names:
-docs/operations.md). The core never imports prometheus-client: this module imports it only when
-metrics are asked for.
-
-Several registrars may share one registry (SGLang runs several ranks per host): each passes
-constant `labels` and they share one set of metric families, as prometheus-client allows one
-collector per metric name and registry.
-"""
+docs/operations.md), prometheus-client imported only when metrics are asked for. Registrars
+sharing a registry (SGLang runs several ranks per host) share one set of metric families, told
+apart by constant `labels`: prometheus-client allows one collector per name and registry."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
@@ -103,24 +100,20 @@ class _Families:
         )
 
 
-def _field(name: str) -> Callable[[Status], float]:
-    """A status field as a gauge's value, 0 for None (no answer yet, none scheduled)."""
-    return lambda status: float(getattr(status, name) or 0.0)
-
-
-def _diagnosed(code: str) -> Callable[[Status], float]:
-    return lambda status: 1.0 if status.diagnosis and status.diagnosis.code == code else 0.0
+def _diagnosed(code: str) -> Callable[[Status], bool]:
+    return lambda status: status.diagnosis is not None and status.diagnosis.code == code
 
 
 def _reader(
-    metrics: weakref.ReferenceType[RegistrarMetrics], read: Callable[[Status], float]
+    metrics: weakref.ReferenceType[RegistrarMetrics], read: Callable[[Status], Any]
 ) -> Callable[[], float]:
-    """A gauge function reading the followed registrar's status at scrape time (0 without)."""
+    """A gauge function reading the followed registrar's status at scrape time: 0 without one,
+    and for None (no answer yet, none scheduled)."""
 
     def value() -> float:
         owner = metrics()
         status = owner.current_status() if owner is not None else None
-        return read(status) if status is not None else 0.0
+        return float(read(status) or 0.0) if status is not None else 0.0
 
     return value
 
@@ -183,9 +176,11 @@ class RegistrarMetrics:
         # Read at scrape time, so they are current however the status changed. The functions
         # hold these metrics weakly, or the registry would keep them (and the labels) for ever.
         me = weakref.ref(self)
-        self._own(families.server_reachable).set_function(_reader(me, _field("server_reachable")))
-        self._own(families.last_success).set_function(_reader(me, _field("last_success_at")))
-        self._own(families.next_attempt).set_function(_reader(me, _field("next_attempt_at")))
+        self._own(families.server_reachable).set_function(
+            _reader(me, attrgetter("server_reachable"))
+        )
+        self._own(families.last_success).set_function(_reader(me, attrgetter("last_success_at")))
+        self._own(families.next_attempt).set_function(_reader(me, attrgetter("next_attempt_at")))
         for code in Code:
             child = families.diagnosis.labels(*self._values, code.value)
             child.set_function(_reader(me, _diagnosed(code.value)))
