@@ -28,25 +28,12 @@ logger = logging.getLogger(__name__)
 
 
 class Listener(ThreadingHTTPServer):
-    """Listens on `sock`, a bound socket it takes over (and closes in `server_close`)."""
-
     daemon_threads = True
     block_on_close = False
     # SGLang's listen backlog (aiohttp's default), not socketserver's 5: a fleet that overflows
     # one overflows the other.
     request_queue_size = 128
-
-    def __init__(
-        self, owner: BootstrapServer, sock: socket.socket, tls: ssl.SSLContext | None
-    ) -> None:
-        self.address_family = sock.family
-        self.owner = owner
-        super().__init__(sock.getsockname()[:2], Handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket = sock
-        self.server_activate()
-        if tls is not None:
-            self.socket = tls.wrap_socket(sock, server_side=True)
+    owner: BootstrapServer
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -196,7 +183,13 @@ class BootstrapServer:
         if self._server is not None:
             return self
         sock, self._down = self._down or bind(self.host, self.port, reuse_port=True), None
-        server = Listener(self, sock, self._tls)
+        # The listener takes `sock` over (and closes it in `server_close`).
+        server = Listener(sock.getsockname()[:2], Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket, server.owner = sock, self
+        server.server_activate()
+        if self._tls is not None:
+            server.socket = self._tls.wrap_socket(sock, server_side=True)
         self.port = server.server_address[1]
         self._release = threading.Event()
         self._server = server
