@@ -105,32 +105,52 @@ class RouteTable:
         fields = {name: data[name] for name in _REQUIRED}
         rank_port = int(fields["rank_port"])
         int(fields["page_size"])
-        refused = self._layout_checks(data)
-        if refused is not None:
-            return 400, refused, "text/plain", rank_port
+        # The layout checks (each in the releases that have it); the last writer's values kept.
+        layout = data.get("dsv41_spec_layout")
+        if "dsv41_spec_layout" in self.fields and self.count and self.dsv41_spec_layout != layout:
+            text = "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+            return 400, text, "text/plain", rank_port
+        policy = data.get("decode_allocation_policy", "early")
+        if "decode_allocation_policy" in self.fields:
+            if self.count and self.decode_allocation_policy != policy:
+                return 400, "Inconsistent prefill allocation policies", "text/plain", rank_port
+            self.decode_allocation_policy = policy
+        if "dsv41_spec_layout" in self.fields:
+            self.dsv41_spec_layout = layout
         single = fields["system_dp_size"] == 1
-        self._first_writer_wins(data, fields, single)
+        # The topology's fields are set by the first registration that carries them, in
+        # SGLang's order of assignments (so that a bad value fails at the same point).
+        port = data.get("prefill_http_port")
+        balance = data.get("load_balance_method", "follow_bootstrap_room")
+        firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("attn_tp_size", lambda: fields["attn_tp_size"]),
+            ("attn_cp_size", lambda: fields["attn_cp_size"]),
+            ("dp_size", lambda: fields["attn_dp_size"] if single else fields["system_dp_size"]),
+            ("pp_size", lambda: fields["pp_size"]),
+            ("page_size", lambda: int(fields["page_size"])),
+            ("kv_cache_dtype", lambda: fields["kv_cache_dtype"]),
+            ("kv_layout", lambda: data.get("kv_layout")),
+            ("prefill_http_port", lambda: None if port is None else int(port)),
+            ("follow_bootstrap_room", lambda: balance == "follow_bootstrap_room"),
+            (
+                "enable_dsa_cache_layer_split",
+                lambda: bool(data.get("enable_dsa_cache_layer_split")),
+            ),
+            ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
+        )
+        for name, value in firsts:
+            if name in FIELDS_SINCE and name not in self.fields:
+                continue
+            if getattr(self, name) is None:
+                chosen = value()
+                if chosen is not None:
+                    setattr(self, name, chosen)
         dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
         key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
         self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
         self.count += 1
         self.expected()  # computed for a log line after the count: a bad size fails here
         return 200, "OK", "text/plain", rank_port
-
-    def _layout_checks(self, data: dict[str, Any]) -> str | None:
-        """The checks a PUT passes before it is stored (each in the releases that have it):
-        the text of the 400 answer, or None; the last writer's values are kept."""
-        layout = data.get("dsv41_spec_layout")
-        if "dsv41_spec_layout" in self.fields and self.count and self.dsv41_spec_layout != layout:
-            return "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
-        policy = data.get("decode_allocation_policy", "early")
-        if "decode_allocation_policy" in self.fields:
-            if self.count and self.decode_allocation_policy != policy:
-                return "Inconsistent prefill allocation policies"
-            self.decode_allocation_policy = policy
-        if "dsv41_spec_layout" in self.fields:
-            self.dsv41_spec_layout = layout
-        return None
 
     def get(self, path: str) -> Reply:
         """SGLang's `_handle_route_get` (the first of a repeated parameter; int() only where the
@@ -187,34 +207,3 @@ class RouteTable:
             if info.get(optional, "") is None:
                 del info[optional]
         return info
-
-    def _first_writer_wins(
-        self, data: dict[str, Any], fields: dict[str, Any], single: bool
-    ) -> None:
-        """The topology's fields are set by the first registration that carries them, in
-        SGLang's order of assignments (so that a bad value fails at the same point)."""
-        port = data.get("prefill_http_port")
-        policy = data.get("load_balance_method", "follow_bootstrap_room")
-        firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
-            ("attn_tp_size", lambda: fields["attn_tp_size"]),
-            ("attn_cp_size", lambda: fields["attn_cp_size"]),
-            ("dp_size", lambda: fields["attn_dp_size"] if single else fields["system_dp_size"]),
-            ("pp_size", lambda: fields["pp_size"]),
-            ("page_size", lambda: int(fields["page_size"])),
-            ("kv_cache_dtype", lambda: fields["kv_cache_dtype"]),
-            ("kv_layout", lambda: data.get("kv_layout")),
-            ("prefill_http_port", lambda: None if port is None else int(port)),
-            ("follow_bootstrap_room", lambda: policy == "follow_bootstrap_room"),
-            (
-                "enable_dsa_cache_layer_split",
-                lambda: bool(data.get("enable_dsa_cache_layer_split")),
-            ),
-            ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
-        )
-        for name, value in firsts:
-            if name in FIELDS_SINCE and name not in self.fields:
-                continue
-            if getattr(self, name) is None:
-                chosen = value()
-                if chosen is not None:
-                    setattr(self, name, chosen)
