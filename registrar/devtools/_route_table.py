@@ -184,9 +184,7 @@ class RouteTable:
             "pp_size": int(self.pp_size),
             "page_size": int(self.page_size) if self.page_size is not None else None,
             "kv_cache_dtype": str(self.kv_cache_dtype) if self.kv_cache_dtype is not None else None,
-            "follow_bootstrap_room": bool(
-                self.follow_bootstrap_room if self.follow_bootstrap_room is not None else True
-            ),
+            "follow_bootstrap_room": self.follow_bootstrap_room is not False,  # None: True
             "enable_dsa_cache_layer_split": bool(self.enable_dsa_cache_layer_split),
             "dsv41_spec_layout": self.dsv41_spec_layout,
             "kv_layout": self.kv_layout,
