@@ -64,16 +64,6 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _dispatch
 
-    def cut(self, reset: bool) -> None:
-        """Send part of an answer, then close (with `reset`: a TCP reset)."""
-        with contextlib.suppress(OSError):
-            self.wfile.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
-            self.wfile.flush()
-            if reset:
-                linger = struct.pack("ii", 1, 0)
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
-        self.close_connection = True
-
     def send(
         self,
         status: int,
@@ -375,8 +365,13 @@ class BootstrapServer:
             # server's process would have died with it, unanswered, and never counted it in
             # the next one's memory.
             self._record(h, None, body)
-            if kind in ("drop", "reset"):
-                h.cut(reset=kind == "reset")
+            if kind in ("drop", "reset"):  # part of an answer, then a close or a TCP reset
+                with contextlib.suppress(OSError):
+                    h.wfile.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
+                    h.wfile.flush()
+                    if kind == "reset":
+                        linger = struct.pack("ii", 1, 0)
+                        h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
             h.close_connection = True
             return
         status, text, ctype, port = answer
