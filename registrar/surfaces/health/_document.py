@@ -143,7 +143,6 @@ def health_checks(
 
 
 def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
-    """The most severe of `verdicts` (pass when empty)."""
     return max(verdicts, key=_SEVERITY.__getitem__, default="pass")
 
 
@@ -245,7 +244,6 @@ def render_health(  # noqa: PLR0913 - public: the documented keyword options
 def _shown(
     every: Mapping[str, Check], probe: str, only: str | None, exclude: Sequence[str]
 ) -> list[Check]:
-    """The checks of `probe`, or only its check `only`, less those named in `exclude`."""
     return [every[n] for n in ([only] if only else PROBES[probe]) if n not in exclude]
 
 
@@ -255,7 +253,6 @@ def render_probe(
     payload: Mapping[str, Any] | None,
     options: HealthOptions,
 ) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the document of the checks `shown`."""
     verdict = worst(c.status for c in shown)
     document: dict[str, Any] = {
         "status": verdict,
@@ -274,8 +271,7 @@ def render_probe(
 def verbose_text(
     checks: Sequence[Check], excluded: Sequence[str], unknown: Sequence[str], probe: str
 ) -> tuple[int, str]:
-    """Kubernetes' `?verbose` output: one `[+]name ok` or `[-]name failed: reason` line per
-    check (a warning shows as `[+]name warn: reason`), then the verdict."""
+    """Kubernetes' `?verbose` output (a warning shows as `[+]name warn: reason`)."""
     said = {"pass": "[+]{} ok", "warn": "[+]{} warn: {}", "fail": "[-]{} failed: {}"}
     lines = [said[check.status].format(check.name, check.reason) for check in checks]
     lines.extend(f"[+]{name} excluded: ok" for name in excluded)
