@@ -191,9 +191,6 @@ class HealthOptions:
     service_id: str | None = None
 
 
-DEFAULT_OPTIONS = HealthOptions()
-
-
 class HealthSource(Protocol):
     """What the health endpoints read: a `Registrar` fits."""
 
@@ -311,7 +308,7 @@ def answer_health(
     method: str,
     path: str,
     query: str,
-    options: HealthOptions = DEFAULT_OPTIONS,
+    options: HealthOptions = HealthOptions(),
 ) -> Answer | None:
     """The answer to one request, or None for `/metrics` (prometheus-client's, served by the
     caller). Unknown paths and methods answer plain text, not health documents."""
