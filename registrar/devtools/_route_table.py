@@ -198,10 +198,7 @@ class RouteTable:
             "required_dst_info_num": None,
             "required_prefill_response_num": None,
         }
-        for optional in FIELDS_SINCE:
-            if optional not in self.fields:
-                del info[optional]
-        for optional in ("dsv41_spec_layout", "kv_layout"):
-            if info.get(optional, "") is None:
-                del info[optional]
-        return info
+        # Without the fields this release lacks, and the layouts only when set.
+        absent = {name for name in FIELDS_SINCE if name not in self.fields}
+        absent |= {name for name in ("dsv41_spec_layout", "kv_layout") if info[name] is None}
+        return {name: value for name, value in info.items() if name not in absent}
