@@ -36,7 +36,6 @@ def metrics_available() -> bool:
 
 def _prometheus() -> Any:
     try:
-        # Imported here so that the core never needs the extra.
         import prometheus_client  # noqa: PLC0415
     except ImportError as exc:
         raise ImportError(
@@ -56,8 +55,7 @@ class _Families:
         )
         kw: dict[str, Any] = {"namespace": namespace, "registry": registry}
         names = list(labels)
-        self.build_info = prom.Info("build", "The registrar library's version", **kw)
-        self.build_info.info({"version": __version__})
+        prom.Info("build", "The registrar library's version", **kw).info({"version": __version__})
         self.state = prom.Enum(
             "state", "Registration state", names, states=[s.value for s in State], **kw
         )
