@@ -14,13 +14,13 @@ from .._httpserver import ProbeServer, StartResponse, WSGIApp
 from ..metrics import RegistrarMetrics, metrics_available
 from ._document import (
     HEALTH_CONTENT_TYPE,
+    NO_METRICS,
     Answer,
     HealthGroup,
     HealthOptions,
     HealthSource,
     answer_health,
     camel_case,
-    no_metrics,
     render_health,
 )
 
@@ -51,8 +51,7 @@ def _answerer(
     options: HealthOptions,
 ) -> Callable[[dict[str, Any]], Answer]:
     """The answer to a WSGI environ, whichever app received it: a health document, or
-    prometheus-client's exposition at `/metrics` (its WSGI app serves both apps: it answers at
-    once)."""
+    prometheus-client's `/metrics` (its WSGI app serves both: it answers at once)."""
     metrics_app = metrics.wsgi_app() if metrics is not None else None
 
     def answer(environ: dict[str, Any]) -> Answer:
@@ -62,7 +61,7 @@ def _answerer(
         if found is not None:
             return found
         if metrics_app is None:
-            return no_metrics()
+            return NO_METRICS
         # prometheus-client answers GET only, and HEAD must announce the length of the body it
         # leaves out (a WSGI server would otherwise count the empty body of HEAD and say 0).
         started: list[tuple[str, list[tuple[str, str]]]] = []

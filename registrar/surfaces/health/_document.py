@@ -303,6 +303,12 @@ def _text(code: int, text: str, *extra: tuple[str, str]) -> Answer:
     return _answer(code, "text/plain; charset=utf-8", text.encode(), *extra)
 
 
+_NOT_ALLOWED = _text(405, "405 method not allowed: use GET or HEAD\n", ("Allow", "GET, HEAD"))
+NO_METRICS = _text(
+    404, "404 not found: /metrics needs the extra: pip install 'sglang-registrar[metrics]'\n"
+)
+
+
 def answer_health(
     source: HealthSource | HealthGroup,
     method: str,
@@ -314,14 +320,14 @@ def answer_health(
     caller). Unknown paths and methods answer plain text, not health documents."""
     path = path or "/"
     if path == "/metrics":
-        return None if method in ("GET", "HEAD") else _not_allowed()
+        return None if method in ("GET", "HEAD") else _NOT_ALLOWED
     probe, _, only = path.lstrip("/").partition("/")
     if probe not in PROBES or (only and only not in PROBES[probe]) or path.endswith("/"):
         # The client's path, escaped and capped: an answer is no place to reflect raw bytes.
         asked = clean(path, 100)
         return _text(404, f"404 not found: {asked}; try /readyz, /livez or /health\n")
     if method not in ("GET", "HEAD"):
-        return _not_allowed()
+        return _NOT_ALLOWED
     params = parse_qs(query, keep_blank_values=True)
     exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
     members = list(source.members()) if isinstance(source, HealthGroup) else [source]
@@ -340,13 +346,3 @@ def answer_health(
         return _text(code, text)
     code, document = render_probe(shown, description, members[0].payload, options)
     return _answer(code, HEALTH_CONTENT_TYPE, json.dumps(document, indent=2).encode() + b"\n")
-
-
-def _not_allowed() -> Answer:
-    return _text(405, "405 method not allowed: use GET or HEAD\n", ("Allow", "GET, HEAD"))
-
-
-def no_metrics() -> Answer:
-    return _text(
-        404, "404 not found: /metrics needs the extra: pip install 'sglang-registrar[metrics]'\n"
-    )
