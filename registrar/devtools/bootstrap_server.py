@@ -126,10 +126,8 @@ class Fault:
 
 class BootstrapServer:
     """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across
-    restarts), or on `sock`, a bound socket that does not listen yet (it holds the port, and
-    refuses connections, until `start()`). `release` is the SGLang release whose server it
-    copies (its optional fields and checks: `route_table.FIELDS_SINCE`). Use as a context
-    manager, or `start()` and `close()`."""
+    restarts), or on `sock`, bound and not listening until `start()`, copying SGLang `release`
+    (docs/sglang.md). Use as a context manager, or `start()` and `close()`."""
 
     def __init__(  # noqa: PLR0913 (the reference server's documented keyword options)
         self,
@@ -194,10 +192,8 @@ class BootstrapServer:
         return self
 
     def stop(self) -> None:
-        """Stop listening and drop every connection: clients see refused connections. The
-        port stays this server's, held by a bound socket that does not listen, until `close()`
-        (another process cannot take it before `start()` listens again). The routes are kept
-        (use `forget()` or `restart()` for an empty memory)."""
+        """Stop listening and drop every connection: clients see refused connections, and the
+        port stays held until `close()` (docs/sglang.md). The routes are kept."""
         self._stop(hold=True)
 
     def close(self) -> None:
