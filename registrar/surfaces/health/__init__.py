@@ -160,11 +160,9 @@ def start_health_server(
 ) -> HealthServer:
     """Serve `health_app(registrar)` on `host:port` (0: an ephemeral port), bounded under
     probes (`registrar.surfaces._httpserver`). Raises OSError when the port cannot be bound.
-
-    `metrics=None` serves `/metrics` when prometheus-client is installed (a new registry fed by
-    this registrar, or one for a group, each member's series labelled by its registry's URL);
-    True insists (ImportError naming the extra when it is missing); False never does; a
-    `RegistrarMetrics` is served as given."""
+    `metrics`: None serves a registry of its own when prometheus-client is installed (a group's
+    members on one, labelled by their registry's URL), True insists, False never; a
+    `RegistrarMetrics` is served as given (docs/operations.md)."""
     chosen = metrics if isinstance(metrics, RegistrarMetrics) else None
     if metrics is True or (metrics is None and metrics_available()):
         group = isinstance(registrar, HealthGroup)
