@@ -188,7 +188,6 @@ class RegistrarMetrics:
         return self._registrar is None or self._registrar() is not None
 
     def _own(self, metric: Any) -> Any:
-        """This registrar's child of `metric` (the metric itself when there are no labels)."""
         return metric.labels(*self._values) if self._values else metric
 
     def current_status(self) -> Status | None:

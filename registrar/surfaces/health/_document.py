@@ -19,7 +19,6 @@ from ...core._redact import clean
 from ...core._status import Status, iso_utc
 
 HealthStatus = Literal["pass", "warn", "fail"]
-_SEVERITY: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
 
 HEALTH_CONTENT_TYPE = "application/health+json"
 READINESS_CHECKS = ("registration", "server", "route")
@@ -143,7 +142,7 @@ def health_checks(
 
 
 def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
-    return max(verdicts, key=_SEVERITY.__getitem__, default="pass")
+    return max(verdicts, key=("pass", "warn", "fail").index, default="pass")  # the most severe
 
 
 def described_checks(
