@@ -65,14 +65,12 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _dispatch
 
     def send(
-        self,
-        status: int,
-        text: str,
-        content_type: str = "text/plain",
-        headers: Mapping[str, str] | None = None,
+        self, reply: Reply, body: bytes = b"", headers: Mapping[str, str] | None = None
     ) -> None:
-        """One whole answer (a client that has gone away is not an error); `Connection: close`
-        closes the connection after it (`send_header` sees to it)."""
+        """Record the request (its `body`), then send `reply` whole (a client that has gone away
+        is not an error); `Connection: close` closes the connection after it (`send_header`)."""
+        status, text, content_type, port = reply
+        self.server.owner._record(self, status, body, port)
         data = text.encode()
         try:
             self.send_response(status)
@@ -350,8 +348,7 @@ class BootstrapServer:
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             if fault.close:
                 headers.update(_CLOSE)
-            self._record(h, fault.status, body)
-            h.send(fault.status, fault.body, fault.content_type, headers)
+            h.send((fault.status, fault.body, fault.content_type, None), body, headers)
             return
         if fault is not None and kind in ("delay", "hang"):
             release.wait(fault.seconds if kind == "delay" else None)
@@ -370,9 +367,7 @@ class BootstrapServer:
                         h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
             h.close_connection = True
             return
-        status, text, ctype, port = answer
-        self._record(h, status, body, port)
-        h.send(status, text, ctype)
+        h.send(answer, body)
 
     def _read_body(self, h: Handler) -> bytes | None:
         length_text = h.headers.get("Content-Length")
@@ -381,12 +376,11 @@ class BootstrapServer:
         except ValueError:
             length = -1
         if length < 0:
-            self._record(h, 400)
-            h.send(400, "Bad Content-Length", headers=_CLOSE)
+            h.send((400, "Bad Content-Length", "text/plain", None), headers=_CLOSE)
             return None
         if length > self.max_body_bytes:
-            self._record(h, 413)
-            h.send(413, f"Request body over {self.max_body_bytes} bytes", headers=_CLOSE)
+            text = f"Request body over {self.max_body_bytes} bytes"
+            h.send((413, text, "text/plain", None), headers=_CLOSE)
             return None
         return h.rfile.read(length) if length else b""
 
