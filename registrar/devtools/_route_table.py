@@ -91,9 +91,7 @@ class RouteTable:
     def ready(self) -> bool:
         """The real `_is_ready`: raises TypeError, as it does, on wrongly typed sizes."""
         sizes = (self.attn_tp_size, self.attn_cp_size, self.pp_size, self.dp_size)
-        if any(size is None for size in sizes):
-            return False
-        return bool(self.count >= self.expected())
+        return None not in sizes and bool(self.count >= self.expected())
 
     def expected(self) -> Any:
         return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
