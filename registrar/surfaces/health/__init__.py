@@ -119,11 +119,8 @@ def health_asgi_app(
             return
         if scope["type"] != "http":
             raise ValueError(f"the health app serves HTTP only, not {scope['type']!r}")
-        path: str = scope.get("path", "/")
-        root: str = scope.get("root_path", "")
         # Mounted under a prefix, the path still carries it (ASGI): strip it.
-        if root and path.startswith(root):
-            path = path[len(root) :] or "/"
+        path: str = scope.get("path", "/").removeprefix(scope.get("root_path", "")) or "/"
         method: str = scope.get("method", "GET")
         environ = {
             "REQUEST_METHOD": method,
