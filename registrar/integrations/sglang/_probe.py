@@ -16,7 +16,7 @@ from typing import Any
 
 
 class ImportProbe:
-    """Resolves each path in this process (imports the module, as HookRegistry would)."""
+    """Imports each path's module, as HookRegistry would."""
 
     def has(self, path: str) -> bool:
         try:
@@ -64,15 +64,13 @@ class SourceProbe:
     def own(self, path: str) -> bool:
         owner, _, name = path.rpartition(".")
         found = self._find(owner)
-        if found is None or not isinstance(found[1], ast.ClassDef):
-            return False
-        return name in _members(found[1])
+        return (
+            found is not None and isinstance(found[1], ast.ClassDef) and name in _members(found[1])
+        )
 
     def source(self, path: str) -> str | None:
         found = self._find(path)
-        if found is None:
-            return None
-        return ast.get_source_segment(found[0], found[1])
+        return None if found is None else ast.get_source_segment(*found)
 
     def _module(self, dotted: str) -> tuple[str, ast.Module] | None:
         parts = dotted.split(".")
