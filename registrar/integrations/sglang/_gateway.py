@@ -1,7 +1,6 @@
-"""The SGLang server keeps itself listed by the smg gateway(s) named in `REGISTRAR_GATEWAY`,
-from node 0's HTTP process, gated on the server's own readiness, and drains from them at
-SIGTERM while uvicorn still serves (docs/sglang.md "The smg gateway").
-"""
+"""Node 0's HTTP process keeps the server listed by the smg gateways of `REGISTRAR_GATEWAY`
+while /ready holds, and drains from them at SIGTERM while uvicorn still serves (docs/sglang.md
+"The smg gateway")."""
 
 from __future__ import annotations
 
@@ -23,13 +22,12 @@ from ._tables import readiness
 
 logger = logging.getLogger("registrar.integrations.sglang.gateway")
 
+# SGLang's `--disaggregation-mode` to the gateway's worker type.
 WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "null": "regular", None: "regular"}
-"""SGLang's `--disaggregation-mode` to the gateway's worker type."""
-_SIGNAL_POLL = 0.25
-"""Seconds between looks at `gracefully_exit` while waiting for SIGTERM (a flag read)."""
+_SIGNAL_POLL = 0.25  # seconds between looks at `gracefully_exit` (a flag read)
+# The shared `Registrar` options the gateway registrations take too (the bootstrap token and the
+# failure policy are a prefill rank's, not the gateway's).
 _PASSED = ("timeout", "verify", "backoff", "max_retry_after", "watch_interval")
-"""The shared `Registrar` options that also shape the gateway registrations (the bootstrap
-token and the failure policy are a prefill rank's, not the gateway's)."""
 
 _group: RegistrarGroup | None = None
 _lock = threading.Lock()
@@ -42,9 +40,8 @@ def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]
     if mode not in WORKER_TYPES:
         raise ConfigError(f"--disaggregation-mode {mode!r} has no smg worker type")
     kind = WORKER_TYPES[mode]
-    if worker_url is None:
-        worker_url = _own_url(server_args)
-    spec: dict[str, Any] = {"url": validate_url(worker_url, "worker url"), "worker_type": kind}
+    url = validate_url(_own_url(server_args) if worker_url is None else worker_url, "worker url")
+    spec: dict[str, Any] = {"url": url, "worker_type": kind}
     if kind == "prefill":
         spec["bootstrap_port"] = int(server_args.disaggregation_bootstrap_port)
     return spec
@@ -74,7 +71,7 @@ def start(
     *,
     make: Callable[..., RegistrarGroup] | None = None,
 ) -> RegistrarGroup:
-    """Start the group of gateway registrations for this server (the plugin keeps one)."""
+    """The plugin keeps one group: a new one replaces it."""
     global _group
     worker = worker_of(server_args, config.worker_url)
     extra: dict[str, Any] = {k: v for k, v in (config.options or {}).items() if k in _PASSED}
@@ -154,8 +151,8 @@ def _worker_id(registrar: Any) -> str | None:
 
 
 def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE `_setup_and_run_http_server`: with `REGISTRAR_GATEWAY`, start the registrations.
-    A bad worker address stops the server with one line (nothing is served unlisted)."""
+    """BEFORE `_setup_and_run_http_server`. A bad worker address stops the server with one line
+    (nothing is served unlisted)."""
     config = current_config().gateway
     if config is None or tokenizer_manager is None:
         return
