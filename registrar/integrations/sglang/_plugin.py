@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
@@ -117,18 +118,11 @@ def _cause(target: str, registered: bool = True) -> str:
         try:
             if importlib.util.find_spec(name) is None:
                 continue
-            found: Any = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # not a module: a class or function of a shorter prefix
-            return f"ModuleNotFoundError: {exc}"  # a module it imports is missing
+            functools.reduce(getattr, parts[end:], importlib.import_module(name))
         except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        try:
-            for attribute in parts[end:]:
-                found = getattr(found, attribute)
-        except AttributeError as exc:
-            return f"AttributeError: {exc}"
+            if isinstance(exc, ModuleNotFoundError) and exc.name == name:
+                continue  # not a module: a class or function of a shorter prefix
+            return f"{type(exc).__name__}: {exc}"  # a module it imports is missing, or a name
         if not registered:
             return "present, but not in the form the plugin hooks"
         return "present, but SGLang's HookRegistry did not apply the hook (see its log above)"

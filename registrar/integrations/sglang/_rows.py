@@ -47,7 +47,7 @@ def current_config() -> PluginConfig:
 def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
     """Start (or restart) the registrar of this row, SGLang's `url` and `payload` as they are."""
     config = current_config()
-    root = url[: -len("/route")] if url.endswith("/route") else url
+    root = url.removesuffix("/route")
     key = (root, tuple(rank_of(payload).query().values()))
     rows: dict[tuple[Any, ...], Registrar] = manager.__dict__.setdefault(_ROWS, {})
     previous = rows.pop(key, None)
@@ -98,10 +98,8 @@ def _fail_rank(code: int) -> None:
 def stop_rows(manager: Any, reason: str) -> int:
     """Stop every registrar kept on `manager`; how many were running."""
     rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
-    stopped = 0
+    stopped = sum(registrar.running for registrar in rows.values())
     for registrar in list(rows.values()):
-        if registrar.running:
-            stopped += 1
         registrar.stop(timeout=2.0)
     if stopped:
         logger.info("stopped %d registrar%s: %s", stopped, "" if stopped == 1 else "s", reason)
