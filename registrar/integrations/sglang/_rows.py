@@ -13,6 +13,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from ...core._machine import State
@@ -137,22 +138,7 @@ def rank_summary(manager: Any) -> dict[str, Any]:
 
 
 Row = tuple[str, dict[str, Any]]
-
-
-class Accepted:
-    """What the proxy answers SGLang's PUT: a 200, as `requests.Response` shows one."""
-
-    status_code = 200
-    ok = True
-    text = ""
-    content = b""
-    reason = "OK"
-
-    def json(self) -> Any:
-        return {}
-
-    def raise_for_status(self) -> None:
-        return None
+_ACCEPTED = {"status_code": 200, "ok": True, "text": "", "content": b"", "reason": "OK"}
 
 
 class CapturingRequests:
@@ -171,7 +157,8 @@ class CapturingRequests:
         if rows is None or args or not isinstance(url, str) or not isinstance(payload, dict):
             return self.real.put(url, *args, **kwargs)  # not the call we capture: SGLang's own
         rows.append((url, dict(payload)))
-        return Accepted()
+        # A 200, as `requests.Response` shows one.
+        return SimpleNamespace(**_ACCEPTED, json=dict, raise_for_status=lambda: None)
 
 
 _capture_lock = threading.Lock()
