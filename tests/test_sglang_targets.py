@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from docs.hooks.supportdoc import support_table
 from registrar.integrations.sglang import _plugin as plugin
 from registrar.integrations.sglang._probe import SourceProbe
 from registrar.integrations.sglang._targets import (
@@ -18,7 +19,6 @@ from registrar.integrations.sglang._targets import (
     expected,
     parse_release,
     plan,
-    support_table,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,8 +237,7 @@ def test_docs_carry_the_generated_support_table() -> None:
     written = text.split(begin, 1)[1].split(end, 1)[0]
     assert written == support_table(), (
         "docs/sglang.md's support table differs from the target table: paste "
-        "`python -c 'from registrar.integrations.sglang._targets import support_table; "
-        'print(support_table(), end="")\'` between the markers'
+        "`python docs/hooks/supportdoc.py` between the markers"
     )
 
 

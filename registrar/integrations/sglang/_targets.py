@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from itertools import groupby
 from typing import Literal, Protocol
 
 Release = tuple[int, int, int]  # `.postN`, `rcN` and local parts are ignored
@@ -278,39 +277,3 @@ def plan(probe: Probe, release: Release | None) -> Plan:
 
 def expected(release: Release) -> list[Target | None]:
     return [next(iter(f.covering(release)), None) for f in FEATURES]
-
-
-def support_table() -> str:
-    """docs/sglang.md's tables: one row per run of releases treated alike, then per feature."""
-    lines = [
-        "| SGLang | Targets | " + " | ".join(f.name for f in FEATURES) + " |",
-        "|---|---|" + "---|" * len(FEATURES),
-        f"| < {release_text(OLDEST_WITH_PLUGINS)} | 0 | never loaded: no `sglang.srt.plugins` "
-        "(`registrar sglang` says so) |" + " |" * (len(FEATURES) - 1),
-    ]
-    patches = range(OLDEST_WITH_PLUGINS[2], NEWEST_KNOWN[2] + 1)
-    for row, run in groupby(patches, lambda patch: expected((0, 5, patch))):
-        first, *rest = (release_text((0, 5, patch)) for patch in run)
-        name = f"{first}-{rest[-1]}" if rest else first
-        cells = [
-            "-" if t is None else ("stand-in" if t is not f.candidates[0] else "yes")
-            for f, t in zip(FEATURES, row, strict=True)
-        ]
-        count = sum(t is not None for t in row)
-        lines.append(f"| {name} | {count} | " + " | ".join(cells) + " |")
-    lines += [
-        f"| > {release_text(NEWEST_KNOWN)} | what it has | the targets found, one WARNING "
-        "naming those missing |" + " |" * (len(FEATURES) - 1),
-        "",
-        "| Feature | What it does | Target (hook) | Releases | Without it |",
-        "|---|---|---|---|---|",
-    ]
-    for feature in FEATURES:
-        targets = "<br>".join(
-            f"`{t.path.rsplit('.', 2)[-2]}.{t.path.rsplit('.', 1)[-1]}` ({t.kind})"
-            for t in feature.candidates
-        )
-        releases = "<br>".join(t.releases() for t in feature.candidates)
-        name = f"**{feature.name}**" if feature.required else feature.name
-        lines.append(f"| {name} | {feature.does} | {targets} | {releases} | {feature.without} |")
-    return "\n".join(lines) + "\n"
