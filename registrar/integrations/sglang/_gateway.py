@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...core._diagnosis import hostport
 from ...core._errors import ConfigError
 from ...core._group import RegistrarGroup
 from ...core._transport import validate_url
@@ -60,8 +61,7 @@ def _own_url(server_args: Any) -> str:
             "REGISTRAR_WORKER_URL to this server's URL as the gateway reaches it"
         )
     scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
-    shown = f"[{host}]" if address is not None and address.version == 6 else host
-    return f"{scheme}://{shown}:{port}"
+    return f"{scheme}://{hostport(host, port)}"
 
 
 def start(

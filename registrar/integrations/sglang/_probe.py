@@ -1,12 +1,10 @@
 """What the installed SGLang has (targets.Probe): by importing it, inside SGLang's processes, or
 by reading its source without running any of it (`registrar sglang`, which must work where
-SGLang's own dependencies are missing or heavy).
-"""
+SGLang's own dependencies are missing or heavy)."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 import importlib.util
 import inspect
 import pkgutil
