@@ -137,8 +137,7 @@ def _token(command: Mapping[str, Any]) -> str | Callable[[], str | None] | None:
     path = command.get("token_file")
     if path is not None:
         return file_token(path, f"{ENV_PREFIX}TOKEN_FILE")
-    token: str | None = command.get("token")
-    return validate_token(token, f"{ENV_PREFIX}TOKEN")  # checked now, not in every rank
+    return validate_token(command.get("token"), f"{ENV_PREFIX}TOKEN")  # checked now, not per rank
 
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:
