@@ -216,21 +216,18 @@ def load() -> None:
         hook = guarded(HOOKS[target.hook], target.kind, target.path, original)
         hooks.HookRegistry.register(target.path, hook, hooks.HookType[target.kind])
         _registered.append((target, hook))
-    _verify_after_apply(hooks.HookRegistry)
-
-
-def _verify_after_apply(registry: Any) -> None:
-    """Run `verify()` right after SGLang's next `HookRegistry.apply_hooks()` (load_plugins
-    calls it once every plugin has registered), then put the original back."""
-    original = registry.__dict__["apply_hooks"]
-    if getattr(original.__func__, "_registrar_verifies", False):
+    # verify() right after SGLang's next `HookRegistry.apply_hooks()` (load_plugins calls it once
+    # every plugin has registered), which then is SGLang's own again.
+    registry = hooks.HookRegistry
+    apply_hooks = registry.__dict__["apply_hooks"]
+    if getattr(apply_hooks.__func__, "_registrar_verifies", False):
         return
 
     def apply_then_verify(cls: Any) -> None:
         try:
-            original.__func__(cls)
+            apply_hooks.__func__(cls)
         finally:
-            registry.apply_hooks = original
+            registry.apply_hooks = apply_hooks
         verify()
 
     apply_then_verify._registrar_verifies = True  # type: ignore[attr-defined]
