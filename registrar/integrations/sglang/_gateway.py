@@ -41,27 +41,23 @@ def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]
     if mode not in WORKER_TYPES:
         raise ConfigError(f"--disaggregation-mode {mode!r} has no smg worker type")
     kind = WORKER_TYPES[mode]
-    url = validate_url(_own_url(server_args) if worker_url is None else worker_url, "worker url")
-    spec: dict[str, Any] = {"url": url, "worker_type": kind}
+    if worker_url is None:
+        host = str(getattr(server_args, "host", "") or "")
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            address = None
+        if not host or (address is not None and address.is_unspecified):
+            raise ConfigError(
+                f"--host {host or '(none)'} is no address a gateway can reach: set "
+                "REGISTRAR_WORKER_URL to this server's URL as the gateway reaches it"
+            )
+        scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
+        worker_url = f"{scheme}://{hostport(host, getattr(server_args, 'port', None))}"
+    spec: dict[str, Any] = {"url": validate_url(worker_url, "worker url"), "worker_type": kind}
     if kind == "prefill":
         spec["bootstrap_port"] = int(server_args.disaggregation_bootstrap_port)
     return spec
-
-
-def _own_url(server_args: Any) -> str:
-    host = str(getattr(server_args, "host", "") or "")
-    port = getattr(server_args, "port", None)
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
-    if not host or (address is not None and address.is_unspecified):
-        raise ConfigError(
-            f"--host {host or '(none)'} is no address a gateway can reach: set "
-            "REGISTRAR_WORKER_URL to this server's URL as the gateway reaches it"
-        )
-    scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
-    return f"{scheme}://{hostport(host, port)}"
 
 
 def start(
