@@ -75,11 +75,7 @@ class SourceProbe:
         if parts[0] != "sglang":
             return None
         base = self.root.joinpath(*parts[1:])
-        for file in (base.with_suffix(".py"), base / "__init__.py"):
-            parsed = _parse(str(file))
-            if parsed is not None:
-                return parsed
-        return None
+        return _parse(str(base.with_suffix(".py"))) or _parse(str(base / "__init__.py"))
 
     def _find(self, path: str, depth: int = 0) -> tuple[str, ast.AST] | None:
         parts = path.split(".")
