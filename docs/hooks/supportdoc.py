@@ -15,11 +15,19 @@ from registrar.integrations.sglang._targets import (
     FEATURES,
     NEWEST_KNOWN,
     OLDEST_WITH_PLUGINS,
+    Target,
     expected,
     release_text,
 )
 
 __all__ = ["main", "support_table"]
+
+
+def _releases(target: Target) -> str:
+    start = release_text(target.since)
+    if target.until is None:
+        return f"{start}+"
+    return start if target.until == target.since else f"{start}-{release_text(target.until)}"
 
 
 def support_table() -> str:
@@ -52,7 +60,7 @@ def support_table() -> str:
             f"`{t.path.rsplit('.', 2)[-2]}.{t.path.rsplit('.', 1)[-1]}` ({t.kind})"
             for t in feature.candidates
         )
-        releases = "<br>".join(t.releases() for t in feature.candidates)
+        releases = "<br>".join(_releases(t) for t in feature.candidates)
         name = f"**{feature.name}**" if feature.required else feature.name
         lines.append(f"| {name} | {feature.does} | {targets} | {releases} | {feature.without} |")
     return "\n".join(lines) + "\n"

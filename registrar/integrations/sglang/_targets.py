@@ -80,12 +80,6 @@ class Target:
             return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
         return True
 
-    def releases(self) -> str:
-        start = release_text(self.since)
-        if self.until is None:
-            return f"{start}+"
-        return start if self.until == self.since else f"{start}-{release_text(self.until)}"
-
     def covers(self, release: Release | None) -> bool:
         """None: an unknown release, taken as the newest."""
         at = release or (999, 0, 0)
