@@ -150,7 +150,7 @@ def check_prefill(manager: Any, addr: str) -> str | None:
     rows = cached_rows(addr, pool, info) if info is not None else []
     with _lock:
         watches: dict[str, _Watch] = manager.__dict__.setdefault(_STATE, {})
-        watch = watches.setdefault(addr, _Watch(addr))
+        watch = watches.get(addr) or watches.setdefault(addr, _Watch(addr))
     if not rows:
         watch.cache, watch.pending = None, None
         return None
