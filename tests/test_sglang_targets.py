@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from docs.hooks.supportdoc import support_table
 from registrar.integrations.sglang import _plugin as plugin
 from registrar.integrations.sglang._probe import SourceProbe
 from registrar.integrations.sglang._targets import (
@@ -18,7 +19,6 @@ from registrar.integrations.sglang._targets import (
     expected,
     parse_release,
     plan,
-    support_table,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +160,7 @@ def test_verify_logs_one_warning_naming_what_is_missing(
     probe.paths -= {ROLE}
     monkeypatch.setattr(plugin, "_plan", plan(probe, (0, 5, 24)))
     monkeypatch.setattr(plugin, "_registered", [])
-    monkeypatch.setattr(plugin, "_sglang_version", lambda: "0.5.24")
+    monkeypatch.setattr(plugin, "installed_version", lambda: "0.5.24")
     with caplog.at_level(logging.INFO, logger="registrar"):
         missing = plugin.verify(strict=True)  # a missing optional target never stops it
     assert missing == [ROLE]
@@ -177,7 +177,7 @@ def test_an_old_release_says_what_it_cannot_do_in_the_active_line(
 ) -> None:
     monkeypatch.setattr(plugin, "_plan", plan(release("0.5.11"), (0, 5, 11)))
     monkeypatch.setattr(plugin, "_registered", [])
-    monkeypatch.setattr(plugin, "_sglang_version", lambda: "0.5.11")
+    monkeypatch.setattr(plugin, "installed_version", lambda: "0.5.11")
     with caplog.at_level(logging.INFO, logger="registrar"):
         assert plugin.verify(strict=True) == []
     [active] = [r.getMessage() for r in caplog.records if plugin.ACTIVE in r.getMessage()]
@@ -237,8 +237,7 @@ def test_docs_carry_the_generated_support_table() -> None:
     written = text.split(begin, 1)[1].split(end, 1)[0]
     assert written == support_table(), (
         "docs/sglang.md's support table differs from the target table: paste "
-        "`python -c 'from registrar.integrations.sglang._targets import support_table; "
-        'print(support_table(), end="")\'` between the markers'
+        "`python docs/hooks/supportdoc.py` between the markers"
     )
 
 

@@ -21,13 +21,15 @@ from .bootstrap_server import BootstrapServer
 
 
 class _Say(logging.Handler):
-    """Prints the demo's lines and registrar's INFO log, each with the time since the start."""
+    """Prints the demo's lines and registrar's INFO log, each with the time since the start,
+    and keeps the problems seen."""
 
     def __init__(self, out: TextIO) -> None:
         super().__init__(logging.INFO)
         self._out = out
         self._start = time.monotonic()
         self._print = threading.Lock()
+        self.problems: list[str] = []
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
@@ -39,28 +41,36 @@ class _Say(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self(record.getMessage())
 
-
-def _readyz_checker(url: str, say: _Say, problems: list[str]) -> Callable[[int, str], None]:
-    """Narrate GET /readyz and note a problem when it does not answer `expected`."""
-
-    def expect(expected: int, when: str) -> None:
+    def expect_readyz(self, url: str, expected: int, when: str) -> None:
         try:
             code: int | None = requests.get(f"{url}/readyz", timeout=2).status_code
         except requests.RequestException:
             code = None
-        say(f"GET /readyz -> {code}")
+        self(f"GET /readyz -> {code}")
         if code != expected:
-            problems.append(f"/readyz answered {code} {when}, not {expected}")
+            self.problems.append(f"/readyz answered {code} {when}, not {expected}")
 
-    return expect
+    def finish(self, problem: str | None = None) -> int:
+        """The exit status, after the verdict, with `problem` that ends the demo early."""
+        self.problems += [problem] if problem else []
+        for seen in self.problems:
+            self(f"demo FAILED: {seen}")
+        if not self.problems:
+            self("demo passed: registered late, kept registered through a restart")
+        return 1 if self.problems else 0
 
 
 def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: float = 1.0) -> int:
     """Run the demo; 0 when every step happened, 1 otherwise."""
     say = _Say(out)
-    problems: list[str] = []
+    # registrar's log told through `say`, the rest quieted; their levels restored at the end
     log = logging.getLogger("registrar")
-    saved = _narrate(log, say)
+    quiet = ("transitions", "registrar.devtools.bootstrap_server", "registrar.surfaces.health")
+    saved = [(lg, lg.level) for lg in [log, *map(logging.getLogger, quiet)]]
+    log.addHandler(say)
+    log.setLevel(logging.INFO)
+    for lg, _ in saved[1:]:
+        lg.setLevel(logging.WARNING)
 
     server = BootstrapServer("127.0.0.1", 0).start()
     server.stop()  # keep the port, refuse connections: the startup race
@@ -77,18 +87,16 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
     health = start_health_server(reg, "127.0.0.1", 0)
     try:
         say(f"bootstrap server {server.url} is not up yet; health on {health.url}")
-        expect_readyz = _readyz_checker(health.url, say, problems)
-        expect_readyz(503, "before registration")
+        say.expect_readyz(health.url, 503, "before registration")
         reg.start()
         time.sleep(server_delay)
         server.start()
         up_at = say.elapsed()
         say("bootstrap server is up (empty)")
         if not reg.wait_for(State.REGISTERED, timeout=15):
-            problems.append("never registered after the server came up")
-            return _finish(say, problems)
+            return say.finish("never registered after the server came up")
         registered_in = say.elapsed() - up_at
-        expect_readyz(200, "once registered")
+        say.expect_readyz(health.url, 200, "once registered")
         time.sleep(1.5)
         say(
             f"the route is {reg.status().route or 'not checked yet'}; restarting the bootstrap "
@@ -97,14 +105,10 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
         server.restart(down_for=down_for)
         back_at = say.elapsed()
         say("bootstrap server is back (empty)")
-        recovered = _wait(
-            lambda: reg.status().registrations >= 2 and reg.state is State.REGISTERED, 15
-        )
-        if not recovered:
-            problems.append("the route was not registered again after the restart")
-            return _finish(say, problems)
+        if not _wait(lambda: reg.status().registrations >= 2 and reg.state is State.REGISTERED, 15):
+            return say.finish("the route was not registered again after the restart")
         recovered_in = say.elapsed() - back_at
-        expect_readyz(200, "after recovery")
+        say.expect_readyz(health.url, 200, "after recovery")
         status = reg.status()
         puts = sum(1 for r in server.records() if r.method == "PUT" and r.status == 200)
         say(
@@ -114,9 +118,7 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
             f"{status.reregistrations} re-registration, {puts} accepted PUTs "
             f"(one per server lifetime)"
         )
-        if puts != 2:
-            problems.append(f"{puts} accepted PUTs, expected exactly 2")
-        return _finish(say, problems)
+        return say.finish(f"{puts} accepted PUTs, expected exactly 2" if puts != 2 else None)
     finally:
         reg.stop()
         health.stop()
@@ -126,24 +128,6 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
             lg.setLevel(level)
 
 
-def _narrate(log: logging.Logger, narrator: logging.Handler) -> list[tuple[logging.Logger, int]]:
-    """Tell registrar's log through `narrator`, quiet the rest; the levels to restore."""
-    quiet = [
-        logging.getLogger(name)
-        for name in (
-            "transitions",
-            "registrar.devtools.bootstrap_server",
-            "registrar.surfaces.health",
-        )
-    ]
-    saved = [(lg, lg.level) for lg in [log, *quiet]]
-    log.addHandler(narrator)
-    log.setLevel(logging.INFO)
-    for lg in quiet:
-        lg.setLevel(logging.WARNING)
-    return saved
-
-
 def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -151,12 +135,3 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return False
-
-
-def _finish(say: _Say, problems: list[str]) -> int:
-    if problems:
-        for problem in problems:
-            say(f"demo FAILED: {problem}")
-        return 1
-    say("demo passed: registered late, kept registered through a restart")
-    return 0

@@ -30,7 +30,6 @@ _REQUIRED = (
 
 LATEST_RELEASE = "0.5.23"
 
-_OLDEST = (0, 5, 10)
 FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
     "enable_dsa_cache_layer_split": (0, 5, 16),
     "prefill_http_port": (0, 5, 16),
@@ -51,7 +50,7 @@ def release_fields(release: str) -> frozenset[str]:
         version = ()
     if len(version) != 3 or not all(p.startswith("post") for p in parts[3:]):
         raise ValueError(f"release={release!r}: give an SGLang version such as '0.5.19'")
-    if version < _OLDEST:
+    if version < (0, 5, 10):
         raise ValueError(
             f"release={release!r}: the reference server speaks the protocol of SGLang 0.5.10 "
             "and later (older releases have no worker count nor 503); give 0.5.10 or newer"
@@ -61,6 +60,9 @@ def release_fields(release: str) -> frozenset[str]:
 
 CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
 """aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
+
+Reply = tuple[int, str, str, int | None]
+"""An answer: its status, text and content type, and a PUT's `rank_port`."""
 
 
 @dataclass
@@ -89,110 +91,35 @@ class RouteTable:
     def ready(self) -> bool:
         """The real `_is_ready`: raises TypeError, as it does, on wrongly typed sizes."""
         sizes = (self.attn_tp_size, self.attn_cp_size, self.pp_size, self.dp_size)
-        if any(size is None for size in sizes):
-            return False
-        return bool(self.count >= self.expected())
+        return None not in sizes and bool(self.count >= self.expected())
 
     def expected(self) -> Any:
         return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
 
-    def put(self, body: bytes) -> tuple[int, str, int]:
-        """SGLang's `_handle_route_put`: the status and text it answers, and the payload's
-        `rank_port`. Its reads come first (a null page_size fails before the table changes)."""
+    def put(self, body: bytes) -> Reply:
+        """SGLang's `_handle_route_put`. Its reads come first (a null page_size fails before the
+        table changes)."""
         data = json.loads(body)
         fields = {name: data[name] for name in _REQUIRED}
         rank_port = int(fields["rank_port"])
         int(fields["page_size"])
-        refused = self._layout_checks(data)
-        if refused is not None:
-            return 400, refused, rank_port
-        single = fields["system_dp_size"] == 1
-        self._first_writer_wins(data, fields, single)
-        dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
-        key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
-        self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
-        self.count += 1
-        self.expected()  # computed for a log line after the count: a bad size fails here
-        return 200, "OK", rank_port
-
-    def _layout_checks(self, data: dict[str, Any]) -> str | None:
-        """The checks a PUT passes before it is stored (each in the releases that have it):
-        the text of the 400 answer, or None; the last writer's values are kept."""
+        # The layout checks (each in the releases that have it); the last writer's values kept.
         layout = data.get("dsv41_spec_layout")
         if "dsv41_spec_layout" in self.fields and self.count and self.dsv41_spec_layout != layout:
-            return "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+            text = "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+            return 400, text, "text/plain", rank_port
         policy = data.get("decode_allocation_policy", "early")
         if "decode_allocation_policy" in self.fields:
             if self.count and self.decode_allocation_policy != policy:
-                return "Inconsistent prefill allocation policies"
+                return 400, "Inconsistent prefill allocation policies", "text/plain", rank_port
             self.decode_allocation_policy = policy
         if "dsv41_spec_layout" in self.fields:
             self.dsv41_spec_layout = layout
-        return None
-
-    def get(self, path: str) -> tuple[int, str, str]:
-        """SGLang's `_handle_route_get` (the first of a repeated parameter; int() only where the
-        real one calls it): status, text and content type."""
-        query = parse_qs(urlsplit(path).query)
-        values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
-        if not all(values):
-            return 400, "Missing inputs for bootstrap server.", "text/plain"
-        dp, cp, tp, pp = values
-        everything = int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1
-        if not self.ready():
-            text = f"Prefill server not fully registered yet ({self.count} workers registered)."
-            return 503, text, "text/plain"
-        if everything:
-            return 200, json.dumps(self.info()), "application/json"
-        # Keys are the payload's values; the real nested lookup by int finds the same ones.
-        found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
-        if found is None:
-            text = (
-                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
-            )
-            return 404, text, "text/plain"
-        return 200, json.dumps(found), "application/json"
-
-    def info(self) -> dict[str, Any]:
-        """The answer to the all-`-1` query: `PrefillServerInfo` as the real server sends it."""
-        info: dict[str, Any] = {
-            "attn_tp_size": int(self.attn_tp_size),
-            "attn_cp_size": int(self.attn_cp_size),
-            "dp_size": int(self.dp_size),
-            "pp_size": int(self.pp_size),
-            "page_size": int(self.page_size) if self.page_size is not None else None,
-            "kv_cache_dtype": str(self.kv_cache_dtype) if self.kv_cache_dtype is not None else None,
-            "follow_bootstrap_room": bool(
-                self.follow_bootstrap_room if self.follow_bootstrap_room is not None else True
-            ),
-            "enable_dsa_cache_layer_split": bool(self.enable_dsa_cache_layer_split),
-            "dsv41_spec_layout": self.dsv41_spec_layout,
-            "kv_layout": self.kv_layout,
-            "decode_allocation_policy": self.decode_allocation_policy,
-            "enable_kv_cache_sharding": bool(self.enable_kv_cache_sharding),
-            "prefill_http_port": self.prefill_http_port,
-            "target_tp_rank": None,
-            "target_tp_ranks": None,
-            "target_cp_ranks": None,
-            "target_pp_ranks": None,
-            "required_dst_info_num": None,
-            "required_prefill_response_num": None,
-        }
-        for optional in FIELDS_SINCE:
-            if optional not in self.fields:
-                del info[optional]
-        for optional in ("dsv41_spec_layout", "kv_layout"):
-            if info.get(optional, "") is None:
-                del info[optional]
-        return info
-
-    def _first_writer_wins(
-        self, data: dict[str, Any], fields: dict[str, Any], single: bool
-    ) -> None:
-        """The topology's fields are set by the first registration that carries them, in
-        SGLang's order of assignments (so that a bad value fails at the same point)."""
+        single = fields["system_dp_size"] == 1
+        # The topology's fields are set by the first registration that carries them, in
+        # SGLang's order of assignments (so that a bad value fails at the same point).
         port = data.get("prefill_http_port")
-        policy = data.get("load_balance_method", "follow_bootstrap_room")
+        balance = data.get("load_balance_method", "follow_bootstrap_room")
         firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
             ("attn_tp_size", lambda: fields["attn_tp_size"]),
             ("attn_cp_size", lambda: fields["attn_cp_size"]),
@@ -202,7 +129,7 @@ class RouteTable:
             ("kv_cache_dtype", lambda: fields["kv_cache_dtype"]),
             ("kv_layout", lambda: data.get("kv_layout")),
             ("prefill_http_port", lambda: None if port is None else int(port)),
-            ("follow_bootstrap_room", lambda: policy == "follow_bootstrap_room"),
+            ("follow_bootstrap_room", lambda: balance == "follow_bootstrap_room"),
             (
                 "enable_dsa_cache_layer_split",
                 lambda: bool(data.get("enable_dsa_cache_layer_split")),
@@ -216,3 +143,60 @@ class RouteTable:
                 chosen = value()
                 if chosen is not None:
                     setattr(self, name, chosen)
+        dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
+        key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
+        self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
+        self.count += 1
+        self.expected()  # computed for a log line after the count: a bad size fails here
+        return 200, "OK", "text/plain", rank_port
+
+    def get(self, path: str) -> Reply:
+        """SGLang's `_handle_route_get` (the first of a repeated parameter; int() only where the
+        real one calls it)."""
+        query = parse_qs(urlsplit(path).query)
+        values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
+        if not all(values):
+            return 400, "Missing inputs for bootstrap server.", "text/plain", None
+        dp, cp, tp, pp = values
+        everything = int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1
+        if not self.ready():
+            text = f"Prefill server not fully registered yet ({self.count} workers registered)."
+            return 503, text, "text/plain", None
+        if everything:
+            return 200, json.dumps(self.info()), "application/json", None
+        # Keys are the payload's values; the real nested lookup by int finds the same ones.
+        found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
+        if found is None:
+            text = (
+                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
+            )
+            return 404, text, "text/plain", None
+        return 200, json.dumps(found), "application/json", None
+
+    def info(self) -> dict[str, Any]:
+        """The answer to the all-`-1` query: `PrefillServerInfo` as the real server sends it."""
+        info: dict[str, Any] = {
+            "attn_tp_size": int(self.attn_tp_size),
+            "attn_cp_size": int(self.attn_cp_size),
+            "dp_size": int(self.dp_size),
+            "pp_size": int(self.pp_size),
+            "page_size": int(self.page_size) if self.page_size is not None else None,
+            "kv_cache_dtype": str(self.kv_cache_dtype) if self.kv_cache_dtype is not None else None,
+            "follow_bootstrap_room": self.follow_bootstrap_room is not False,  # None: True
+            "enable_dsa_cache_layer_split": bool(self.enable_dsa_cache_layer_split),
+            "dsv41_spec_layout": self.dsv41_spec_layout,
+            "kv_layout": self.kv_layout,
+            "decode_allocation_policy": self.decode_allocation_policy,
+            "enable_kv_cache_sharding": bool(self.enable_kv_cache_sharding),
+            "prefill_http_port": self.prefill_http_port,
+            "target_tp_rank": None,
+            "target_tp_ranks": None,
+            "target_cp_ranks": None,
+            "target_pp_ranks": None,
+            "required_dst_info_num": None,
+            "required_prefill_response_num": None,
+        }
+        # Without the fields this release lacks, and the layouts only when set.
+        absent = {name for name in FIELDS_SINCE if name not in self.fields}
+        absent |= {name for name in ("dsv41_spec_layout", "kv_layout") if info[name] is None}
+        return {name: value for name, value in info.items() if name not in absent}

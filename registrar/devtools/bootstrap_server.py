@@ -11,13 +11,14 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ._route_table import CRASH, LATEST_RELEASE, RouteTable, release_fields
+from ..surfaces._httpserver import bind, http_url
+from ._route_table import CRASH, LATEST_RELEASE, Reply, RouteTable, release_fields
 
 _CLOSE = {"Connection": "close"}
 
@@ -26,41 +27,13 @@ __all__ = ["BootstrapServer", "Fault", "RequestRecord"]
 logger = logging.getLogger(__name__)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to `host:port` and not listening: connects are refused, as by a server that
-    is down, and no other socket can take the port. SO_REUSEPORT: see `BootstrapServer._stop`."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 class Listener(ThreadingHTTPServer):
-    """Listens on `sock`, a bound socket it takes over (and closes in `server_close`)."""
-
     daemon_threads = True
     block_on_close = False
+    # SGLang's listen backlog (aiohttp's default), not socketserver's 5: a fleet that overflows
+    # one overflows the other.
     request_queue_size = 128
-    """The listen backlog of SGLang's server (aiohttp's default), not socketserver's 5: a fleet
-    that overflows one overflows the other."""
-
-    def __init__(
-        self, owner: BootstrapServer, sock: socket.socket, tls: ssl.SSLContext | None
-    ) -> None:
-        self.address_family = sock.family
-        self.owner = owner
-        super().__init__(sock.getsockname()[:2], Handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket = sock
-        self.server_activate()
-        if tls is not None:
-            self.socket = tls.wrap_socket(sock, server_side=True)
+    owner: BootstrapServer
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -71,9 +44,7 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: Listener
     server_version = "registrar-bootstrap"
-
-    lifetime = 0
-    """The server lifetime that accepted this connection."""
+    lifetime = 0  # the server lifetime that accepted this connection
 
     def setup(self) -> None:
         super().setup()
@@ -93,25 +64,13 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _dispatch
 
-    def cut(self, reset: bool) -> None:
-        """Send part of an answer, then close (with `reset`: a TCP reset)."""
-        with contextlib.suppress(OSError):
-            self.wfile.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
-            self.wfile.flush()
-            if reset:
-                linger = struct.pack("ii", 1, 0)
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
-        self.close_connection = True
-
     def send(
-        self,
-        status: int,
-        text: str,
-        content_type: str = "text/plain",
-        headers: Mapping[str, str] | None = None,
+        self, reply: Reply, body: bytes = b"", headers: Mapping[str, str] | None = None
     ) -> None:
-        """One whole answer (a client that has gone away is not an error); a `Connection: close`
-        header closes the connection after it."""
+        """Record the request (its `body`), then send `reply` whole (a client that has gone away
+        is not an error); `Connection: close` closes the connection after it (`send_header`)."""
+        status, text, content_type, port = reply
+        self.server.owner._record(self, status, body, port)
         data = text.encode()
         try:
             self.send_response(status)
@@ -119,8 +78,6 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
-            if (headers or {}).get("Connection") == "close":
-                self.close_connection = True
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
@@ -130,27 +87,28 @@ class Handler(BaseHTTPRequestHandler):
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One request the server received."""
+    """One request the server received: `status` is the one answered (None when the connection
+    was dropped or hung), `rank_port` a PUT's payload's (it tells which client sent it)."""
 
     at: float
     method: str
     path: str
     query: dict[str, str]
     status: int | None
-    """The status answered, or None when the connection was dropped or hung."""
     rank_port: int | None = None
-    """For a PUT, the payload's `rank_port` (it tells which client sent it)."""
     body: bytes = b""
     authorization: str | None = None
 
 
 @dataclass
 class Fault:
-    """What to do to the next `count` matching requests instead of answering them normally.
+    """What to do to the next `count` matching requests (of `method`, None: any) instead of
+    answering them normally.
 
-    `kind` is "status" (answer `status` with `body` and optional `retry_after`), "drop" (send
-    part of an answer, then close), "reset" (part of an answer, then a TCP reset), "delay"
-    (answer normally after `seconds`), or "hang" (never answer until the server goes down).
+    `kind` is "status" (answer `status` with `body` and optional `retry_after`; with `close`,
+    say `Connection: close` and close), "drop" (send part of an answer, then close), "reset"
+    (part of an answer, then a TCP reset), "delay" (answer normally after `seconds`), or "hang"
+    (never answer until the server goes down).
     """
 
     kind: str
@@ -161,21 +119,13 @@ class Fault:
     retry_after: str | None = None
     seconds: float = 0.0
     method: str | None = None
-    """Only requests with this method match (None: any)."""
     close: bool = False
-    """With "status": say `Connection: close` and close the connection after answering."""
-
-
-class _Gone(Exception):
-    """The request came on a connection of a server lifetime that has ended since."""
 
 
 class BootstrapServer:
     """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across
-    restarts), or on `sock`, a bound socket that does not listen yet (it holds the port, and
-    refuses connections, until `start()`). `release` is the SGLang release whose server it
-    copies (its optional fields and checks: `route_table.FIELDS_SINCE`). Use as a context
-    manager, or `start()` and `close()`."""
+    restarts), or on `sock`, bound and not listening until `start()`, copying SGLang `release`
+    (docs/sglang.md). Use as a context manager, or `start()` and `close()`."""
 
     def __init__(  # noqa: PLR0913 (the reference server's documented keyword options)
         self,
@@ -195,8 +145,7 @@ class BootstrapServer:
         if certfile is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self._tls.load_cert_chain(certfile, keyfile)
-        self._down = sock
-        """The bound, non-listening socket that holds the port while the server is down."""
+        self._down = sock  # bound and not listening: holds the port while the server is down
         self.port: int = port if sock is None else sock.getsockname()[1]
         self.token = token
         self.max_body_bytes = max_body_bytes
@@ -207,24 +156,26 @@ class BootstrapServer:
         self._records: deque[RequestRecord] = deque(maxlen=200_000)
         self._server: Listener | None = None
         self._thread: threading.Thread | None = None
-        self._release = threading.Event()
-        """Set when the requests a delay or hang holds must go (the server went down)."""
+        self._release = threading.Event()  # set: the requests a delay or hang holds must go
         self.restarts = 0
-        self._lifetime = 0
-        """Which process this is: a connection of an earlier lifetime is a dead process's."""
+        self._lifetime = 0  # a connection of an earlier lifetime is a dead process's
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        scheme = "https" if self._tls is not None else "http"
-        return f"{scheme}://{host}:{self.port}"
+        return http_url(self.host, self.port, "https" if self._tls is not None else "http")
 
     def start(self) -> BootstrapServer:
         """Listen (again); a no-op when already listening."""
         if self._server is not None:
             return self
-        sock, self._down = self._down or bind(self.host, self.port), None
-        server = Listener(self, sock, self._tls)
+        sock, self._down = self._down or bind(self.host, self.port, reuse_port=True), None
+        # The listener takes `sock` over (and closes it in `server_close`).
+        server = Listener(sock.getsockname()[:2], Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket, server.owner = sock, self
+        server.server_activate()
+        if self._tls is not None:
+            server.socket = self._tls.wrap_socket(sock, server_side=True)
         self.port = server.server_address[1]
         self._release = threading.Event()
         self._server = server
@@ -239,10 +190,8 @@ class BootstrapServer:
         return self
 
     def stop(self) -> None:
-        """Stop listening and drop every connection: clients see refused connections. The
-        port stays this server's, held by a bound socket that does not listen, until `close()`
-        (another process cannot take it before `start()` listens again). The routes are kept
-        (use `forget()` or `restart()` for an empty memory)."""
+        """Stop listening and drop every connection: clients see refused connections, and the
+        port stays held until `close()` (docs/sglang.md). The routes are kept."""
         self._stop(hold=True)
 
     def close(self) -> None:
@@ -259,15 +208,16 @@ class BootstrapServer:
         self._server = None
         self._release.set()
         server.shutdown()
-        if hold:  # the successor is bound while the listener still holds the port
+        # The successor is bound while the listener still holds the port (SO_REUSEPORT).
+        if hold:
             with contextlib.suppress(OSError):  # a socket handed in without SO_REUSEPORT
-                self._down = bind(self.host, self.port)
+                self._down = bind(self.host, self.port, reuse_port=True)
         server.server_close()
         # Connections accepted from a socket without SO_REUSEADDR keep the port from a new
         # bind while they are open: they go first.
         self.drop_connections()
         if hold and self._down is None:
-            self._down = bind(self.host, self.port)
+            self._down = bind(self.host, self.port, reuse_port=True)
         if thread is not None:
             thread.join(5)
 
@@ -390,40 +340,34 @@ class BootstrapServer:
 
     def _handle(self, h: Handler) -> None:
         fault, release = self._next_fault(h.command)
+        kind = fault.kind if fault is not None else None
         body = self._read_body(h)
         if body is None:
             return
-        if fault is not None and fault.kind == "delay":
-            release.wait(fault.seconds)
-        elif fault is not None and fault.kind in ("status", "hang", "drop", "reset"):
-            self._fault(h, fault, release, body)
-            return
-        try:
-            status, text, ctype, port = self._answer(h, body)
-        except _Gone:
-            # Read before a restart and acted on after it: a real server's process would have
-            # died with it, unanswered, and never counted it in the next one's memory.
-            self._record(h, None, body)
-            h.close_connection = True
-            return
-        self._record(h, status, body, port)
-        h.send(status, text, ctype)
-
-    def _fault(self, h: Handler, fault: Fault, release: threading.Event, body: bytes) -> None:
-        """Meet a request with `fault` (any kind but "delay") instead of an answer."""
-        if fault.kind == "status":
+        if fault is not None and kind == "status":
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             if fault.close:
                 headers.update(_CLOSE)
-            self._record(h, fault.status, body)
-            h.send(fault.status, fault.body, fault.content_type, headers)
+            h.send((fault.status, fault.body, fault.content_type, None), body, headers)
             return
-        if fault.kind == "hang":
-            release.wait()
-        self._record(h, None, body)
-        if fault.kind in ("drop", "reset"):
-            h.cut(reset=fault.kind == "reset")
-        h.close_connection = True
+        if fault is not None and kind in ("delay", "hang"):
+            release.wait(fault.seconds if kind == "delay" else None)
+        answer = None if kind in ("hang", "drop", "reset") else self._answer(h, body)
+        if answer is None:
+            # A fault, or a request read before a restart and acted on after it: a real
+            # server's process would have died with it, unanswered, and never counted it in
+            # the next one's memory.
+            self._record(h, None, body)
+            if kind in ("drop", "reset"):  # part of an answer, then a close or a TCP reset
+                with contextlib.suppress(OSError):
+                    h.wfile.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
+                    h.wfile.flush()
+                    if kind == "reset":
+                        linger = struct.pack("ii", 1, 0)
+                        h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            h.close_connection = True
+            return
+        h.send(answer, body)
 
     def _read_body(self, h: Handler) -> bytes | None:
         length_text = h.headers.get("Content-Length")
@@ -432,16 +376,16 @@ class BootstrapServer:
         except ValueError:
             length = -1
         if length < 0:
-            self._record(h, 400)
-            h.send(400, "Bad Content-Length", headers=_CLOSE)
+            h.send((400, "Bad Content-Length", "text/plain", None), headers=_CLOSE)
             return None
         if length > self.max_body_bytes:
-            self._record(h, 413)
-            h.send(413, f"Request body over {self.max_body_bytes} bytes", headers=_CLOSE)
+            text = f"Request body over {self.max_body_bytes} bytes"
+            h.send((413, text, "text/plain", None), headers=_CLOSE)
             return None
         return h.rfile.read(length) if length else b""
 
-    def _answer(self, h: Handler, body: bytes) -> tuple[int, str, str, int | None]:
+    def _answer(self, h: Handler, body: bytes) -> Reply | None:  # noqa: PLR0911 - in SGLang's order
+        """The answer of SGLang's server, or None for a request of a lifetime that has ended."""
         path = urlsplit(h.path).path
         if path == "/health":
             if h.command != "GET":  # aiohttp's own answers for a route it does not serve
@@ -451,28 +395,18 @@ class BootstrapServer:
             return 404, "404: Not Found", "text/plain", None
         if h.command not in ("GET", "PUT"):
             return 405, "Method not allowed", "application/json", None
-        try:
-            return self._route(h, body)
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-            return 500, CRASH, "text/plain", None
-
-    def _route(self, h: Handler, body: bytes) -> tuple[int, str, str, int | None]:
-        """SGLang's `/route` handlers; a bad payload raises where the real one does."""
-        if h.command == "GET":
-            with self._table_for(h) as table:
-                status, text, ctype = table.get(h.path)
-            return status, text, ctype, None
-        if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
+        if (
+            h.command == "PUT"
+            and self.token is not None
+            and h.headers.get("Authorization") != f"Bearer {self.token}"
+        ):
             return 401, "Unauthorized", "text/plain", None
-        with self._table_for(h) as table:
-            status, text, port = table.put(body)
-        return status, text, "text/plain", port
-
-    @contextlib.contextmanager
-    def _table_for(self, h: Handler) -> Iterator[RouteTable]:
-        """The table, under the lock, for a request of the current lifetime only (so that a
-        restart cannot come between the check and the use)."""
+        # Under the lock, and for the current lifetime only: a restart cannot come between the
+        # check and the use.
         with self._lock:
             if h.lifetime != self._lifetime:
-                raise _Gone
-            yield self._table
+                return None
+            try:
+                return self._table.get(h.path) if h.command == "GET" else self._table.put(body)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                return 500, CRASH, "text/plain", None

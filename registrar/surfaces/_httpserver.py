@@ -1,7 +1,8 @@
 """A small HTTP server for probes that a flood of connections cannot stall: one reader thread
 reads request heads without blocking, with a deadline per connection; only complete requests
 reach a fixed pool of workers (wsgiref's handler). Each bound and why: docs/reliability.md,
-"The health server under probes"."""
+"The health server under probes". `bind` and `http_url` serve the reference bootstrap server too.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 logger = logging.getLogger("registrar.surfaces.httpserver")
 
@@ -23,13 +24,33 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 LISTEN_BACKLOG = 1024
-HEAD_TIMEOUT = 2.0
-"""Seconds a connection has, from its accept, to send its whole request head."""
+HEAD_TIMEOUT = 2.0  # seconds from the accept to the end of the request head
 SEND_TIMEOUT = 2.0
-MAX_PENDING = 512
-"""Connections still sending their request head; past it the oldest one is closed."""
+MAX_PENDING = 512  # connections still sending their head; past it the oldest is closed
 WORKERS = 4
 MAX_HEAD_BYTES = 16 * 1024
+
+
+def bind(
+    host: str, port: int, *, backlog: int | None = None, reuse_port: bool = False
+) -> socket.socket:
+    """A socket bound to `host:port`, listening when given a `backlog` (closed if either fails)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        if backlog is not None:
+            sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def http_url(host: str, port: int, scheme: str = "http") -> str:
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 class _Handler(WSGIRequestHandler):
@@ -57,27 +78,15 @@ class ProbeServer:
     carries one request (the answer says HTTP/1.0 and closes), as probes use it."""
 
     def __init__(self, app: WSGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((host, port))
-            self._listener.listen(LISTEN_BACKLOG)
-            self._listener.setblocking(False)
-        except OSError:
-            self._listener.close()
-            raise
+        self._listener = bind(host, port, backlog=LISTEN_BACKLOG)
+        self._listener.setblocking(False)
         self.host = host
         self.port: int = self._listener.getsockname()[1]
+        self.url = http_url(host, self.port)
         self._app = app
-        self.base_environ = {  # what wsgiref's handler reads of a server, with `get_app`
-            "SERVER_NAME": host,
-            "GATEWAY_INTERFACE": "CGI/1.1",
-            "SERVER_PORT": str(self.port),
-            "REMOTE_HOST": "",
-            "CONTENT_LENGTH": "",
-            "SCRIPT_NAME": "",
-        }
+        # What wsgiref's handler reads of a server: `base_environ` (wsgiref's own) and `get_app`.
+        self.server_name, self.server_port = host, self.port
+        WSGIServer.setup_environ(self)  # type: ignore[arg-type]
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -85,21 +94,16 @@ class ProbeServer:
         self._work: queue.SimpleQueue[tuple[socket.socket, bytes] | None] = queue.SimpleQueue()
         self._closing = False
         name = f"registrar-health-{self.port}"
-        self._threads = [threading.Thread(target=self._read_loop, name=name)]
+        self._threads = [threading.Thread(target=self._read_loop, name=name, daemon=True)]
         self._threads += [
-            threading.Thread(target=self._work_loop, name=f"{name}-{n}") for n in range(WORKERS)
+            threading.Thread(target=self._work_loop, name=f"{name}-{n}", daemon=True)
+            for n in range(WORKERS)
         ]
         for thread in self._threads:
-            thread.daemon = True
             thread.start()
 
     def get_app(self) -> WSGIApp:
         return self._app
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
 
     def __enter__(self) -> ProbeServer:
         return self
@@ -121,15 +125,14 @@ class ProbeServer:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
 
-    # ----------------------------------------------------------------- the reader
-
     def _read_loop(self) -> None:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         try:
             while not self._closing:
                 now = time.monotonic()
-                self._expire(now)
+                for sock in [s for s, (deadline, _) in self._pending.items() if deadline <= now]:
+                    self._drop(sock)
                 soonest = min((d for d, _ in self._pending.values()), default=now + 1.0)
                 for key, _ in self._selector.select(max(0.0, soonest - now)):
                     if key.fileobj is self._listener:
@@ -176,28 +179,21 @@ class ProbeServer:
         buffer += data
         if b"\r\n\r\n" not in buffer and b"\n\n" not in buffer:
             if len(buffer) > MAX_HEAD_BYTES:
-                self._refuse(sock, b"431 Request Header Fields Too Large")
+                with contextlib.suppress(OSError):
+                    sock.send(
+                        b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n"
+                    )
+                self._drop(sock)
             return
         self._selector.unregister(sock)
         del self._pending[sock]
         self._work.put((sock, bytes(buffer)))
-
-    def _refuse(self, sock: socket.socket, reason: bytes) -> None:
-        with contextlib.suppress(OSError):
-            sock.send(b"HTTP/1.0 " + reason + b"\r\nContent-Length: 0\r\n\r\n")
-        self._drop(sock)
-
-    def _expire(self, now: float) -> None:
-        for sock in [s for s, (deadline, _) in self._pending.items() if deadline <= now]:
-            self._drop(sock)
 
     def _drop(self, sock: socket.socket) -> None:
         self._pending.pop(sock, None)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(sock)
         sock.close()
-
-    # ----------------------------------------------------------------- the workers
 
     def _work_loop(self) -> None:
         while True:

@@ -1,11 +1,7 @@
 """Prometheus metrics, behind the `sglang-registrar[metrics]` extra (the names:
-docs/operations.md). The core never imports prometheus-client: this module imports it only when
-metrics are asked for.
-
-Several registrars may share one registry (SGLang runs several ranks per host): each passes
-constant `labels` and they share one set of metric families, as prometheus-client allows one
-collector per metric name and registry.
-"""
+docs/operations.md), prometheus-client imported only when metrics are asked for. Registrars
+sharing a registry (SGLang runs several ranks per host) share one set of metric families, told
+apart by constant `labels`: prometheus-client allows one collector per name and registry."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
@@ -39,7 +36,6 @@ def metrics_available() -> bool:
 
 def _prometheus() -> Any:
     try:
-        # Imported here so that the core never needs the extra.
         import prometheus_client  # noqa: PLC0415
     except ImportError as exc:
         raise ImportError(
@@ -59,8 +55,7 @@ class _Families:
         )
         kw: dict[str, Any] = {"namespace": namespace, "registry": registry}
         names = list(labels)
-        self.build_info = prom.Info("build", "The registrar library's version", **kw)
-        self.build_info.info({"version": __version__})
+        prom.Info("build", "The registrar library's version", **kw).info({"version": __version__})
         self.state = prom.Enum(
             "state", "Registration state", names, states=[s.value for s in State], **kw
         )
@@ -103,24 +98,20 @@ class _Families:
         )
 
 
-def _field(name: str) -> Callable[[Status], float]:
-    """A status field as a gauge's value, 0 for None (no answer yet, none scheduled)."""
-    return lambda status: float(getattr(status, name) or 0.0)
-
-
-def _diagnosed(code: str) -> Callable[[Status], float]:
-    return lambda status: 1.0 if status.diagnosis and status.diagnosis.code == code else 0.0
+def _diagnosed(code: str) -> Callable[[Status], bool]:
+    return lambda status: status.diagnosis is not None and status.diagnosis.code == code
 
 
 def _reader(
-    metrics: weakref.ReferenceType[RegistrarMetrics], read: Callable[[Status], float]
+    metrics: weakref.ReferenceType[RegistrarMetrics], read: Callable[[Status], Any]
 ) -> Callable[[], float]:
-    """A gauge function reading the followed registrar's status at scrape time (0 without)."""
+    """A gauge function reading the followed registrar's status at scrape time: 0 without one,
+    and for None (no answer yet, none scheduled)."""
 
     def value() -> float:
         owner = metrics()
         status = owner.current_status() if owner is not None else None
-        return read(status) if status is not None else 0.0
+        return float(read(status) or 0.0) if status is not None else 0.0
 
     return value
 
@@ -183,9 +174,11 @@ class RegistrarMetrics:
         # Read at scrape time, so they are current however the status changed. The functions
         # hold these metrics weakly, or the registry would keep them (and the labels) for ever.
         me = weakref.ref(self)
-        self._own(families.server_reachable).set_function(_reader(me, _field("server_reachable")))
-        self._own(families.last_success).set_function(_reader(me, _field("last_success_at")))
-        self._own(families.next_attempt).set_function(_reader(me, _field("next_attempt_at")))
+        self._own(families.server_reachable).set_function(
+            _reader(me, attrgetter("server_reachable"))
+        )
+        self._own(families.last_success).set_function(_reader(me, attrgetter("last_success_at")))
+        self._own(families.next_attempt).set_function(_reader(me, attrgetter("next_attempt_at")))
         for code in Code:
             child = families.diagnosis.labels(*self._values, code.value)
             child.set_function(_reader(me, _diagnosed(code.value)))
@@ -195,7 +188,6 @@ class RegistrarMetrics:
         return self._registrar is None or self._registrar() is not None
 
     def _own(self, metric: Any) -> Any:
-        """This registrar's child of `metric` (the metric itself when there are no labels)."""
         return metric.labels(*self._values) if self._values else metric
 
     def current_status(self) -> Status | None:

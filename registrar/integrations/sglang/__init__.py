@@ -1,7 +1,6 @@
 """registrar inside SGLang, through SGLang's plugin system (entry point
 `registrar = registrar.integrations.sglang:load` in `sglang.srt.plugins`; docs/sglang.md).
-Importing this package imports no SGLang: only `load()` (called by SGLang) does.
-"""
+Importing this package imports no SGLang: only `load()` (called by SGLang) does."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The SGLang server keeps itself listed by the smg gateway(s) named in `REGISTRAR_GATEWAY`,
-from node 0's HTTP process, gated on the server's own readiness, and drains from them at
-SIGTERM while uvicorn still serves (docs/sglang.md "The smg gateway").
-"""
+"""Node 0's HTTP process keeps the server listed by the smg gateways of `REGISTRAR_GATEWAY`
+while /ready holds, and drains from them at SIGTERM while uvicorn still serves (docs/sglang.md
+"The smg gateway")."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...core._diagnosis import hostport
 from ...core._errors import ConfigError
 from ...core._group import RegistrarGroup
 from ...core._transport import validate_url
@@ -23,13 +23,12 @@ from ._tables import readiness
 
 logger = logging.getLogger("registrar.integrations.sglang.gateway")
 
+# SGLang's `--disaggregation-mode` to the gateway's worker type.
 WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "null": "regular", None: "regular"}
-"""SGLang's `--disaggregation-mode` to the gateway's worker type."""
-_SIGNAL_POLL = 0.25
-"""Seconds between looks at `gracefully_exit` while waiting for SIGTERM (a flag read)."""
+_SIGNAL_POLL = 0.25  # seconds between looks at `gracefully_exit` (a flag read)
+# The shared `Registrar` options the gateway registrations take too (the bootstrap token and the
+# failure policy are a prefill rank's, not the gateway's).
 _PASSED = ("timeout", "verify", "backoff", "max_retry_after", "watch_interval")
-"""The shared `Registrar` options that also shape the gateway registrations (the bootstrap
-token and the failure policy are a prefill rank's, not the gateway's)."""
 
 _group: RegistrarGroup | None = None
 _lock = threading.Lock()
@@ -43,28 +42,22 @@ def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]
         raise ConfigError(f"--disaggregation-mode {mode!r} has no smg worker type")
     kind = WORKER_TYPES[mode]
     if worker_url is None:
-        worker_url = _own_url(server_args)
+        host = str(getattr(server_args, "host", "") or "")
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            address = None
+        if not host or (address is not None and address.is_unspecified):
+            raise ConfigError(
+                f"--host {host or '(none)'} is no address a gateway can reach: set "
+                "REGISTRAR_WORKER_URL to this server's URL as the gateway reaches it"
+            )
+        scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
+        worker_url = f"{scheme}://{hostport(host, getattr(server_args, 'port', None))}"
     spec: dict[str, Any] = {"url": validate_url(worker_url, "worker url"), "worker_type": kind}
     if kind == "prefill":
         spec["bootstrap_port"] = int(server_args.disaggregation_bootstrap_port)
     return spec
-
-
-def _own_url(server_args: Any) -> str:
-    host = str(getattr(server_args, "host", "") or "")
-    port = getattr(server_args, "port", None)
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
-    if not host or (address is not None and address.is_unspecified):
-        raise ConfigError(
-            f"--host {host or '(none)'} is no address a gateway can reach: set "
-            "REGISTRAR_WORKER_URL to this server's URL as the gateway reaches it"
-        )
-    scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
-    shown = f"[{host}]" if address is not None and address.version == 6 else host
-    return f"{scheme}://{shown}:{port}"
 
 
 def start(
@@ -74,7 +67,7 @@ def start(
     *,
     make: Callable[..., RegistrarGroup] | None = None,
 ) -> RegistrarGroup:
-    """Start the group of gateway registrations for this server (the plugin keeps one)."""
+    """The plugin keeps one group: a new one replaces it."""
     global _group
     worker = worker_of(server_args, config.worker_url)
     extra: dict[str, Any] = {k: v for k, v in (config.options or {}).items() if k in _PASSED}
@@ -154,8 +147,8 @@ def _worker_id(registrar: Any) -> str | None:
 
 
 def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE `_setup_and_run_http_server`: with `REGISTRAR_GATEWAY`, start the registrations.
-    A bad worker address stops the server with one line (nothing is served unlisted)."""
+    """BEFORE `_setup_and_run_http_server`. A bad worker address stops the server with one line
+    (nothing is served unlisted)."""
     config = current_config().gateway
     if config is None or tokenizer_manager is None:
         return

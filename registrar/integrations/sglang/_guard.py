@@ -3,8 +3,7 @@ target, with its traceback, and SGLang's own behaviour goes on as if the plugin 
 BEFORE/AFTER skip the hook's effect; REPLACE calls SGLang's original; AROUND calls SGLang's
 function if the hook failed before calling it, else returns its result, and lets SGLang's own
 exception through. `SystemExit` passes: it is the plugin refusing a bad setting on purpose,
-with one line.
-"""
+with one line."""
 
 from __future__ import annotations
 
@@ -40,7 +39,6 @@ class _Original:
     """SGLang's function as an AROUND hook sees it, remembering whether it ran and its result."""
 
     def __init__(self, original: Callable[..., Any]) -> None:
-        self.original = original
         self.__wrapped__ = original  # inspect.unwrap reaches SGLang's function through it
         self.called = False
         self.raised = False
@@ -49,7 +47,7 @@ class _Original:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.called = True
         try:
-            self.result = self.original(*args, **kwargs)
+            self.result = self.__wrapped__(*args, **kwargs)
         except BaseException:
             self.raised = True
             raise
@@ -72,8 +70,7 @@ def guarded(
     target: str,
     original: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
-    """`hook` as registered at `target`, never raising an unexpected exception into SGLang.
-    `original`: SGLang's function, needed for a REPLACE."""
+    """`hook` as registered at `target`; `original`: SGLang's function, needed for a REPLACE."""
     if kind == "AROUND":
         return _around(hook, target)
     if kind == "REPLACE" and original is None:

@@ -1,13 +1,11 @@
-"""The plugin SGLang loads from the `sglang.srt.plugins` entry-point group: it installs, through
-SGLang's own `HookRegistry`, the targets of targets.py this release has, each guarded (guard.py),
-then checks that each took and logs the `ACTIVE` line or one ERROR naming what did not
-(docs/sglang.md "What changes in SGLang", "Is it active?"). It also holds the `/server_info`
-hooks.
-"""
+"""The entry point SGLang loads: installs the targets this release has through its
+`HookRegistry`, each guarded, then logs the `ACTIVE` line or one ERROR naming what did not take
+(docs/sglang.md "What changes in SGLang", "Is it active?"); and the `/server_info` hooks."""
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import functools
 import importlib.util
 import logging
 import os
@@ -47,20 +45,14 @@ from ._targets import (
 
 logger = logging.getLogger("registrar.integrations.sglang.plugin")
 
-SUPPORTED_VERSIONS = ("0.5.13", "0.5.19", "0.5.20", "0.5.21", "0.5.23")
-"""SGLang releases tests/sglang_real runs on in CI; every release 0.5.11-0.5.23 is in the target
-table (targets.py), read from its wheel."""
-
-ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"
-"""The start of the one INFO line, per process, that proves the plugin is active (grep it)."""
-
+SUPPORTED_VERSIONS = ("0.5.13", "0.5.19", "0.5.20", "0.5.21", "0.5.23")  # tests/sglang_real's
+ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"  # one INFO line per process: grep it
 TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
-"""Every target of every release (which this SGLang has: `plan`)."""
 
 
 def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
-    """AFTER `get_internal_state`, of the internal-state controller (0.5.22+, which holds the
-    scheduler) or of the scheduler itself (before): add this rank's registration summary."""
+    """AFTER `get_internal_state` of the internal-state controller (0.5.22+, which holds the
+    scheduler) or of the scheduler itself (before)."""
     state = getattr(result, "internal_state", None)
     scheduler = getattr(owner, "scheduler", owner)
     queue = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
@@ -71,8 +63,7 @@ def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> 
 
 
 def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
-    """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server,
-    /server_info also says which rows the server is missing, and the gateway registrations."""
+    """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server."""
     state = getattr(sys.modules.get(HTTP_SERVER), "_global_state", None)
     manager = getattr(state, "tokenizer_manager", None)
     server = getattr(manager, "bootstrap_server", None)
@@ -96,11 +87,9 @@ HOOKS: dict[str, Callable[..., Any]] = {
     "start_gateway": start_gateway,
     "around_sigterm_watchdog": around_sigterm_watchdog,
 }
-"""The hook functions the target table names."""
 
 _plan: Plan | None = None
-_registered: list[tuple[Target, Callable[..., Any]]] = []
-"""What this process registered with HookRegistry: each target and the guarded hook at it."""
+_registered: list[tuple[Target, Callable[..., Any]]] = []  # each target and its guarded hook
 
 
 def _applied(target: str, hook: Callable[..., Any]) -> bool:
@@ -109,21 +98,13 @@ def _applied(target: str, hook: Callable[..., Any]) -> bool:
         current = pkgutil.resolve_name(target)
     except (ImportError, AttributeError, ValueError):
         return False
-    seen = 0
-    while current is not None and seen < 32:
-        cells = getattr(current, "__closure__", None) or ()
-        if any(_cell(c) is hook for c in cells):
-            return True
+    for _ in range(32):  # a bound, should a chain loop
+        for cell in getattr(current, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                if cell.cell_contents is hook:
+                    return True
         current = getattr(current, "__wrapped__", None)
-        seen += 1
     return False
-
-
-def _cell(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:
-        return None
 
 
 def _cause(target: str, registered: bool = True) -> str:
@@ -136,18 +117,11 @@ def _cause(target: str, registered: bool = True) -> str:
         try:
             if importlib.util.find_spec(name) is None:
                 continue
-            found: Any = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # not a module: a class or function of a shorter prefix
-            return f"ModuleNotFoundError: {exc}"  # a module it imports is missing
+            functools.reduce(getattr, parts[end:], importlib.import_module(name))
         except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        try:
-            for attribute in parts[end:]:
-                found = getattr(found, attribute)
-        except AttributeError as exc:
-            return f"AttributeError: {exc}"
+            if isinstance(exc, ModuleNotFoundError) and exc.name == name:
+                continue  # not a module: a class or function of a shorter prefix
+            return f"{type(exc).__name__}: {exc}"  # a module it imports is missing, or a name
         if not registered:
             return "present, but not in the form the plugin hooks"
         return "present, but SGLang's HookRegistry did not apply the hook (see its log above)"
@@ -159,7 +133,7 @@ def verify(strict: bool | None = None) -> list[str]:
     ERROR is `SystemExit` with `strict`, `REGISTRAR_STRICT=1`); the targets missing or unapplied."""
     if strict is None:
         strict = current_config().strict if _plan is not None else False
-    version = _sglang_version()
+    version = installed_version() or "unknown"
     current = _plan if _plan is not None else plan(ImportProbe(), parse_release(version))
     failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
     lacking = [c for c in current.unavailable() if c.feature.required]
@@ -178,59 +152,50 @@ def verify(strict: bool | None = None) -> list[str]:
             line,
         )
     else:
-        _log_active(current, version)
-    _warn_unexpected(current, version)
+        taken = len(_registered)
+        register = next(c.target for c in current.choices if c.feature.name == "registration")
+        around = register is not None and register.kind == "AROUND"
+        cannot = "; ".join(f"{c.feature.name} ({c.reason})" for c in current.lost())
+        logger.info(
+            "%s %s (pid %d): %d of %d targets this sglang has applied, prefill ranks register in "
+            "the background%s%s (tested on sglang %s)",
+            ACTIVE,
+            version,
+            os.getpid(),
+            taken,
+            taken,
+            " (captured from register_to_bootstrap)" if around else "",
+            f"; not on this release: {cannot}" if cannot else "",
+            ", ".join(SUPPORTED_VERSIONS),
+        )
+    lacking = [c for c in current.unexpected() if not c.feature.required]
+    if lacking:
+        if current.release is None:
+            which = " (a release the plugin cannot read)"
+        elif current.newer():
+            which = (
+                f" (newer than {release_text(NEWEST_KNOWN)}, the newest release the plugin knows)"
+            )
+        else:
+            which = ""
+        logger.warning(
+            "%s %s: sglang %s%s lacks targets the plugin looks for: %s; the rest is applied",
+            DISTRIBUTION,
+            __version__,
+            version,
+            which,
+            "; ".join(
+                f"{c.feature.name} ({c.feature.without}: {_why(c, current)})" for c in lacking
+            ),
+        )
     unexpected = [t.path for c in current.unexpected() for t in c.feature.covering(current.release)]
     return list(dict.fromkeys(failed + unexpected))
-
-
-def _log_active(current: Plan, version: str) -> None:
-    taken = len(_registered)
-    register = next(c.target for c in current.choices if c.feature.name == "registration")
-    how = "captured from register_to_bootstrap" if register and register.kind == "AROUND" else ""
-    cannot = [f"{c.feature.name} ({c.reason})" for c in current.lost()]
-    logger.info(
-        "%s %s (pid %d): %d of %d targets this sglang has applied, prefill ranks register in "
-        "the background%s%s (tested on sglang %s)",
-        ACTIVE,
-        version,
-        os.getpid(),
-        taken,
-        taken,
-        f" ({how})" if how else "",
-        f"; not on this release: {'; '.join(cannot)}" if cannot else "",
-        ", ".join(SUPPORTED_VERSIONS),
-    )
-
-
-def _warn_unexpected(current: Plan, version: str) -> None:
-    lacking = [c for c in current.unexpected() if not c.feature.required]
-    if not lacking:
-        return
-    if current.release is None:
-        which = " (a release the plugin cannot read)"
-    elif current.newer():
-        which = f" (newer than {release_text(NEWEST_KNOWN)}, the newest release the plugin knows)"
-    else:
-        which = ""
-    logger.warning(
-        "%s %s: sglang %s%s lacks targets the plugin looks for: %s; the rest is applied",
-        DISTRIBUTION,
-        __version__,
-        version,
-        which,
-        "; ".join(f"{c.feature.name} ({c.feature.without}: {_why(c, current)})" for c in lacking),
-    )
 
 
 def _why(choice: Choice, current: Plan) -> str:
     """Each target a release should have for `choice`'s feature, and why it is not usable."""
     covering = choice.feature.covering(current.release)
     return ", ".join(f"{t.path} ({_cause(t.path, registered=False)})" for t in covering)
-
-
-def _sglang_version() -> str:
-    return installed_version() or "unknown"
 
 
 def load() -> None:
@@ -245,27 +210,24 @@ def load() -> None:
     for warning in config.warnings:
         logger.warning("%s: %s", DISTRIBUTION, warning)
     hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
-    _plan = plan(ImportProbe(), parse_release(_sglang_version()))
+    _plan = plan(ImportProbe(), parse_release(installed_version()))
     for target in _plan.taken():
         original = pkgutil.resolve_name(target.path) if target.kind == "REPLACE" else None
         hook = guarded(HOOKS[target.hook], target.kind, target.path, original)
         hooks.HookRegistry.register(target.path, hook, hooks.HookType[target.kind])
         _registered.append((target, hook))
-    _verify_after_apply(hooks.HookRegistry)
-
-
-def _verify_after_apply(registry: Any) -> None:
-    """Run `verify()` right after SGLang's next `HookRegistry.apply_hooks()` (load_plugins
-    calls it once every plugin has registered), then put the original back."""
-    original = registry.__dict__["apply_hooks"]
-    if getattr(original.__func__, "_registrar_verifies", False):
+    # verify() right after SGLang's next `HookRegistry.apply_hooks()` (load_plugins calls it once
+    # every plugin has registered), which then is SGLang's own again.
+    registry = hooks.HookRegistry
+    apply_hooks = registry.__dict__["apply_hooks"]
+    if getattr(apply_hooks.__func__, "_registrar_verifies", False):
         return
 
     def apply_then_verify(cls: Any) -> None:
         try:
-            original.__func__(cls)
+            apply_hooks.__func__(cls)
         finally:
-            registry.apply_hooks = original
+            registry.apply_hooks = apply_hooks
         verify()
 
     apply_then_verify._registrar_verifies = True  # type: ignore[attr-defined]

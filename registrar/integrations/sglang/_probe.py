@@ -1,12 +1,10 @@
 """What the installed SGLang has (targets.Probe): by importing it, inside SGLang's processes, or
 by reading its source without running any of it (`registrar sglang`, which must work where
-SGLang's own dependencies are missing or heavy).
-"""
+SGLang's own dependencies are missing or heavy)."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 import importlib.util
 import inspect
 import pkgutil
@@ -16,7 +14,7 @@ from typing import Any
 
 
 class ImportProbe:
-    """Resolves each path in this process (imports the module, as HookRegistry would)."""
+    """Imports each path's module, as HookRegistry would."""
 
     def has(self, path: str) -> bool:
         try:
@@ -64,26 +62,20 @@ class SourceProbe:
     def own(self, path: str) -> bool:
         owner, _, name = path.rpartition(".")
         found = self._find(owner)
-        if found is None or not isinstance(found[1], ast.ClassDef):
-            return False
-        return name in _members(found[1])
+        return (
+            found is not None and isinstance(found[1], ast.ClassDef) and name in _members(found[1])
+        )
 
     def source(self, path: str) -> str | None:
         found = self._find(path)
-        if found is None:
-            return None
-        return ast.get_source_segment(found[0], found[1])
+        return None if found is None else ast.get_source_segment(*found)
 
     def _module(self, dotted: str) -> tuple[str, ast.Module] | None:
         parts = dotted.split(".")
         if parts[0] != "sglang":
             return None
         base = self.root.joinpath(*parts[1:])
-        for file in (base.with_suffix(".py"), base / "__init__.py"):
-            parsed = _parse(str(file))
-            if parsed is not None:
-                return parsed
-        return None
+        return _parse(str(base.with_suffix(".py"))) or _parse(str(base / "__init__.py"))
 
     def _find(self, path: str, depth: int = 0) -> tuple[str, ast.AST] | None:
         parts = path.split(".")

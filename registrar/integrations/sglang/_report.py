@@ -21,13 +21,7 @@ from ._targets import (
     release_text,
 )
 
-_FULL = (0, 5, 22)
-"""The first release with every target."""
-
-
-def _entry_point() -> bool:
-    found = entry_points(group="sglang.srt.plugins")
-    return any(ep.value == "registrar.integrations.sglang:load" for ep in found)
+_FULL = (0, 5, 22)  # the first release with every target
 
 
 def installed_report(root: Path | None = None, found_version: str | None = None) -> dict[str, Any]:
@@ -38,14 +32,16 @@ def installed_report(root: Path | None = None, found_version: str | None = None)
         "python": sys.executable,
         "sglang": found_version,
         "path": str(root) if root is not None else None,
-        "entry_point": _entry_point(),
+        "entry_point": any(
+            ep.value == "registrar.integrations.sglang:load"
+            for ep in entry_points(group="sglang.srt.plugins")
+        ),
     }
     if root is None:
         report.update(installed=False, plugin_system=False, features=[], advice=_advice(None))
         return report
-    release = parse_release(found_version)
     has_plugins = (root / "srt" / "plugins" / "hook_registry.py").is_file()
-    current = plan(SourceProbe(root), release)
+    current = plan(SourceProbe(root), parse_release(found_version))
     report.update(
         installed=True,
         plugin_system=has_plugins,

@@ -1,12 +1,6 @@
 """A prefill rank's registrations inside SGLang: one `Registrar` per topology row, kept on the
-KV manager, started from SGLang's own URL and payload, stopped at a role switch or process exit.
-
-Where SGLang has no `_register_topology_row` to replace (0.5.11-0.5.19), `register_to_bootstrap`
-sends its PUT itself with the module-level `requests`, in a blocking loop. For the call's
-duration that `requests` is a proxy whose `put`, on the calling thread only, records
-`(url, json)` and answers 200, so SGLang builds everything and its loop ends at its first try;
-each recorded row then starts the registrar the REPLACE starts on 0.5.20+.
-"""
+KV manager, from SGLang's own URL and payload (replaced on 0.5.20+, captured from its PUT on
+0.5.11-0.5.19), stopped at a role switch or process exit."""
 
 from __future__ import annotations
 
@@ -19,6 +13,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from ...core._machine import State
@@ -31,11 +26,9 @@ from ._stale_prefill import close_checks
 
 logger = logging.getLogger("registrar.integrations.sglang.rows")
 
-DISTRIBUTION = "sglang-registrar"
-"""The name on the package index, which every line the plugin logs starts with."""
-
-_ROWS = "_registrar_rows"
-"""The attribute on a KV manager that holds its registrars, one per topology row."""
+DISTRIBUTION = "sglang-registrar"  # the name on the package index, which log lines start with
+_ROWS = "_registrar_rows"  # the KV manager's attribute holding its registrars, one per row
+_RANK = ("dp", "cp", "tp", "pp")
 
 _config: PluginConfig | None = None
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -43,7 +36,7 @@ _live_lock = threading.Lock()
 
 
 def configure(config: PluginConfig | None) -> None:
-    """The configuration `load()` read (None: read it again from the environment on use)."""
+    """None: read the environment again on use."""
     global _config
     _config = config
 
@@ -55,7 +48,7 @@ def current_config() -> PluginConfig:
 def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
     """Start (or restart) the registrar of this row, SGLang's `url` and `payload` as they are."""
     config = current_config()
-    root = url[: -len("/route")] if url.endswith("/route") else url
+    root = url.removesuffix("/route")
     key = (root, tuple(rank_of(payload).query().values()))
     rows: dict[tuple[Any, ...], Registrar] = manager.__dict__.setdefault(_ROWS, {})
     previous = rows.pop(key, None)
@@ -73,7 +66,7 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
     registrar.start()
     logger.info(
         "registering rank %s with %s in the background (registrar %s)",
-        dict(zip(("dp", "cp", "tp", "pp"), key[1], strict=True)),
+        dict(zip(_RANK, key[1], strict=True)),
         registrar.status().url,
         registrar.state.value,
     )
@@ -106,10 +99,8 @@ def _fail_rank(code: int) -> None:
 def stop_rows(manager: Any, reason: str) -> int:
     """Stop every registrar kept on `manager`; how many were running."""
     rows: dict[tuple[Any, ...], Registrar] = getattr(manager, _ROWS, None) or {}
-    stopped = 0
+    stopped = sum(registrar.running for registrar in rows.values())
     for registrar in list(rows.values()):
-        if registrar.running:
-            stopped += 1
         registrar.stop(timeout=2.0)
     if stopped:
         logger.info("stopped %d registrar%s: %s", stopped, "" if stopped == 1 else "s", reason)
@@ -141,34 +132,13 @@ def rank_summary(manager: Any) -> dict[str, Any]:
     out = []
     for (_url, rank), registrar in rows.items():
         status = registrar.status().to_dict()
-        out.append(
-            {
-                "url": status["url"],
-                "rank": dict(zip(("dp", "cp", "tp", "pp"), rank, strict=True)),
-                "running": registrar.running,
-                **{k: v for k, v in status.items() if k != "url"},
-            }
-        )
+        head = {"url": status.pop("url"), "rank": dict(zip(_RANK, rank, strict=True))}
+        out.append({**head, "running": registrar.running, **status})
     return {"rows": out}
 
 
 Row = tuple[str, dict[str, Any]]
-
-
-class Accepted:
-    """What the proxy answers SGLang's PUT: a 200, as `requests.Response` shows one."""
-
-    status_code = 200
-    ok = True
-    text = ""
-    content = b""
-    reason = "OK"
-
-    def json(self) -> Any:
-        return {}
-
-    def raise_for_status(self) -> None:
-        return None
+_ACCEPTED = {"status_code": 200, "ok": True, "text": "", "content": b"", "reason": "OK"}
 
 
 class CapturingRequests:
@@ -187,19 +157,19 @@ class CapturingRequests:
         if rows is None or args or not isinstance(url, str) or not isinstance(payload, dict):
             return self.real.put(url, *args, **kwargs)  # not the call we capture: SGLang's own
         rows.append((url, dict(payload)))
-        return Accepted()
+        # A 200, as `requests.Response` shows one.
+        return SimpleNamespace(**_ACCEPTED, json=dict, raise_for_status=lambda: None)
 
 
 _capture_lock = threading.Lock()
-_users: dict[int, int] = {}
-"""How many threads capture in each module namespace (id of its globals), to put the real
-`requests` back when the last one ends."""
+_users: dict[int, int] = {}  # threads capturing per namespace: the last one puts `requests` back
 
 
 @contextmanager
 def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
     """While inside, `namespace["requests"]` (SGLang's module globals) records this thread's
-    PUTs in the list yielded; other threads are not affected."""
+    PUTs in the list yielded and answers them 200, so SGLang's blocking loop ends at its first
+    try; other threads are not affected."""
     key = id(namespace)
     with _capture_lock:
         proxy = namespace.get("requests")
@@ -242,16 +212,12 @@ def capture_registration(
                 "once instead",
                 url,
             )
-            _send_once(namespace, url, payload)
+            requests = namespace.get("requests")
+            try:
+                sent = requests.put(url, json=payload, timeout=5) if requests is not None else None
+                status = getattr(sent, "status_code", None)
+                if status != 200:
+                    logger.error("sglang-registrar: SGLang's PUT to %s answered %s", url, status)
+            except Exception as exc:
+                logger.error("sglang-registrar: SGLang's PUT to %s failed: %s", url, exc)
     return result
-
-
-def _send_once(namespace: dict[str, Any], url: str, payload: dict[str, Any]) -> None:
-    requests = namespace.get("requests")
-    try:
-        response = requests.put(url, json=payload, timeout=5) if requests is not None else None
-        status = getattr(response, "status_code", None)
-        if status != 200:
-            logger.error("sglang-registrar: SGLang's PUT to %s answered %s", url, status)
-    except Exception as exc:
-        logger.error("sglang-registrar: SGLang's PUT to %s failed: %s", url, exc)

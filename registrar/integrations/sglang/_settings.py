@@ -1,15 +1,13 @@
-"""What the SGLang plugin reads from the environment, and what it refuses: a row of the options
-table that means something only to `registrar register` stops the process with one line naming
-it, rather than being ignored while the operator believes it works (docs/sglang.md
-"Configuration").
-"""
+"""What the SGLang plugin reads from the environment, and what it refuses: a variable that means
+something only to `registrar register` stops the process with one line naming it, rather than
+being ignored while the operator believes it works (docs/sglang.md "Configuration")."""
 
 from __future__ import annotations
 
 import difflib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ...core import _rules as rules
@@ -23,6 +21,7 @@ from ...surfaces._options import Option as EnvVar
 from ...surfaces._parsers import parse_flag, parse_seconds_or_zero
 from ...surfaces.env import command_options_from_env, describe_env, options_from_env
 
+# The plugin's own variables (no other surface reads them), rows like the options table's.
 PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "INIT_WAIT",
@@ -42,27 +41,21 @@ PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
         kwarg="strict",
     ),
 )
-"""The plugin's own variables (no other surface reads them): rows of the same kind as the
-options table's, in a table of their own."""
 
+# The options table's rows the plugin honours (those that give no reason to refuse them); of
+# those, the ones that are no `Registrar` keyword (the token, VERBOSE, the gateway's), and the
+# gateway's, GATEWAY first. The others are refused, with the reason.
 HONOURED: tuple[str, ...] = tuple(v.name for v in ENV_VARS if v.plugin is None)
-"""The options table's variables the plugin honours (names after the prefix): the rows that
-give no reason to refuse them."""
 _COMMAND_ONLY_HONOURED = tuple(v.name for v in ENV_VARS if v.plugin is None and v.kwarg is None)
-"""Those that are no `Registrar` keyword: the token, VERBOSE, the gateway's."""
 _GATEWAY_HONOURED = tuple(
     v.name for v in ENV_VARS if v.plugin is None and v.settings is SmgSettings
 )
-"""The gateway's variables the plugin honours (docs/gateway.md, docs/sglang.md), GATEWAY first."""
-
 REFUSED: dict[str, str] = {v.name: v.plugin for v in ENV_VARS if v.plugin is not None}
-"""The options table's variables that mean nothing inside SGLang, with the reason."""
 
 
 def plugin_env_table() -> tuple[EnvVar, ...]:
     """Every variable the plugin reads: the honoured shared ones, then its own."""
-    shared = tuple(v for v in ENV_VARS if v.name in HONOURED)
-    return (*shared, *PLUGIN_ENV_VARS)
+    return (*(v for v in ENV_VARS if v.name in HONOURED), *PLUGIN_ENV_VARS)
 
 
 def describe_plugin_env(prefix: str = ENV_PREFIX) -> str:
@@ -72,31 +65,24 @@ def describe_plugin_env(prefix: str = ENV_PREFIX) -> str:
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """What the plugin reads for the gateway (`REGISTRAR_GATEWAY` and its companions)."""
-
     gateways: tuple[str, ...]
-    worker_url: str | None = None
-    """Overrides the URL built from `--host`/`--port` (needed when the host is a wildcard)."""
+    worker_url: str | None = None  # else built from `--host`/`--port`
     key_file: str | None = None
     grace: float | None = None
     drain_timeout: float | None = None
-    options: Mapping[str, Any] | None = None
-    """`Registrar` options shared with the bootstrap registrations (gateway.py picks those)."""
+    options: Mapping[str, Any] | None = None  # the bootstrap registrations' (_gateway picks)
 
 
 @dataclass(frozen=True)
 class PluginConfig:
-    """The plugin's settings, read and validated once, at plugin load."""
+    """Read and validated once, at plugin load."""
 
-    registrar: Mapping[str, Any]
-    """Keyword arguments for every `Registrar` the plugin starts (the token included)."""
+    registrar: Mapping[str, Any]  # keyword arguments for every `Registrar` (the token included)
     init_wait: float = 0.0
     strict: bool = False
     verbose: bool = False
     gateway: GatewayConfig | None = None
-    """With `REGISTRAR_GATEWAY`: node 0's HTTP process keeps the server listed there."""
-    warnings: tuple[str, ...] = field(default=())
-    """One line each, for the log: names that look like a mistyped variable."""
+    warnings: tuple[str, ...] = ()  # names that look like a mistyped variable
 
 
 def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
@@ -116,10 +102,9 @@ def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
     return PluginConfig(
         gateway=_gateway(command, options),
         registrar=options,
-        init_wait=float(own.get("init_wait", 0.0)),
-        strict=bool(own.get("strict", False)),
-        verbose=bool(command.get("verbose", False)),
+        verbose=bool(command.get("verbose")),
         warnings=tuple(near_misses(env)),
+        **own,  # init_wait, strict: unset, the defaults above stand
     )
 
 
@@ -152,8 +137,7 @@ def _token(command: Mapping[str, Any]) -> str | Callable[[], str | None] | None:
     path = command.get("token_file")
     if path is not None:
         return file_token(path, f"{ENV_PREFIX}TOKEN_FILE")
-    token: str | None = command.get("token")
-    return validate_token(token, f"{ENV_PREFIX}TOKEN")  # checked now, not in every rank
+    return validate_token(command.get("token"), f"{ENV_PREFIX}TOKEN")  # checked now, not per rank
 
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:

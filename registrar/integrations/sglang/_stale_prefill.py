@@ -1,9 +1,6 @@
-"""The decode side: a prefill that restarted leaves stale addresses cached on the decode, which
-SGLang's `/health` heartbeat cannot tell from the old ones. After each successful heartbeat the
-decode asks the bootstrap server for every row it cached and drops the prefill through SGLang's
-own `_handle_node_failure` when the answers show a new server (docs/sglang.md "The decode side:
-a relaunched prefill"). No answer at all is left to SGLang's heartbeat.
-"""
+"""The decode side: after each successful heartbeat, the rows a decode cached for a prefill are
+checked against its bootstrap server, and dropped through SGLang's `_handle_node_failure` when
+the answers show a new server (docs/sglang.md "The decode side: a relaunched prefill")."""
 
 from __future__ import annotations
 
@@ -21,16 +18,12 @@ from ...protocols._sglang import Rank
 
 logger = logging.getLogger("registrar.integrations.sglang.stale_prefill")
 
-_STATE = "_registrar_prefill_checks"
-"""The attribute on a decode KV manager that holds one `_Watch` per prefill bootstrap address."""
-_TIMEOUT = (2.0, 3.0)
-"""As SGLang's heartbeat: (connect, read) seconds."""
+_STATE = "_registrar_prefill_checks"  # a decode KV manager's `_Watch`es, by prefill address
+_TIMEOUT = (2.0, 3.0)  # as SGLang's heartbeat: (connect, read) seconds
 
 
 @dataclass(frozen=True)
 class CachedRow(Rank):
-    """One prefill rank's address as the decode cached it."""
-
     ip: str
     port: int
 
@@ -40,8 +33,7 @@ class CachedRow(Rank):
 
 @dataclass(frozen=True)
 class RowAnswer:
-    """What the bootstrap server answers for a cached row now: a status (None: no answer), the
-    address it names on a 200, and whether our kept-alive connection had to be re-opened."""
+    """`status` None: no answer; `reconnected`: our kept-alive connection had to be re-opened."""
 
     status: int | None
     ip: str | None = None
@@ -51,7 +43,7 @@ class RowAnswer:
 
 @dataclass(frozen=True)
 class Decision:
-    """Drop the prefill (`drop` says why), or keep it with a new-lifetime suspicion pending."""
+    """Drop the prefill (`drop` says why), or keep it with a new-lifetime suspicion `pending`."""
 
     drop: str | None
     pending: str | None
@@ -158,7 +150,7 @@ def check_prefill(manager: Any, addr: str) -> str | None:
     rows = cached_rows(addr, pool, info) if info is not None else []
     with _lock:
         watches: dict[str, _Watch] = manager.__dict__.setdefault(_STATE, {})
-        watch = watches.setdefault(addr, _Watch(addr))
+        watch = watches.get(addr) or watches.setdefault(addr, _Watch(addr))
     if not rows:
         watch.cache, watch.pending = None, None
         return None
@@ -181,7 +173,6 @@ def check_prefill(manager: Any, addr: str) -> str | None:
 
 
 def close_checks(manager: Any) -> None:
-    """Close the connections the checks of `manager` keep (its teardown)."""
     with _lock:
         watches: dict[str, _Watch] = manager.__dict__.pop(_STATE, {})
     for watch in watches.values():
@@ -189,8 +180,7 @@ def close_checks(manager: Any) -> None:
 
 
 def after_heartbeat_success(result: Any, manager: Any, addr: str, *args: Any, **kw: Any) -> Any:
-    """AFTER `CommonKVManager._on_heartbeat_success` (decode only): check that prefill's rows.
-    Never raises into SGLang's heartbeat thread."""
+    """AFTER `CommonKVManager._on_heartbeat_success` (decode only)."""
     try:
         check_prefill(manager, addr)
     except Exception:

@@ -4,7 +4,9 @@ missing, and the readiness `/ready` and the gateway read from it. Where SGLang h
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,30 +14,25 @@ from typing import Any
 logger = logging.getLogger("registrar.integrations.sglang.tables")
 
 _SIZES = ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")
-_MAX_LISTED = 64
-"""At most this many missing rows are listed in /server_info (the count is always there)."""
+_MAX_LISTED = 64  # missing rows listed in /server_info (the count is always there)
 HTTP_SERVER = "sglang.srt.entrypoints.http_server"
 
 
-def _sizes(server: Any) -> tuple[int, int, int, int] | None:
-    sizes = [getattr(server, name, None) for name in _SIZES]
+def _sizes(server: Any) -> tuple[int, ...] | None:
+    """(dp, cp, tp, pp); None: no rank has registered yet, the topology is unknown."""
+    sizes: tuple[Any, ...] = tuple(getattr(server, name, None) for name in _SIZES)
     if not all(isinstance(size, int) and size >= 1 for size in sizes):
-        return None  # no rank has registered yet: the topology is unknown
-    dp, cp, tp, pp = (int(size) for size in sizes)  # type: ignore[arg-type]
-    return dp, cp, tp, pp
+        return None
+    return tuple(int(size) for size in sizes)
 
 
-def _missing(server: Any, sizes: tuple[int, int, int, int]) -> list[dict[str, int]] | None:
+def _missing(server: Any, sizes: tuple[int, ...]) -> list[dict[str, int]] | None:
     """The (dp, cp, tp, pp) rows not in the table; None if it changed under us."""
-    dp, cp, tp, pp = sizes
     try:
         table = server.prefill_port_table
         return [
             {"dp": d, "cp": c, "tp": t, "pp": p}
-            for d in range(dp)
-            for c in range(cp)
-            for t in range(tp)
-            for p in range(pp)
+            for d, c, t, p in itertools.product(*map(range, sizes))
             if p not in table.get(d, {}).get(c, {}).get(t, {})
         ]
     except (RuntimeError, AttributeError):  # changed under us by the server's thread
@@ -46,27 +43,24 @@ def table_complete(server: Any) -> bool:
     """Whether a bootstrap server's table holds every (dp, cp, tp, pp) row of its topology (not
     its count: the real server counts every PUT, so a doubled one would read as complete)."""
     sizes = _sizes(server)
-    if sizes is None:
-        return False
-    return _missing(server, sizes) == []
+    return sizes is not None and _missing(server, sizes) == []
 
 
 def bootstrap_summary(server: Any) -> dict[str, Any]:
-    """What a node-0 bootstrap server holds: its count, whether every row of its topology is
-    there, and which rows are missing (dp, cp, tp, pp)."""
-    summary: dict[str, Any] = {
-        "registered_count": getattr(server, "_registered_count", None),
-        "complete": table_complete(server),
-    }
+    """A node-0 bootstrap server's count, whether its table is complete, which rows are missing."""
     sizes = _sizes(server)
+    missing = None if sizes is None else _missing(server, sizes)
+    summary = {"registered_count": getattr(server, "_registered_count", None)}
     if sizes is None:
-        summary["missing_rows"] = None
-        return summary
-    missing = _missing(server, sizes) or []
-    summary["expected_rows"] = sizes[0] * sizes[1] * sizes[2] * sizes[3]
-    summary["missing_count"] = len(missing)
-    summary["missing_rows"] = missing[:_MAX_LISTED]
-    return summary
+        return {**summary, "complete": False, "missing_rows": None}
+    listed = missing or []
+    return {
+        **summary,
+        "complete": missing == [],
+        "expected_rows": math.prod(sizes),
+        "missing_count": len(listed),
+        "missing_rows": listed[:_MAX_LISTED],
+    }
 
 
 def _table_ready(manager: Any) -> bool:
@@ -95,9 +89,7 @@ def readiness(manager: Any) -> Callable[[], bool]:
     """The server's readiness as the gateway reads it: SGLang's `is_ready` (gated by the AROUND
     hook) where it has one, `server_ready` otherwise."""
     own = getattr(manager, "is_ready", None)
-    if callable(own):
-        return own  # type: ignore[no-any-return]
-    return lambda: server_ready(manager)
+    return own if callable(own) else lambda: server_ready(manager)
 
 
 def add_ready_route(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:

@@ -1,11 +1,6 @@
-"""Which SGLang releases have each target the plugin hooks, and what stands in elsewhere.
-
-One fixed list of targets would make every release but the newest report "missing" and, with
-`REGISTRAR_STRICT=1`, refuse to start. So each *feature* lists its candidates, best first, with
-the releases that have each (read from the released wheels); at load the plugin takes, per
-feature, the first candidate this SGLang has (`plan`). This module imports no SGLang: a `Probe`
-answers what the installed SGLang has (probe.py). docs/sglang.md "Supported releases".
-"""
+"""Per feature, the SGLang targets the plugin can hook, best first, with the releases that have
+each (read from the wheels), so that an older release is not "missing" targets it never had.
+Imports no SGLang: a `Probe` answers what is installed. docs/sglang.md "Supported releases"."""
 
 from __future__ import annotations
 
@@ -14,20 +9,16 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Literal, Protocol
 
-Release = tuple[int, int, int]
-"""A release as (major, minor, patch); `.postN`, `rcN` and local parts are ignored."""
+Release = tuple[int, int, int]  # `.postN`, `rcN` and local parts are ignored
 
-OLDEST_WITH_PLUGINS: Release = (0, 5, 11)
-"""The first SGLang with `sglang.srt.plugins` (below it the plugin is never loaded)."""
-NEWEST_KNOWN: Release = (0, 5, 23)
-"""The newest release whose targets were read from its wheel; a newer one gets what it has."""
+OLDEST_WITH_PLUGINS: Release = (0, 5, 11)  # the first with `sglang.srt.plugins`
+NEWEST_KNOWN: Release = (0, 5, 23)  # the newest whose targets were read from its wheel
 
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 def parse_release(text: str | None) -> Release | None:
-    """`0.5.13.post1` -> (0, 5, 13); `0.5.24rc1`, `0.5.23.dev4+gabc` -> their base; None for
-    anything that does not start with a version (an unknown or missing SGLang)."""
+    """`0.5.13.post1` -> (0, 5, 13), `0.5.24rc1` -> (0, 5, 24); None: no version."""
     found = _RELEASE.match(text or "")
     if found is None:
         return None
@@ -36,7 +27,6 @@ def parse_release(text: str | None) -> Release | None:
 
 
 def installed_version() -> str | None:
-    """The installed SGLang's version, from its package metadata (None: not installed)."""
     try:
         return version("sglang")
     except PackageNotFoundError:
@@ -58,22 +48,18 @@ function sends SGLang's PUT itself with the module-level `requests`)."""
 
 
 class Probe(Protocol):
-    """What the installed SGLang has, by importing it (the plugin) or reading its source (the
-    `registrar sglang` command)."""
+    """What the installed SGLang has: by importing it (the plugin) or reading its source."""
 
     def has(self, path: str) -> bool: ...
 
-    def own(self, path: str) -> bool:
-        """The class named by `path`'s prefix defines the method itself."""
-        ...
+    def own(self, path: str) -> bool: ...  # the class defines the method itself
 
     def source(self, path: str) -> str | None: ...
 
 
 @dataclass(frozen=True)
 class Target:
-    """One place the plugin hooks: `path` (module.attr), the hook kind and function name, the
-    releases that have it (`since`..`until`, None: open), and how it is found."""
+    """`since`..`until` (None: open): the releases that have `path`."""
 
     path: str
     kind: Literal["REPLACE", "BEFORE", "AROUND", "AFTER"]
@@ -94,23 +80,16 @@ class Target:
             return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
         return True
 
-    def releases(self) -> str:
-        start = release_text(self.since)
-        if self.until is None:
-            return f"{start}+"
-        return start if self.until == self.since else f"{start}-{release_text(self.until)}"
-
     def covers(self, release: Release | None) -> bool:
-        """Whether `release` (None: unknown, taken as newest) is one that has this target."""
+        """None: an unknown release, taken as the newest."""
         at = release or (999, 0, 0)
         return self.since <= at and (self.until is None or at <= self.until)
 
 
 @dataclass(frozen=True)
 class Feature:
-    """What the plugin does, its candidate targets best first, and what a release without any of
-    them loses (`without`). `required`: without it the plugin has no reason to be there (an
-    ERROR, and `REGISTRAR_STRICT=1` stops the process)."""
+    """`required`: without it the plugin has no reason to be there (an ERROR, and
+    `REGISTRAR_STRICT=1` stops the process); `loss` False: a release without it needs nothing."""
 
     name: str
     does: str
@@ -118,10 +97,8 @@ class Feature:
     without: str
     required: bool = False
     loss: bool = True
-    """False where a release without the targets needs nothing done (no role switch there)."""
 
     def covering(self, release: Release | None) -> list[Target]:
-        """The candidates the table says `release` has."""
         return [t for t in self.candidates if t.covers(release)]
 
 
@@ -246,8 +223,7 @@ FEATURES: tuple[Feature, ...] = (
 
 @dataclass(frozen=True)
 class Choice:
-    """A feature on this SGLang: the target taken (None: none), and if none, why (`reason`);
-    `expected`: the release is not one that has it (an INFO), else it should (a WARNING)."""
+    """`expected` False: the release should have had a target (a WARNING)."""
 
     feature: Feature
     target: Target | None
@@ -257,8 +233,6 @@ class Choice:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the plugin does on one SGLang: a choice per feature."""
-
     release: Release | None
     choices: tuple[Choice, ...]
 
@@ -272,7 +246,7 @@ class Plan:
         return [c for c in self.unavailable() if not c.expected]
 
     def lost(self) -> list[Choice]:
-        """What this release cannot do and a newer one can (the ACTIVE line and the report)."""
+        """What this release cannot do and a newer one can."""
         return [c for c in self.unavailable() if c.expected and c.feature.loss]
 
     def newer(self) -> bool:
@@ -289,67 +263,11 @@ def plan(probe: Probe, release: Release | None) -> Plan:
             choices.append(Choice(feature, found))
             continue
         covering = feature.covering(release)
-        if covering:
-            names = ", ".join(t.path for t in covering)
-            reason = f"{feature.without}: {names} not found"
-        else:
-            reason = feature.without
+        names = ", ".join(t.path for t in covering)
+        reason = f"{feature.without}: {names} not found" if covering else feature.without
         choices.append(Choice(feature, None, reason, expected=not covering))
     return Plan(release, tuple(choices))
 
 
 def expected(release: Release) -> list[Target | None]:
-    """Per feature, the target the table says `release` has (None: none)."""
     return [next(iter(f.covering(release)), None) for f in FEATURES]
-
-
-def _by_release() -> list[str]:
-    """One row per run of releases the table treats alike, from the first with plugins."""
-    runs: list[tuple[Release, Release, list[Target | None]]] = []
-    for patch in range(OLDEST_WITH_PLUGINS[2], NEWEST_KNOWN[2] + 1):
-        at = (0, 5, patch)
-        row = expected(at)
-        if runs and runs[-1][2] == row:
-            runs[-1] = (runs[-1][0], at, row)
-        else:
-            runs.append((at, at, row))
-    lines = [
-        "| SGLang | Targets | " + " | ".join(f.name for f in FEATURES) + " |",
-        "|---|---|" + "---|" * len(FEATURES),
-        f"| < {release_text(OLDEST_WITH_PLUGINS)} | 0 | never loaded: no `sglang.srt.plugins` "
-        "(`registrar sglang` says so) |" + " |" * (len(FEATURES) - 1),
-    ]
-    for first, last, row in runs:
-        name = (
-            release_text(first) if first == last else f"{release_text(first)}-{release_text(last)}"
-        )
-        cells = [
-            "-" if t is None else ("stand-in" if t is not f.candidates[0] else "yes")
-            for f, t in zip(FEATURES, row, strict=True)
-        ]
-        count = sum(t is not None for t in row)
-        lines.append(f"| {name} | {count} | " + " | ".join(cells) + " |")
-    lines.append(
-        f"| > {release_text(NEWEST_KNOWN)} | what it has | the targets found, one WARNING "
-        "naming those missing |" + " |" * (len(FEATURES) - 1)
-    )
-    return lines
-
-
-def support_table() -> str:
-    """The support tables for docs/sglang.md: per release, then per feature (generated, checked
-    by tests/test_sglang_targets.py)."""
-    lines = [*_by_release(), ""]
-    lines += [
-        "| Feature | What it does | Target (hook) | Releases | Without it |",
-        "|---|---|---|---|---|",
-    ]
-    for feature in FEATURES:
-        targets = "<br>".join(
-            f"`{t.path.rsplit('.', 2)[-2]}.{t.path.rsplit('.', 1)[-1]}` ({t.kind})"
-            for t in feature.candidates
-        )
-        releases = "<br>".join(t.releases() for t in feature.candidates)
-        name = f"**{feature.name}**" if feature.required else feature.name
-        lines.append(f"| {name} | {feature.does} | {targets} | {releases} | {feature.without} |")
-    return "\n".join(lines) + "\n"

@@ -1,7 +1,6 @@
-"""The checks and the documents: one status snapshot read as named health checks (their
-Kubernetes names, their health+json entries), the verdict of several registrars of one service,
-health+json for a probe or one check, Kubernetes' `?verbose` text; and one request answered,
-whatever the server (`answer_health`; the paths and queries: docs/operations.md)."""
+"""One status snapshot read as named health checks (their Kubernetes names, their health+json
+entries), the verdict of a group, and one request answered whatever the server (`answer_health`:
+health+json or Kubernetes' `?verbose` text; the paths and queries: docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -20,18 +19,22 @@ from ...core._redact import clean
 from ...core._status import Status, iso_utc
 
 HealthStatus = Literal["pass", "warn", "fail"]
-_SEVERITY: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
 
+HEALTH_CONTENT_TYPE = "application/health+json"
 READINESS_CHECKS = ("registration", "server", "route")
-"""The checks behind `/readyz`, by their Kubernetes names."""
-LIVENESS_CHECKS = ("thread", "retrying")
-"""The checks behind `/livez`: they fail only when nothing will change by itself."""
+LIVENESS_CHECKS = ("thread", "retrying")  # they fail only when nothing will change by itself
+PROBES: dict[str, tuple[str, ...]] = {
+    "readyz": READINESS_CHECKS,
+    "livez": LIVENESS_CHECKS,
+    "health": READINESS_CHECKS + LIVENESS_CHECKS,
+}
 
 
 @dataclass(frozen=True)
 class Check:
     """One named check. `name` is its Kubernetes name (`/readyz/<name>`, `?exclude=<name>`),
-    `key` its health+json key (`component:measurement`), `entry` its health+json object."""
+    `key` its health+json key (`component:measurement`), `entry` its health+json object, `more`
+    the entries of a group's other members (one per registry)."""
 
     name: str
     key: str
@@ -39,7 +42,6 @@ class Check:
     reason: str | None
     entry: dict[str, Any]
     more: tuple[dict[str, Any], ...] = ()
-    """The entries of the other members of a group (one per registry), after `entry`."""
 
 
 def camel_case(name: str) -> str:
@@ -60,25 +62,22 @@ class _Observed:
     component_id: str | None = None
     extra: Mapping[str, Any] | None = None
 
-
-def _check(
-    name: str, key: str, verdict: HealthStatus, reason: str | None, seen: _Observed
-) -> Check:
-    entry: dict[str, Any] = {}
-    if seen.component_id is not None:
-        entry["componentId"] = seen.component_id
-    entry.update(
-        componentType=seen.component_type,
-        observedValue=seen.value,
-        observedUnit=seen.unit,
-        status=verdict,
-    )
-    if seen.taken_at is not None:
-        entry["time"] = iso_utc(seen.taken_at)
-    if reason is not None and verdict != "pass":
-        entry["output"] = reason
-    entry.update(seen.extra or {})
-    return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
+    def check(self, name: str, key: str, verdict: HealthStatus, reason: str | None) -> Check:
+        entry: dict[str, Any] = {}
+        if self.component_id is not None:
+            entry["componentId"] = self.component_id
+        entry.update(
+            componentType=self.component_type,
+            observedValue=self.value,
+            observedUnit=self.unit,
+            status=verdict,
+        )
+        if self.taken_at is not None:
+            entry["time"] = iso_utc(self.taken_at)
+        if reason is not None and verdict != "pass":
+            entry["output"] = reason
+        entry.update(self.extra or {})
+        return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
 
 
 def health_checks(
@@ -107,20 +106,15 @@ def health_checks(
         reason = status.last_error or "registering"
     if status.diagnosis is not None and not registered:
         reason = f"{reason}; diagnosis {status.diagnosis.code}: {status.diagnosis.sentence}"
-    registration = _check(
-        "registration",
-        "registration:state",
-        "pass" if registered else "fail",
-        reason,
-        _Observed("component", state.value, "state", taken, status.url, fields),
+    registration = _Observed("component", state.value, "state", taken, status.url, fields).check(
+        "registration", "registration:state", "pass" if registered else "fail", reason
     )
     reachable = status.server_reachable
-    server = _check(
+    server = _Observed("system", reachable, "boolean", status.last_request_at, status.url).check(
         "server",
         "bootstrap:reachable",
         "warn" if reachable is False else "pass",
         "the bootstrap server did not answer the last request",
-        _Observed("system", reachable, "boolean", status.last_request_at, status.url),
     )
     found = status.route
     route_reason = {
@@ -128,45 +122,41 @@ def health_checks(
         "missing": "the server has forgotten this route",
         "unreachable": "the route could not be checked",
     }.get(found or "")
-    route = _check(
-        "route",
-        "route:check",
-        "warn" if route_reason else "pass",
-        route_reason,
-        _Observed("component", found, "finding", status.last_check_at, status.url),
+    route = _Observed("component", found, "finding", status.last_check_at, status.url).check(
+        "route", "route:check", "warn" if route_reason else "pass", route_reason
     )
-    thread = _check(
+    thread = _Observed("component", not thread_died, "boolean", taken).check(
         "thread",
         "registrar:thread",
         "fail" if thread_died else "pass",
         f"the registrar's thread died: {status.last_error}" if thread_died else None,
-        _Observed("component", not thread_died, "boolean", taken),
     )
     gave_up = state is State.FAILED and not status.retrying
-    retrying = _check(
+    retrying = _Observed("component", status.retrying, "boolean", taken).check(
         "retrying",
         "registration:retrying",
         "fail" if gave_up else "pass",
         f"gave up for good: {status.last_error or 'no attempt is scheduled'}",
-        _Observed("component", status.retrying, "boolean", taken),
     )
     return {c.name: c for c in (registration, server, route, thread, retrying)}
 
 
 def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
-    """The most severe of `verdicts` (pass when empty)."""
-    return max(verdicts, key=_SEVERITY.__getitem__, default="pass")
+    return max(verdicts, key=("pass", "warn", "fail").index, default="pass")  # the most severe
 
 
-def group_checks(
-    members: Sequence[tuple[Status, bool]], *, now: float | None = None
-) -> dict[str, Check]:
-    """Every check of a group, by name: one entry per member (its own `status` in it), and
-    one verdict for the group. Registration passes when every member is registered, warns
-    when some are (the service is reachable through them), fails when none is; every other
-    check is the worst of its members'."""
+def described_checks(
+    members: Sequence[tuple[Status, bool]], *, group: bool, now: float | None = None
+) -> tuple[dict[str, Check], str]:
+    """Every check, by name, of one registrar (alone in `members`) or of a group, and what the
+    document is about. A group's check has one entry per member (its own `status` in it) and
+    one verdict: registration passes when every member is registered, warns when some are (the
+    service is reachable through them), fails when none is; every other check is the worst of
+    its members'."""
     taken = time.time() if now is None else now
     per = [health_checks(status, thread_died=died, now=taken) for status, died in members]
+    if not group:
+        return per[0], f"registration with the bootstrap server at {members[0][0].url}"
     merged: dict[str, Check] = {}
     for name in per[0]:
         checks = [p[name] for p in per]
@@ -187,17 +177,8 @@ def group_checks(
             checks[0].entry,
             tuple(c.entry for c in checks[1:]),
         )
-    return merged
-
-
-HEALTH_CONTENT_TYPE = "application/health+json"
-TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
-PROBES: dict[str, tuple[str, ...]] = {
-    "readyz": READINESS_CHECKS,
-    "livez": LIVENESS_CHECKS,
-    "health": READINESS_CHECKS + LIVENESS_CHECKS,
-}
-"""The checks behind each probe path."""
+    urls = ", ".join(status.url for status, _ in members)
+    return merged, f"registration with {len(members)} registries: {urls}"
 
 
 @dataclass(frozen=True)
@@ -207,9 +188,6 @@ class HealthOptions:
 
     expose_payload: bool = False
     service_id: str | None = None
-
-
-DEFAULT_OPTIONS = HealthOptions()
 
 
 class HealthSource(Protocol):
@@ -232,32 +210,8 @@ class HealthGroup(Protocol):
     def members(self) -> Sequence[HealthSource]: ...
 
 
-def snapshot(source: HealthSource) -> tuple[Status, bool]:
-    """A member's status and whether its thread died: the flag first, then the snapshot, and
-    the snapshot's own field wins, so a reader never sees "died" without the reason that was
-    published with it."""
-    flagged = source.thread_died
-    status = source.status()
-    return status, status.thread_died or flagged
-
-
-def described_checks(
-    members: Sequence[tuple[Status, bool]], *, group: bool, now: float | None = None
-) -> tuple[dict[str, Check], str]:
-    """Every check, by name, of one registrar (alone in `members`) or of a group, and what
-    the document is about."""
-    if group:
-        urls = ", ".join(status.url for status, _ in members)
-        every = group_checks(members, now=now)
-        return every, f"registration with {len(members)} registries: {urls}"
-    status, died = members[0]
-    every = health_checks(status, thread_died=died, now=now)
-    return every, f"registration with the bootstrap server at {status.url}"
-
-
 def default_service_id(payload: Mapping[str, Any] | None) -> str:
-    """The rank's address from the payload (`rank_ip:rank_port`), else this host and
-    process."""
+    """The rank's address from the payload (`rank_ip:rank_port`), else this host and process."""
     if payload and payload.get("rank_ip") and payload.get("rank_port") is not None:
         host = str(payload["rank_ip"])
         host = f"[{host}]" if ":" in host else host
@@ -265,15 +219,12 @@ def default_service_id(payload: Mapping[str, Any] | None) -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-ProbeName = Literal["health", "readyz", "livez"]
-
-
 def render_health(  # noqa: PLR0913 - public: the documented keyword options
     status: Status,
     *,
     payload: Mapping[str, Any] | None = None,
     thread_died: bool = False,
-    probe: ProbeName = "health",
+    probe: Literal["health", "readyz", "livez"] = "health",
     only: str | None = None,
     exclude: Sequence[str] = (),
     service_id: str | None = HealthOptions.service_id,
@@ -289,7 +240,6 @@ def render_health(  # noqa: PLR0913 - public: the documented keyword options
 def _shown(
     every: Mapping[str, Check], probe: str, only: str | None, exclude: Sequence[str]
 ) -> list[Check]:
-    """The checks of `probe`, or only its check `only`, less those named in `exclude`."""
     return [every[n] for n in ([only] if only else PROBES[probe]) if n not in exclude]
 
 
@@ -299,7 +249,6 @@ def render_probe(
     payload: Mapping[str, Any] | None,
     options: HealthOptions,
 ) -> tuple[int, dict[str, Any]]:
-    """The HTTP status and the document of the checks `shown`."""
     verdict = worst(c.status for c in shown)
     document: dict[str, Any] = {
         "status": verdict,
@@ -318,16 +267,9 @@ def render_probe(
 def verbose_text(
     checks: Sequence[Check], excluded: Sequence[str], unknown: Sequence[str], probe: str
 ) -> tuple[int, str]:
-    """Kubernetes' `?verbose` output: one `[+]name ok` or `[-]name failed: reason` line per
-    check (a warning shows as `[+]name warn: reason`), then the verdict."""
-    lines = []
-    for check in checks:
-        if check.status == "pass":
-            lines.append(f"[+]{check.name} ok")
-        elif check.status == "warn":
-            lines.append(f"[+]{check.name} warn: {check.reason}")
-        else:
-            lines.append(f"[-]{check.name} failed: {check.reason}")
+    """Kubernetes' `?verbose` output (a warning shows as `[+]name warn: reason`)."""
+    said = {"pass": "[+]{} ok", "warn": "[+]{} warn: {}", "fail": "[-]{} failed: {}"}
+    lines = [said[check.status].format(check.name, check.reason) for check in checks]
     lines.extend(f"[+]{name} excluded: ok" for name in excluded)
     if unknown:
         listed = ", ".join(repr(n) for n in unknown)
@@ -357,7 +299,13 @@ def _answer(code: int, content_type: str, body: bytes, *extra: tuple[str, str]) 
 
 
 def _text(code: int, text: str, *extra: tuple[str, str]) -> Answer:
-    return _answer(code, TEXT_CONTENT_TYPE, text.encode(), *extra)
+    return _answer(code, "text/plain; charset=utf-8", text.encode(), *extra)
+
+
+_NOT_ALLOWED = _text(405, "405 method not allowed: use GET or HEAD\n", ("Allow", "GET, HEAD"))
+NO_METRICS = _text(
+    404, "404 not found: /metrics needs the extra: pip install 'sglang-registrar[metrics]'\n"
+)
 
 
 def answer_health(
@@ -365,24 +313,29 @@ def answer_health(
     method: str,
     path: str,
     query: str,
-    options: HealthOptions = DEFAULT_OPTIONS,
+    options: HealthOptions = HealthOptions(),
 ) -> Answer | None:
     """The answer to one request, or None for `/metrics` (prometheus-client's, served by the
     caller). Unknown paths and methods answer plain text, not health documents."""
     path = path or "/"
     if path == "/metrics":
-        return None if method in ("GET", "HEAD") else _not_allowed()
+        return None if method in ("GET", "HEAD") else _NOT_ALLOWED
     probe, _, only = path.lstrip("/").partition("/")
     if probe not in PROBES or (only and only not in PROBES[probe]) or path.endswith("/"):
         # The client's path, escaped and capped: an answer is no place to reflect raw bytes.
         asked = clean(path, 100)
         return _text(404, f"404 not found: {asked}; try /readyz, /livez or /health\n")
     if method not in ("GET", "HEAD"):
-        return _not_allowed()
+        return _NOT_ALLOWED
     params = parse_qs(query, keep_blank_values=True)
     exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
     members = list(source.members()) if isinstance(source, HealthGroup) else [source]
-    snapshots = [snapshot(member) for member in members]
+    snapshots = []
+    for member in members:
+        # The flag before the snapshot, whose own (read by `health_checks`) comes with its
+        # reason: a reader never sees "died" without the reason that was published with it.
+        flagged = member.thread_died
+        snapshots.append((member.status(), flagged))
     every, description = described_checks(snapshots, group=isinstance(source, HealthGroup))
     shown = _shown(every, probe, only, exclude)
     if "verbose" in params:
@@ -392,13 +345,3 @@ def answer_health(
         return _text(code, text)
     code, document = render_probe(shown, description, members[0].payload, options)
     return _answer(code, HEALTH_CONTENT_TYPE, json.dumps(document, indent=2).encode() + b"\n")
-
-
-def _not_allowed() -> Answer:
-    return _text(405, "405 method not allowed: use GET or HEAD\n", ("Allow", "GET, HEAD"))
-
-
-def no_metrics() -> Answer:
-    return _text(
-        404, "404 not found: /metrics needs the extra: pip install 'sglang-registrar[metrics]'\n"
-    )
