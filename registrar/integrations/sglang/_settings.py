@@ -15,15 +15,13 @@ from ...core._errors import ConfigError
 from ...core._transport import file_token
 from ...protocols._httpvalues import validate_token
 from ...protocols._smg.settings import SmgSettings
-from ...surfaces._options import ENV_PREFIX
-from ...surfaces._options import OPTIONS as ENV_VARS
-from ...surfaces._options import Option as EnvVar
+from ...surfaces._options import ENV_PREFIX, OPTIONS, Option
 from ...surfaces._parsers import parse_flag, parse_seconds_or_zero
 from ...surfaces.env import command_options_from_env, describe_env, options_from_env
 
 # The plugin's own variables (no other surface reads them), rows like the options table's.
-PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
-    EnvVar(
+PLUGIN_ENV_VARS: tuple[Option, ...] = (
+    Option(
         "INIT_WAIT",
         parse_seconds_or_zero,
         "30",
@@ -32,7 +30,7 @@ PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
         kwarg="init_wait",
         rule=rules.seconds_or_zero,
     ),
-    EnvVar(
+    Option(
         "STRICT",
         parse_flag,
         "1",
@@ -45,17 +43,15 @@ PLUGIN_ENV_VARS: tuple[EnvVar, ...] = (
 # The options table's rows the plugin honours (those that give no reason to refuse them); of
 # those, the ones that are no `Registrar` keyword (the token, VERBOSE, the gateway's), and the
 # gateway's, GATEWAY first. The others are refused, with the reason.
-HONOURED: tuple[str, ...] = tuple(v.name for v in ENV_VARS if v.plugin is None)
-_COMMAND_ONLY_HONOURED = tuple(v.name for v in ENV_VARS if v.plugin is None and v.kwarg is None)
-_GATEWAY_HONOURED = tuple(
-    v.name for v in ENV_VARS if v.plugin is None and v.settings is SmgSettings
-)
-REFUSED: dict[str, str] = {v.name: v.plugin for v in ENV_VARS if v.plugin is not None}
+HONOURED: tuple[str, ...] = tuple(v.name for v in OPTIONS if v.plugin is None)
+_COMMAND_ONLY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.kwarg is None)
+_GATEWAY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.settings is SmgSettings)
+REFUSED: dict[str, str] = {v.name: v.plugin for v in OPTIONS if v.plugin is not None}
 
 
-def plugin_env_table() -> tuple[EnvVar, ...]:
+def plugin_env_table() -> tuple[Option, ...]:
     """Every variable the plugin reads: the honoured shared ones, then its own."""
-    return (*(v for v in ENV_VARS if v.name in HONOURED), *PLUGIN_ENV_VARS)
+    return (*(v for v in OPTIONS if v.name in HONOURED), *PLUGIN_ENV_VARS)
 
 
 def describe_plugin_env(prefix: str = ENV_PREFIX) -> str:
@@ -142,7 +138,7 @@ def _token(command: Mapping[str, Any]) -> str | Callable[[], str | None] | None:
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:
     """A line for each set `REGISTRAR_*` name that is not a variable but is close to one."""
-    known = {v.name for v in ENV_VARS} | {v.name for v in PLUGIN_ENV_VARS}
+    known = {v.name for v in OPTIONS} | {v.name for v in PLUGIN_ENV_VARS}
     lines = []
     for key in sorted(environ):
         name = key.removeprefix(ENV_PREFIX)
