@@ -10,23 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..protocols._sglang import REQUIRED_FIELDS
+
 _RANK_QUERY = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
-_REQUIRED = (
-    "attn_tp_size",
-    "attn_tp_rank",
-    "attn_cp_size",
-    "attn_cp_rank",
-    "attn_dp_size",
-    "attn_dp_rank",
-    "pp_size",
-    "pp_rank",
-    "system_dp_size",
-    "system_dp_rank",
-    "rank_ip",
-    "rank_port",
-    "page_size",
-    "kv_cache_dtype",
-)
 
 LATEST_RELEASE = "0.5.23"
 
@@ -100,7 +86,7 @@ class RouteTable:
         """SGLang's `_handle_route_put`. Its reads come first (a null page_size fails before the
         table changes)."""
         data = json.loads(body)
-        fields = {name: data[name] for name in _REQUIRED}
+        fields = {name: data[name] for name in REQUIRED_FIELDS}
         rank_port = int(fields["rank_port"])
         int(fields["page_size"])
         # The layout checks (each in the releases that have it); the last writer's values kept.

@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..surfaces._httpserver import bind, http_url
+from ..core._diagnosis import hostport
+from ..surfaces._httpserver import bind
 from ._route_table import CRASH, LATEST_RELEASE, Reply, RouteTable, release_fields
 
 _CLOSE = {"Connection": "close"}
@@ -162,7 +163,7 @@ class BootstrapServer:
 
     @property
     def url(self) -> str:
-        return http_url(self.host, self.port, "https" if self._tls is not None else "http")
+        return f"{'https' if self._tls is not None else 'http'}://{hostport(self.host, self.port)}"
 
     def start(self) -> BootstrapServer:
         """Listen (again); a no-op when already listening."""

@@ -1,8 +1,7 @@
 """A small HTTP server for probes that a flood of connections cannot stall: one reader thread
 reads request heads without blocking, with a deadline per connection; only complete requests
 reach a fixed pool of workers (wsgiref's handler). Each bound and why: docs/reliability.md,
-"The health server under probes". `bind` and `http_url` serve the reference bootstrap server too.
-"""
+"The health server under probes". `bind` serves the reference bootstrap server too."""
 
 from __future__ import annotations
 
@@ -17,6 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from ..core._diagnosis import hostport
 
 logger = logging.getLogger("registrar.surfaces.httpserver")
 
@@ -49,10 +50,6 @@ def bind(
     return sock
 
 
-def http_url(host: str, port: int, scheme: str = "http") -> str:
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
-
-
 class _Handler(WSGIRequestHandler):
     """wsgiref's handler, fed the request head the reader already holds: it never waits on
     the client for input, so a client cannot pin it."""
@@ -82,7 +79,7 @@ class ProbeServer:
         self._listener.setblocking(False)
         self.host = host
         self.port: int = self._listener.getsockname()[1]
-        self.url = http_url(host, self.port)
+        self.url = f"http://{hostport(host, self.port)}"
         self._app = app
         # What wsgiref's handler reads of a server: `base_environ` (wsgiref's own) and `get_app`.
         self.server_name, self.server_port = host, self.port

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qs
 
 from ..._version import __version__
+from ...core._diagnosis import hostport
 from ...core._machine import State
 from ...core._redact import clean
 from ...core._status import Status, iso_utc
@@ -213,9 +214,7 @@ class HealthGroup(Protocol):
 def default_service_id(payload: Mapping[str, Any] | None) -> str:
     """The rank's address from the payload (`rank_ip:rank_port`), else this host and process."""
     if payload and payload.get("rank_ip") and payload.get("rank_port") is not None:
-        host = str(payload["rank_ip"])
-        host = f"[{host}]" if ":" in host else host
-        return f"{host}:{payload['rank_port']}"
+        return hostport(str(payload["rank_ip"]), payload["rank_port"])
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
