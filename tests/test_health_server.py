@@ -183,3 +183,24 @@ def test_stop_closes_open_connections_and_ends_the_threads(
             assert idle[0].recv(10) == b""
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2)
+
+
+def test_the_log_line_names_an_ipv6_address_in_brackets(
+    registrars: list[Registrar], caplog: pytest.LogCaptureFixture
+) -> None:
+    reg = Registrar(
+        "http://127.0.0.1:8998",
+        {"service": "demo"},
+        transport=ScriptedTransport([accepted()]),
+        clock=FakeClock(),
+        watch_interval=None,
+    )
+    registrars.append(reg)
+    with caplog.at_level("INFO", logger="registrar"):
+        server = start_health_server(reg, host="::1", metrics=False)
+    try:
+        line = f"health endpoints on http://[::1]:{server.port} (/livez /readyz /health)"
+        assert line in caplog.messages
+        socket.create_connection(("::1", server.port), timeout=5).close()
+    finally:
+        server.stop()

@@ -173,5 +173,5 @@ def start_health_server(
     server = ProbeServer(
         health_app(registrar, metrics=chosen, expose_payload=expose_payload), host, port
     )
-    logger.info("health endpoints on http://%s:%d (/livez /readyz /health)", host, server.port)
+    logger.info("health endpoints on %s (/livez /readyz /health)", server.url)
     return server
