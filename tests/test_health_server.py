@@ -21,8 +21,8 @@ from registrar.surfaces._httpserver import HEAD_TIMEOUT, MAX_PENDING, WORKERS
 from registrar.surfaces.health import HealthServer, start_health_server
 
 
-@pytest.fixture
-def health(registrars: list[Registrar]) -> Iterator[HealthServer]:
+def demo_registrar(registrars: list[Registrar]) -> Registrar:
+    """A registrar that registers at its first attempt and never checks again (not started)."""
     reg = Registrar(
         "http://127.0.0.1:8998",
         {"service": "demo"},
@@ -31,6 +31,12 @@ def health(registrars: list[Registrar]) -> Iterator[HealthServer]:
         watch_interval=None,
     )
     registrars.append(reg)
+    return reg
+
+
+@pytest.fixture
+def health(registrars: list[Registrar]) -> Iterator[HealthServer]:
+    reg = demo_registrar(registrars)
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
     server = start_health_server(reg, metrics=False)
@@ -166,14 +172,7 @@ def test_an_oversized_request_head_is_refused(health: HealthServer) -> None:
 def test_stop_closes_open_connections_and_ends_the_threads(
     registrars: list[Registrar],
 ) -> None:
-    reg = Registrar(
-        "http://127.0.0.1:8998",
-        {"service": "demo"},
-        transport=ScriptedTransport([accepted()]),
-        clock=FakeClock(),
-        watch_interval=None,
-    )
-    registrars.append(reg)
+    reg = demo_registrar(registrars)
     server = start_health_server(reg, metrics=False)
     with open_sockets(server.port, 20) as idle:
         server.stop()
@@ -188,14 +187,7 @@ def test_stop_closes_open_connections_and_ends_the_threads(
 def test_the_log_line_names_an_ipv6_address_in_brackets(
     registrars: list[Registrar], caplog: pytest.LogCaptureFixture
 ) -> None:
-    reg = Registrar(
-        "http://127.0.0.1:8998",
-        {"service": "demo"},
-        transport=ScriptedTransport([accepted()]),
-        clock=FakeClock(),
-        watch_interval=None,
-    )
-    registrars.append(reg)
+    reg = demo_registrar(registrars)
     with caplog.at_level("INFO", logger="registrar"):
         server = start_health_server(reg, host="::1", metrics=False)
     try:
