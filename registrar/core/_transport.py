@@ -32,7 +32,8 @@ def connect_read(timeout: Timeout) -> tuple[float, float]:
 
 @runtime_checkable
 class Transport(Protocol):
-    """How a registrar talks to its server. Called from the registrar's thread only."""
+    """How a registrar talks to its server, from the registrar's thread only. It answers with
+    outcome values and never raises on what a server says."""
 
     @property
     def display_url(self) -> str:
