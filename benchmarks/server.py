@@ -1,5 +1,5 @@
 """A bootstrap server in a process of its own, for the benchmarks: SGLang's real one or the
-project's reference server, recording every request.
+project's reference server (in the tests' lab, tests/bootstrap_lab.py), recording every request.
 
 `python -m benchmarks.server KIND HOST PORT RECORDS` (KIND: `sglang` or `reference`) prints
 `{"up": monotonic, "pid": pid}` once it listens; on SIGTERM it writes the requests it served to
@@ -157,9 +157,9 @@ def _run_sglang(host: str, port: int, records: list[Record]) -> None:
 
 
 def _run_reference(host: str, port: int, records: list[Record]) -> Any:
-    from registrar.devtools.bootstrap_server import BootstrapServer  # noqa: PLC0415
+    from tests.bootstrap_lab import BootstrapLab  # noqa: PLC0415
 
-    server = BootstrapServer(host, port).start()
+    server = BootstrapLab(host, port).start()
     offset = time.time() - time.monotonic()
 
     def collect() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from _pytest.terminal import TerminalReporter
+from bootstrap_lab import BootstrapLab
 from support import CLI_ENV, FakeClock, Ports
 
 from registrar.core import _registry as registry
 from registrar.core._runner import UNEXPECTED
-from registrar.devtools.bootstrap_server import BootstrapServer
 
 
 class _Unexpected(logging.Handler):
@@ -67,9 +67,9 @@ def ports() -> Iterator[Ports]:
 
 
 @pytest.fixture
-def server() -> Iterator[BootstrapServer]:
+def server() -> Iterator[BootstrapLab]:
     """A running reference bootstrap server on an ephemeral loopback port."""
-    srv = BootstrapServer("127.0.0.1", 0).start()
+    srv = BootstrapLab("127.0.0.1", 0).start()
     try:
         yield srv
     finally:
@@ -77,13 +77,13 @@ def server() -> Iterator[BootstrapServer]:
 
 
 @pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[BootstrapServer]:
+def tls_server(tmp_path: Path) -> Iterator[BootstrapLab]:
     """A reference bootstrap server speaking TLS (a self-signed certificate for 127.0.0.1)."""
     from test_security import _self_signed  # noqa: PLC0415 - the project's one certificate maker
 
     assert shutil.which("openssl"), "the TLS tests need the openssl command"
     cert, key = _self_signed(tmp_path)
-    with BootstrapServer(certfile=cert, keyfile=key) as srv:
+    with BootstrapLab(certfile=cert, keyfile=key) as srv:
         yield srv
 
 

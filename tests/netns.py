@@ -139,8 +139,8 @@ def run_in(namespace: str, fn: Callable[[], T]) -> T:
 
 _SERVER_SCRIPT = r"""
 import json, sys
-from registrar.devtools.bootstrap_server import BootstrapServer
-server = BootstrapServer(sys.argv[1], int(sys.argv[2])).start()
+from bootstrap_lab import BootstrapLab
+server = BootstrapLab(sys.argv[1], int(sys.argv[2])).start()
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     command = line.strip()
@@ -207,7 +207,11 @@ class ServerProcess(PipedProcess):
     """The reference bootstrap server in a subprocess inside a namespace, asked over a pipe."""
 
     def __init__(self, namespace: str, host: str, port: int) -> None:
-        super().__init__(namespace, ["-c", _SERVER_SCRIPT, host, str(port)], "bootstrap server")
+        # Started in tests/, so that the script imports the lab from there.
+        tests = os.path.dirname(os.path.abspath(__file__))
+        super().__init__(
+            namespace, ["-c", _SERVER_SCRIPT, host, str(port)], "bootstrap server", tests
+        )
 
     def puts(self) -> list[int]:
         """The rank_port of every PUT this process received, in order."""

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab
 from support import CLI_ENV, Ports, process_port, sglang_payload, wait_until
 
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces import cli
 from registrar.surfaces.cli import Signals
 
@@ -124,7 +124,7 @@ def test_options_from_the_environment_and_the_flag_wins(tmp_path: Path, ports: P
 
 
 def test_env_agent_with_rank_ip_from_pod_ip_and_a_rotated_token_file(spawn, tmp_path: Path) -> None:
-    server = BootstrapServer("127.0.0.1", 0, token="first-token").start()
+    server = BootstrapLab("127.0.0.1", 0, token="first-token").start()
     token_file = tmp_path / "token"
     token_file.write_text("first-token\n")
     port = process_port()
@@ -159,9 +159,9 @@ def test_env_agent_with_rank_ip_from_pod_ip_and_a_rotated_token_file(spawn, tmp_
 
 
 @pytest.fixture
-def registered_agent(spawn) -> Iterator[tuple[BootstrapServer, int]]:
+def registered_agent(spawn) -> Iterator[tuple[BootstrapLab, int]]:
     """A `registrar register` agent, registered with a reference server, health on a port."""
-    server = BootstrapServer("127.0.0.1", 0).start()
+    server = BootstrapLab("127.0.0.1", 0).start()
     port = process_port()
     try:
         agent = spawn(
@@ -181,7 +181,7 @@ def registered_agent(spawn) -> Iterator[tuple[BootstrapServer, int]]:
 
 
 def test_status_json_and_exit_statuses(
-    registered_agent: tuple[BootstrapServer, int], ports: Ports
+    registered_agent: tuple[BootstrapLab, int], ports: Ports
 ) -> None:
     _, port = registered_agent
     result = run("status", "--health-url", f"http://127.0.0.1:{port}", "--json")
@@ -196,7 +196,7 @@ def test_status_json_and_exit_statuses(
     assert bad.returncode == cli.EXIT_USAGE
 
 
-def test_status_counts_in_words_for_a_person(registered_agent: tuple[BootstrapServer, int]) -> None:
+def test_status_counts_in_words_for_a_person(registered_agent: tuple[BootstrapLab, int]) -> None:
     server, port = registered_agent
     server.restart()  # forgets the route: one re-registration
     assert wait_until(lambda: registration(port).get("reregistrations") == 1, 30)
@@ -230,7 +230,7 @@ def test_a_file_name_without_at_gets_the_at_suggested(tmp_path: Path) -> None:
 
 
 def test_one_startup_line_and_verbose_requests(spawn) -> None:
-    server = BootstrapServer("127.0.0.1", 0).start()
+    server = BootstrapLab("127.0.0.1", 0).start()
     port = process_port()
     try:
         agent = spawn(

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from support import (
     FakeClock,
     Ports,
@@ -32,7 +33,6 @@ from support import (
 from registrar import Backoff, RegisterOutcome, Registrar, Route, RouteCheck, State, Verdict
 from registrar.core._backoff import PROBE_PERIOD, probe_period
 from registrar.core._decide import MAX_BROKEN_CHECKS
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.protocols._idle import MAX_HARMLESS_CLOSES
 from registrar.protocols._sglang import SGLangTransport
 
@@ -156,8 +156,8 @@ def test_a_refused_check_is_probed_again_soon_not_after_the_interval(
 
 
 @pytest.fixture
-def reference() -> Iterator[BootstrapServer]:
-    srv = BootstrapServer("127.0.0.1", 0).start()
+def reference() -> Iterator[BootstrapLab]:
+    srv = BootstrapLab("127.0.0.1", 0).start()
     try:
         yield srv
     finally:
@@ -167,7 +167,7 @@ def reference() -> Iterator[BootstrapServer]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("down_for", [0.0, 0.5])
 def test_a_server_restart_is_noticed_on_the_idle_connection(
-    reference: BootstrapServer, registrars: list[Registrar], down_for: float
+    reference: BootstrapLab, registrars: list[Registrar], down_for: float
 ) -> None:
     """A 60 s watch interval would not fire within this test: only the closed connection can
     make the registrar check, find the route gone, and register again."""
@@ -263,7 +263,7 @@ def test_a_server_closing_every_connection_does_not_make_a_check_loop(
 
 @pytest.mark.timeout(60)
 def test_stop_is_prompt_while_waiting_on_the_socket(
-    reference: BootstrapServer, registrars: list[Registrar]
+    reference: BootstrapLab, registrars: list[Registrar]
 ) -> None:
     reg = Registrar(reference.url, sglang_payload(), watch_interval=3600.0)
     registrars.append(reg)
@@ -280,7 +280,7 @@ def test_a_refused_startup_sends_the_live_server_only_its_put_and_check(
 ) -> None:
     """Probes are bare connects: the server, once up, sees one PUT and one GET, not the
     probes, and the probe's connection is the one the PUT goes over."""
-    server = BootstrapServer(sock=ports.reserve())
+    server = BootstrapLab(sock=ports.reserve())
     try:
         reg = Registrar(server.url, sglang_payload(), watch_interval=60.0, max_attempts=None)
         registrars.append(reg)

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+from bootstrap_lab import BootstrapLab, Fault
 from support import Ports, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 FAST = Backoff(initial=0.05, multiplier=2.0, maximum=0.4, jitter=0.25)
 
@@ -25,7 +25,7 @@ def start(registrars: list, url: str, **kwargs: object) -> Registrar:
     return reg.start()
 
 
-def puts(server: BootstrapServer) -> list[int | None]:
+def puts(server: BootstrapLab) -> list[int | None]:
     return [r.status for r in server.records() if r.method == "PUT"]
 
 
@@ -37,7 +37,7 @@ def registered(reg: Registrar, attempts: int) -> None:
 
 
 def test_refused_until_the_server_listens(registrars: list, ports: Ports) -> None:
-    server = BootstrapServer(sock=ports.reserve())
+    server = BootstrapLab(sock=ports.reserve())
     try:
         reg = start(registrars, server.url, max_attempts=None)
         assert wait_until(lambda: reg.status().attempts_total >= 3)
@@ -62,7 +62,7 @@ def test_refused_with_stop_policy_fails_exactly(registrars: list, ports: Ports) 
 
 
 @pytest.mark.parametrize("kind", ["reset", "drop"])
-def test_connection_cut_mid_answer(server: BootstrapServer, registrars: list, kind: str) -> None:
+def test_connection_cut_mid_answer(server: BootstrapLab, registrars: list, kind: str) -> None:
     server.inject(Fault(kind, method="PUT"))
     reg = start(registrars, server.url)
     registered(reg, 2)
@@ -70,7 +70,7 @@ def test_connection_cut_mid_answer(server: BootstrapServer, registrars: list, ki
 
 
 def test_server_that_never_answers(
-    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+    server: BootstrapLab, registrars: list, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.inject(Fault("hang", count=2, method="PUT"))
     reg = start(registrars, server.url, timeout=(1.0, 0.3))
@@ -81,7 +81,7 @@ def test_server_that_never_answers(
 
 @pytest.mark.parametrize(("delay", "attempts"), [(0.4, 1), (1.5, 2)], ids=["under", "over"])
 def test_answers_around_the_timeout(
-    server: BootstrapServer, registrars: list, delay: float, attempts: int
+    server: BootstrapLab, registrars: list, delay: float, attempts: int
 ) -> None:
     server.inject(Fault("delay", seconds=delay, method="PUT"))
     reg = start(registrars, server.url, timeout=(1.0, 1.0))
@@ -89,14 +89,14 @@ def test_answers_around_the_timeout(
 
 
 @pytest.mark.parametrize("code", [500, 502, 503, 504])
-def test_bursts_of_server_errors(server: BootstrapServer, registrars: list, code: int) -> None:
+def test_bursts_of_server_errors(server: BootstrapLab, registrars: list, code: int) -> None:
     server.fail_next(4, code, method="PUT")
     reg = start(registrars, server.url)
     registered(reg, 5)
     assert puts(server) == [code] * 4 + [200]
 
 
-def test_burst_longer_than_the_budget_with_stop(server: BootstrapServer, registrars: list) -> None:
+def test_burst_longer_than_the_budget_with_stop(server: BootstrapLab, registrars: list) -> None:
     server.fail_next(10, 503, method="PUT")
     reg = start(registrars, server.url, max_attempts=4, on_failure="stop")
     assert reg.wait_for(State.FAILED, timeout=15)
@@ -112,7 +112,7 @@ def _http_date(seconds_ahead: float) -> str:
 @pytest.mark.parametrize("code", [429, 503])
 @pytest.mark.parametrize("form", ["seconds", "http-date"])
 def test_retry_after_is_honoured(
-    server: BootstrapServer, registrars: list, code: int, form: str
+    server: BootstrapLab, registrars: list, code: int, form: str
 ) -> None:
     value = "1" if form == "seconds" else _http_date(2.0)
     server.fail_next(1, code, retry_after=value, method="PUT")
@@ -123,9 +123,7 @@ def test_retry_after_is_honoured(
     assert second - first >= 0.9
 
 
-def test_retry_after_is_capped_by_max_retry_after(
-    server: BootstrapServer, registrars: list
-) -> None:
+def test_retry_after_is_capped_by_max_retry_after(server: BootstrapLab, registrars: list) -> None:
     server.fail_next(1, 503, retry_after="3600", method="PUT")
     reg = start(
         registrars, server.url, backoff=Backoff(initial=0.05, maximum=0.1), max_retry_after=1.0
@@ -135,7 +133,7 @@ def test_retry_after_is_capped_by_max_retry_after(
     assert second - first >= 0.9  # past the backoff's maximum, up to the cap
 
 
-def test_html_error_page(server: BootstrapServer, registrars: list) -> None:
+def test_html_error_page(server: BootstrapLab, registrars: list) -> None:
     page = "<html><body><h1>502 Bad Gateway</h1>\n<p>upstream  gone</p></body></html>"
     server.fail_next(1, 502, body=page, content_type="text/html", method="PUT")
     reg = start(registrars, server.url, max_attempts=1, on_failure="stop")
@@ -146,7 +144,7 @@ def test_html_error_page(server: BootstrapServer, registrars: list) -> None:
 
 
 def test_unparseable_route_check_is_not_a_reason_to_register_again(
-    server: BootstrapServer, registrars: list
+    server: BootstrapLab, registrars: list
 ) -> None:
     reg = start(registrars, server.url)
     registered(reg, 1)
@@ -176,7 +174,7 @@ def test_unresolvable_host(registrars: list, monkeypatch: pytest.MonkeyPatch) ->
     assert reg.status().last_error == error
 
 
-def test_restarts_in_a_row(server: BootstrapServer, registrars: list) -> None:
+def test_restarts_in_a_row(server: BootstrapLab, registrars: list) -> None:
     reg = start(registrars, server.url, watch_interval=0.1)
     registered(reg, 1)
     for round_ in range(2, 6):
@@ -188,7 +186,7 @@ def test_restarts_in_a_row(server: BootstrapServer, registrars: list) -> None:
     assert reg.running
 
 
-def test_restart_during_startup_backoff(server: BootstrapServer, registrars: list) -> None:
+def test_restart_during_startup_backoff(server: BootstrapLab, registrars: list) -> None:
     server.fail_next(2, 503, method="PUT")
     reg = start(registrars, server.url)
     # The first PUT has met its 503 (a fault is spent as its request starts): the restart comes

@@ -10,10 +10,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from bootstrap_lab import BootstrapLab
 from support import sglang_payload, wait_until
 
 from registrar import Registrar, State, StateError
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import health_app
 
 
@@ -57,7 +57,7 @@ def in_child(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_a_forked_child_says_it_has_no_registrar_thread(
-    server: BootstrapServer, registrars: list[Registrar]
+    server: BootstrapLab, registrars: list[Registrar]
 ) -> None:
     reg = Registrar(server.url, sglang_payload(), watch_interval=0.2)
     registrars.append(reg)
@@ -104,7 +104,7 @@ def test_a_forked_child_says_it_has_no_registrar_thread(
 
 
 def test_a_registrar_started_after_the_fork_works_in_the_child(
-    server: BootstrapServer, registrars: list[Registrar]
+    server: BootstrapLab, registrars: list[Registrar]
 ) -> None:
     reg = Registrar(server.url, sglang_payload(port=20001), watch_interval=None)
     registrars.append(reg)  # created before the fork, started only in the child

@@ -11,13 +11,13 @@ from wsgiref.simple_server import WSGIServer, make_server
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab
 from prometheus_client import CollectorRegistry
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, sglang_payload, wait_until
 
 import registrar
 from registrar import Backoff, Registrar, State
 from registrar.core._status import Status
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import health_app, start_health_server
 from registrar.surfaces.health._document import render_health
 from registrar.surfaces.metrics import RegistrarMetrics
@@ -148,7 +148,7 @@ def test_dead_thread_fails_liveness(registrars: list) -> None:
         assert "clock bug" in document["output"]
 
 
-def test_bootstrap_outage_never_fails_liveness(server: BootstrapServer, registrars: list) -> None:
+def test_bootstrap_outage_never_fails_liveness(server: BootstrapLab, registrars: list) -> None:
     reg = Registrar(
         server.url, sglang_payload(), watch_interval=0.1, backoff=Backoff(initial=0.1, maximum=0.5)
     )
@@ -218,7 +218,7 @@ def test_wsgi_app_under_a_real_wsgi_server(wsgi_server: tuple[Registrar, str]) -
     assert answer.json()["status"] == "pass"
 
 
-def test_metrics_values(server: BootstrapServer, registrars: list) -> None:
+def test_metrics_values(server: BootstrapLab, registrars: list) -> None:
     registry = CollectorRegistry()
     server.fail_next(2, 503, method="PUT")
     reg = Registrar(

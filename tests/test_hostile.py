@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab
 from support import sglang_payload, wait_until
 
 from registrar import Backoff, ConfigError, Registrar, State
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import start_health_server
 
 URL = "http://127.0.0.1:8998"
@@ -72,7 +72,7 @@ def test_payloads_that_cannot_be_sent(payload: Any, message: str) -> None:
         Registrar(URL, payload, protocol="http")
 
 
-def test_oversized_payload_is_refused_before_sending(server: BootstrapServer) -> None:
+def test_oversized_payload_is_refused_before_sending(server: BootstrapLab) -> None:
     big = sglang_payload(kv_layout="x" * 70_000)
     with pytest.raises(ConfigError, match=r"over max_payload_bytes=65536"):
         Registrar(server.url, big)
@@ -85,7 +85,7 @@ def test_oversized_payload_is_refused_before_sending(server: BootstrapServer) ->
 
 
 def test_server_refuses_bodies_over_its_limit(registrars: list) -> None:
-    with BootstrapServer(max_body_bytes=1000) as server:
+    with BootstrapLab(max_body_bytes=1000) as server:
         answer = requests.put(f"{server.url}/route", data=b"x" * 5000, timeout=5)
         assert answer.status_code == 413
         reg = Registrar(server.url, sglang_payload(kv_layout="y" * 2000), watch_interval=None)
@@ -96,7 +96,7 @@ def test_server_refuses_bodies_over_its_limit(registrars: list) -> None:
         assert reg.status().attempts_total == 1
 
 
-def test_caller_changes_to_the_payload_do_not_reach_the_thread(server: BootstrapServer) -> None:
+def test_caller_changes_to_the_payload_do_not_reach_the_thread(server: BootstrapLab) -> None:
     payload = sglang_payload()
     reg = Registrar(server.url, payload, watch_interval=None)
     payload["rank_port"] = 1
@@ -105,7 +105,7 @@ def test_caller_changes_to_the_payload_do_not_reach_the_thread(server: Bootstrap
     assert json.loads(_puts(server)[0].body)["rank_port"] == 20000
 
 
-def _puts(server: BootstrapServer) -> list:
+def _puts(server: BootstrapLab) -> list:
     """The registrations a server received (a look at the route comes before the first)."""
     return [record for record in server.records() if record.method == "PUT"]
 
@@ -121,7 +121,7 @@ def _ipv6_available() -> bool:
 
 @pytest.mark.skipif(not _ipv6_available(), reason="this machine has no ::1")
 def test_ipv6_literal_host(registrars: list) -> None:
-    with BootstrapServer("::1", 0) as server:
+    with BootstrapLab("::1", 0) as server:
         assert server.url.startswith("http://[::1]:")
         reg = Registrar(server.url, sglang_payload(ip="::1"), watch_interval=0.1)
         registrars.append(reg)
@@ -134,7 +134,7 @@ def test_ipv6_literal_host(registrars: list) -> None:
 
 
 def test_url_credentials_are_used_and_never_shown(
-    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+    server: BootstrapLab, registrars: list, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     url = server.url.replace("http://", "http://agent:pa55word@")

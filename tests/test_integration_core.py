@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import threading
 
+from bootstrap_lab import BootstrapLab, Fault
 from support import Ports, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 
 
 def test_server_starts_two_seconds_late(registrars: list[Registrar], ports: Ports) -> None:
-    server = BootstrapServer(sock=ports.reserve())
+    server = BootstrapLab(sock=ports.reserve())
     reg = Registrar(
         server.url, sglang_payload(), backoff=FAST, max_attempts=None, watch_interval=None
     )
@@ -52,7 +52,7 @@ def test_refused_attempts_log_the_root_cause(
     assert "[Errno 111] Connection refused" in caplog.text
 
 
-def test_503_then_200(server: BootstrapServer, registrars: list[Registrar]) -> None:
+def test_503_then_200(server: BootstrapLab, registrars: list[Registrar]) -> None:
     server.fail_next(1, 503, body="warming up", method="PUT")
     reg = Registrar(server.url, sglang_payload(), backoff=FAST, watch_interval=None)
     registrars.append(reg)
@@ -63,7 +63,7 @@ def test_503_then_200(server: BootstrapServer, registrars: list[Registrar]) -> N
 
 
 def test_server_that_never_answers_times_out_then_succeeds(
-    server: BootstrapServer, registrars: list[Registrar], caplog
+    server: BootstrapLab, registrars: list[Registrar], caplog
 ) -> None:
     server.inject(Fault("hang", method="PUT"))
     reg = Registrar(
@@ -77,7 +77,7 @@ def test_server_that_never_answers_times_out_then_succeeds(
 
 
 def test_stop_with_request_in_flight_returns_within_timeout(
-    server: BootstrapServer, registrars: list[Registrar]
+    server: BootstrapLab, registrars: list[Registrar]
 ) -> None:
     server.inject(Fault("hang", method="PUT"))
     reg = Registrar(server.url, sglang_payload(), timeout=(1.0, 1.0), watch_interval=None)

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import requests
+from bootstrap_lab import BootstrapLab
 from support import (
     FakeClock,
     ScriptedTransport,
@@ -23,7 +24,6 @@ from support import (
 )
 
 from registrar import Registrar, Route, RouteCheck, State
-from registrar.devtools.bootstrap_server import BootstrapServer
 
 PAYLOAD = sglang_payload()
 
@@ -105,7 +105,7 @@ def test_a_route_lost_later_is_registered_again_without_a_second_look(
 # ----------------------------------------------------------------- the reference server
 
 
-def _puts(server: BootstrapServer) -> int:
+def _puts(server: BootstrapLab) -> int:
     return sum(1 for r in server.records() if r.method == "PUT")
 
 
@@ -113,7 +113,7 @@ def test_reference_route_registered_by_someone_else_is_adopted(
     registrars: list[Registrar],
 ) -> None:
     # The topology is one rank, so the server answers the rank query once it holds it.
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         assert requests.put(f"{server.url}/route", json=PAYLOAD, timeout=5).status_code == 200
         reg = Registrar(server.url, PAYLOAD, watch_interval=0.2)
         registrars.append(reg)
@@ -128,7 +128,7 @@ def test_reference_route_registered_by_someone_else_is_adopted(
 def test_reference_route_at_another_address_is_registered_and_counted_twice(
     registrars: list[Registrar], caplog: Any
 ) -> None:
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         other = dict(PAYLOAD, rank_port=PAYLOAD["rank_port"] + 1)
         assert requests.put(f"{server.url}/route", json=other, timeout=5).status_code == 200
         reg = Registrar(server.url, PAYLOAD, watch_interval=None)
@@ -140,7 +140,7 @@ def test_reference_route_at_another_address_is_registered_and_counted_twice(
 
 
 def test_reference_missing_route_is_registered_once(registrars: list[Registrar]) -> None:
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         reg = Registrar(server.url, sglang_payload(tp_size=2), watch_interval=0.2)
         registrars.append(reg)
         reg.start()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from support import (
     FakeClock,
     ScriptedTransport,
@@ -28,7 +29,6 @@ from registrar import Backoff, RegisterOutcome, Registrar, Route, State, Status,
 from registrar.core._board import RequestEvent
 from registrar.core._decide import REPORT_CHECK_INTERVAL
 from registrar.core._settings import EXIT_CODE
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import health_app
 
 PAYLOAD = {"service": "demo", "port": 20000}
@@ -336,7 +336,7 @@ def test_fatal_after_a_loss_applies_the_policy(registrars: list[Registrar]) -> N
 
 def test_wrong_token_and_wrong_url_reach_the_policy_over_http(registrars: list[Registrar]) -> None:
     given: list[str] = []
-    with BootstrapServer(token="right-token") as server:
+    with BootstrapLab(token="right-token") as server:
         for url, token in ((server.url, "wrong-token"), (f"{server.url}/nope", "right-token")):
             reg = Registrar(
                 url,
@@ -359,7 +359,7 @@ def test_wrong_token_and_wrong_url_reach_the_policy_over_http(registrars: list[R
 
 
 def test_reports_are_coalesced_into_bounded_checks_and_lines(
-    server: BootstrapServer, registrars: list[Registrar], caplog: pytest.LogCaptureFixture
+    server: BootstrapLab, registrars: list[Registrar], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A decode failing every transfer reports ~1000 times a second: the server sees at most
     one check per REPORT_CHECK_INTERVAL, the log at most one line for all of them."""
@@ -433,7 +433,7 @@ def test_a_refused_or_answered_attempt_is_sent_again_without_a_look(
 
 
 def test_reports_while_the_server_is_down_keep_the_probe_cadence(
-    server: BootstrapServer, registrars: list[Registrar]
+    server: BootstrapLab, registrars: list[Registrar]
 ) -> None:
     """Refused checks are probed again every ~0.15 s; a flood of reports must not turn that
     into a loop of connection attempts."""

@@ -8,13 +8,13 @@ import math
 from typing import Any
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route, wait_until
 
 from registrar import Backoff, Registrar, Route, State
 from registrar.core._machine import TRANSITIONS
-from registrar.devtools.bootstrap_server import BootstrapServer
 
 ALLOWED = {(s, d) for s, _, d in TRANSITIONS}
 OUTCOMES = st.sampled_from([accepted(), retry(), retry(429, "429", retry_after=2.0), fatal()])
@@ -82,7 +82,7 @@ JSON = st.recursive(
 )
 @given(payload=st.dictionaries(st.text(max_size=10), JSON, max_size=6))
 def test_any_json_payload_reaches_the_server_unchanged(
-    server: BootstrapServer, payload: dict[str, Any]
+    server: BootstrapLab, payload: dict[str, Any]
 ) -> None:
     before = len(server.records())
     reg = Registrar(

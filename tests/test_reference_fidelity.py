@@ -11,9 +11,8 @@ import threading
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab, Fault
 from support import sglang_payload, wait_until
-
-from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
 RANK0 = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
@@ -21,7 +20,7 @@ RANK0 = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_r
 
 def test_a_wrongly_typed_size_is_accepted_then_every_lookup_is_a_500() -> None:
     # The real server stores "1" as the size, then fails comparing its count with it.
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         put = requests.put(f"{server.url}/route", json=sglang_payload(tp_size="1"), timeout=5)
         assert (put.status_code, put.text) == (200, "OK")
         for _ in range(2):
@@ -32,14 +31,14 @@ def test_a_wrongly_typed_size_is_accepted_then_every_lookup_is_a_500() -> None:
 
 
 def test_a_null_size_is_a_500_after_the_row_is_counted() -> None:
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         put = requests.put(f"{server.url}/route", json=sglang_payload(tp_size=None), timeout=5)
         assert (put.status_code, put.text) == (500, CRASH)
         assert server.registered_count == 1  # counted before the real server fails
 
 
 def test_policy_absent_then_prefill_complete_is_a_400() -> None:
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         first = sglang_payload(tp_rank=0, tp_size=2)
         second = sglang_payload(tp_rank=1, tp_size=2, decode_allocation_policy="prefill_complete")
         assert requests.put(f"{server.url}/route", json=first, timeout=5).status_code == 200
@@ -49,7 +48,7 @@ def test_policy_absent_then_prefill_complete_is_a_400() -> None:
 
 
 def test_a_differing_dsv41_layout_is_a_400() -> None:
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         first = sglang_payload(tp_rank=0, tp_size=2, dsv41_spec_layout={"k": 1})
         second = sglang_payload(tp_rank=1, tp_size=2, dsv41_spec_layout={"k": 2})
         assert requests.put(f"{server.url}/route", json=first, timeout=5).status_code == 200
@@ -84,7 +83,7 @@ def test_an_older_release_ignores_the_later_fields_and_their_checks(
     # Each rank differs in every later field: only the release's own checks refuse a PUT.
     layouts = [{"k": 1}, {"k": 2}]
     policies = ["early", "prefill_complete"]
-    with BootstrapServer(release=release) as server:
+    with BootstrapLab(release=release) as server:
         for tp in (0, 1):
             payload = sglang_payload(
                 tp_rank=tp,
@@ -111,11 +110,11 @@ def test_an_older_release_ignores_the_later_fields_and_their_checks(
 @pytest.mark.parametrize("release", ["0.5.9", "0.4.10", "latest", "0.5", "0.5.19rc1"])
 def test_a_release_the_reference_server_cannot_copy_is_refused_by_name(release: str) -> None:
     with pytest.raises(ValueError, match=f"release={release!r}"):
-        BootstrapServer(release=release)
+        BootstrapLab(release=release)
 
 
 def test_404_and_405_bodies() -> None:
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         requests.put(f"{server.url}/route", json=sglang_payload(tp_size=2), timeout=5)
         requests.put(f"{server.url}/route", json=sglang_payload(tp_size=2, port=1), timeout=5)
         rank1 = RANK0.replace("target_tp_rank=0", "target_tp_rank=1")
@@ -135,7 +134,7 @@ def test_an_answer_leaves_in_one_write_on_a_kept_alive_connection() -> None:
     """Headers and body written apart meet the client's delayed ACK (Nagle holds the body
     back ~40 ms per request on a kept-alive connection): each answer must arrive whole in
     the first read, request after request."""
-    with BootstrapServer() as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+    with BootstrapLab() as server, socket.create_connection(("127.0.0.1", server.port)) as s:
         for _ in range(5):
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             first = s.recv(65536)
@@ -147,7 +146,7 @@ def test_a_put_read_before_a_restart_is_not_counted_after_it() -> None:
     """A restarted SGLang server is a new process: a PUT the old one had read and not yet
     applied died with it, unanswered. The reference server must not apply it to the new
     lifetime's memory (a rank would be counted twice there, by no fault of its client)."""
-    with BootstrapServer() as server:
+    with BootstrapLab() as server:
         server.inject(Fault("delay", seconds=60.0, method="PUT"))
         body = json.dumps(sglang_payload()).encode()
         answers: list[object] = []

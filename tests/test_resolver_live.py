@@ -15,12 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from smg_support import Gateway, gateway_binary, workers
 from support import lookups_in_flight, sglang_payload, wait_until
 
 from registrar import HttpTransport, Registrar, State, smg_registrar
 from registrar.core._backoff import Backoff
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang._rows import rank_summary
 from registrar.protocols._resolver import FRESH, RESOLVER
 from registrar.surfaces.cli import EXIT_NOT_REGISTERED
@@ -164,10 +164,10 @@ def test_moves_are_counted_once_per_move(names: Names, servers: Callable[..., An
 
 @pytest.fixture
 def servers() -> Iterator[Callable[..., Any]]:
-    made: list[BootstrapServer] = []
+    made: list[BootstrapLab] = []
 
-    def make(host: str, port: int = 0) -> BootstrapServer:
-        server = BootstrapServer(host, port).start()
+    def make(host: str, port: int = 0) -> BootstrapLab:
+        server = BootstrapLab(host, port).start()
         made.append(server)
         return server
 

@@ -17,10 +17,10 @@ from typing import Any
 import dns_support
 import netns
 import pytest
+from bootstrap_lab import BootstrapLab
 from dns_support import HOST_A, HOST_B, Resolving
 from support import wait_until
 
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.cli import EXIT_UNREACHABLE
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
@@ -55,13 +55,13 @@ def space() -> Iterator[Resolving]:
 
 
 @pytest.fixture
-def servers(space: Resolving) -> Iterator[dict[str, BootstrapServer]]:
+def servers(space: Resolving) -> Iterator[dict[str, BootstrapLab]]:
     """The reference bootstrap server on two hosts of the namespace, same port."""
-    made: dict[str, BootstrapServer] = {}
+    made: dict[str, BootstrapLab] = {}
     try:
         with space.inside():
             for host in (HOST_A, HOST_B):
-                made[host] = BootstrapServer(host, PORT).start()
+                made[host] = BootstrapLab(host, PORT).start()
         yield made
     finally:
         for server in made.values():
@@ -72,7 +72,7 @@ def spec(*registrars: dict[str, Any], **options: Any) -> dict[str, Any]:
     return {"registrars": list(registrars), "timeout": DEADLINE, "interval": INTERVAL, **options}
 
 
-def puts(server: BootstrapServer) -> int:
+def puts(server: BootstrapLab) -> int:
     return sum(1 for r in server.records() if r.method == "PUT")
 
 
@@ -154,7 +154,7 @@ def test_the_status_command_fails_within_its_deadline(
 
 
 def test_servfail_is_a_failed_attempt_and_the_last_good_address_survives_it(
-    space: Resolving, servers: dict[str, BootstrapServer]
+    space: Resolving, servers: dict[str, BootstrapLab]
 ) -> None:
     assert space.dns is not None
     space.dns.mode = "servfail"
@@ -179,7 +179,7 @@ def test_servfail_is_a_failed_attempt_and_the_last_good_address_survives_it(
 
 
 def test_a_slow_answer_is_waited_for_across_attempts(
-    space: Resolving, servers: dict[str, BootstrapServer]
+    space: Resolving, servers: dict[str, BootstrapLab]
 ) -> None:
     assert space.dns is not None
     space.dns.answers["bootstrap.test"] = HOST_A
@@ -194,7 +194,7 @@ def test_a_slow_answer_is_waited_for_across_attempts(
 
 
 def test_a_stall_after_a_good_answer_keeps_the_registration_through_a_restart(
-    space: Resolving, servers: dict[str, BootstrapServer], record_property: pytest.RecordProperty
+    space: Resolving, servers: dict[str, BootstrapLab], record_property: pytest.RecordProperty
 ) -> None:
     """The resolver stalls 30 s after a first good answer; the server restarts during it."""
     assert space.dns is not None
@@ -232,7 +232,7 @@ def test_a_stall_after_a_good_answer_keeps_the_registration_through_a_restart(
 
 
 def test_a_moved_answer_is_followed_within_one_check_interval(
-    space: Resolving, servers: dict[str, BootstrapServer], record_property: pytest.RecordProperty
+    space: Resolving, servers: dict[str, BootstrapLab], record_property: pytest.RecordProperty
 ) -> None:
     assert space.dns is not None
     space.dns.answers["bootstrap.test"] = HOST_A

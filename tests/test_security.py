@@ -17,11 +17,11 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab
 from hostile_server import Behaviour, Conn, HostileServer, Request, answer
 from support import Ports, process_port, sglang_payload, wait_until
 
 from registrar import Backoff, ConfigError, Registrar, State
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import start_health_server
 
 TOKEN = "tok-9f3b2c7e-secret"
@@ -32,7 +32,7 @@ def test_token_never_appears_in_any_output(
     registrars: list, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     caplog.set_level(logging.DEBUG)  # urllib3's debug lines included
-    with BootstrapServer(token=TOKEN) as server:
+    with BootstrapLab(token=TOKEN) as server:
         good = Registrar(
             server.url, sglang_payload(), token=TOKEN, backoff=FAST, watch_interval=0.1
         )
@@ -149,7 +149,7 @@ def _self_signed(tmp_path: Path) -> tuple[str, str]:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_verification_on_by_default(registrars: list, tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
-    with BootstrapServer(certfile=cert, keyfile=key) as server:
+    with BootstrapLab(certfile=cert, keyfile=key) as server:
         assert server.url.startswith("https://127.0.0.1:")
         refused = Registrar(
             server.url, sglang_payload(), backoff=FAST, watch_interval=None, on_failure="stop"
@@ -184,7 +184,7 @@ def test_a_rotated_ca_bundle_is_read_again_on_the_next_connection(
     new_cert, new_key = _self_signed(tmp_path / "new")
     bundle = tmp_path / "bundle.pem"
     bundle.write_text(Path(old_cert).read_text())
-    with BootstrapServer(sock=ports.reserve(), certfile=old_cert, keyfile=old_key) as server:
+    with BootstrapLab(sock=ports.reserve(), certfile=old_cert, keyfile=old_key) as server:
         reg = Registrar(
             server.url, sglang_payload(), verify=str(bundle), backoff=FAST, watch_interval=0.2
         )
@@ -195,7 +195,7 @@ def test_a_rotated_ca_bundle_is_read_again_on_the_next_connection(
     bundle.write_text(Path(new_cert).read_text())
     stamp = bundle.stat().st_mtime + 2  # a new stamp even on a coarse-grained file system
     os.utime(bundle, (stamp, stamp))
-    with BootstrapServer(sock=successor, certfile=new_cert, keyfile=new_key) as server:
+    with BootstrapLab(sock=successor, certfile=new_cert, keyfile=new_key) as server:
         assert wait_until(lambda: reg.status().registrations == 2, timeout=20)
         assert server.registered_count == 1
 

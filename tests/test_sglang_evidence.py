@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab, Fault
 from support import sglang_payload
 
 from registrar import Route, Verdict
-from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 from registrar.protocols._sglang import SGLangTransport
 
 
-def put(server: BootstrapServer, payload: dict) -> None:
+def put(server: BootstrapLab, payload: dict) -> None:
     assert requests.put(f"{server.url}/route", json=payload, timeout=5).status_code == 200
 
 
-def ours(server: BootstrapServer) -> tuple[SGLangTransport, dict]:
+def ours(server: BootstrapLab) -> tuple[SGLangTransport, dict]:
     transport = SGLangTransport(server.url, timeout=5.0)
     payload = sglang_payload(tp_rank=0, tp_size=3, port=20000)
     assert transport.register(payload).verdict is Verdict.ACCEPTED
@@ -27,7 +27,7 @@ def reasons(evidence: str) -> list[str]:
     return evidence.split(": ", 1)[1].split("; ")
 
 
-def test_other_ranks_missing_is_undetermined(server: BootstrapServer) -> None:
+def test_other_ranks_missing_is_undetermined(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     first = transport.check(payload)
     second = transport.check(payload)
@@ -37,7 +37,7 @@ def test_other_ranks_missing_is_undetermined(server: BootstrapServer) -> None:
     assert "1 workers registered" in second.evidence
 
 
-def test_zero_workers(server: BootstrapServer) -> None:
+def test_zero_workers(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     server.forget()  # a wipe with no restart: only the count can tell
     check = transport.check(payload)
@@ -46,7 +46,7 @@ def test_zero_workers(server: BootstrapServer) -> None:
     assert reasons(check.evidence) == ["the server has 0 workers registered"]
 
 
-def test_seen_ready_then_503(server: BootstrapServer) -> None:
+def test_seen_ready_then_503(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
     put(server, sglang_payload(tp_rank=2, tp_size=3, port=20002))
@@ -59,7 +59,7 @@ def test_seen_ready_then_503(server: BootstrapServer) -> None:
     assert reasons(check.evidence) == ["the topology was ready since our registration"]
 
 
-def test_count_fell_below_highest(server: BootstrapServer) -> None:
+def test_count_fell_below_highest(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
     assert transport.check(payload).route is Route.UNDETERMINED  # highest seen: 2
@@ -71,7 +71,7 @@ def test_count_fell_below_highest(server: BootstrapServer) -> None:
     assert reasons(check.evidence) == ["the count fell from 2 to 1"]
 
 
-def test_refused_since_our_put(server: BootstrapServer) -> None:
+def test_refused_since_our_put(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     assert transport.check(payload).route is Route.UNDETERMINED
     server.stop()  # refuses connections, keeps its memory
@@ -83,7 +83,7 @@ def test_refused_since_our_put(server: BootstrapServer) -> None:
     assert reasons(check.evidence) == ["a connection was refused since our registration"]
 
 
-def test_reopened_keepalive_connection(server: BootstrapServer) -> None:
+def test_reopened_keepalive_connection(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     assert transport.check(payload).route is Route.UNDETERMINED
     server.drop_connections()  # what a restarted process does to open connections
@@ -96,7 +96,7 @@ def test_reopened_keepalive_connection(server: BootstrapServer) -> None:
 
 
 @pytest.mark.parametrize("kind", ["drop", "reset"])
-def test_keepalive_connection_broken_under_a_check(server: BootstrapServer, kind: str) -> None:
+def test_keepalive_connection_broken_under_a_check(server: BootstrapLab, kind: str) -> None:
     # The server drops our connection while a check is in flight: that check fails, and the
     # next one must still know the connection was lost (else a rank that saw neither the
     # server ready nor its count fall waits for ever).
@@ -112,7 +112,7 @@ def test_keepalive_connection_broken_under_a_check(server: BootstrapServer, kind
     ]
 
 
-def test_evidence_resets_at_each_accepted_put(server: BootstrapServer) -> None:
+def test_evidence_resets_at_each_accepted_put(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     server.drop_connections()
     assert transport.check(payload).route is Route.MISSING
@@ -122,7 +122,7 @@ def test_evidence_resets_at_each_accepted_put(server: BootstrapServer) -> None:
     assert check.route is Route.UNDETERMINED
 
 
-def test_connection_close_answers_are_not_reconnect_evidence(server: BootstrapServer) -> None:
+def test_connection_close_answers_are_not_reconnect_evidence(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     server.inject(Fault("status", status=503, body="(1 workers registered)", close=True))
     # An answer that closes its connection makes the next connect expected, not evidence.
@@ -132,7 +132,7 @@ def test_connection_close_answers_are_not_reconnect_evidence(server: BootstrapSe
     assert check.route is Route.UNDETERMINED
 
 
-def test_404_for_our_rank(server: BootstrapServer) -> None:
+def test_404_for_our_rank(server: BootstrapLab) -> None:
     transport = SGLangTransport(server.url)
     payload = sglang_payload(tp_rank=1, tp_size=2, port=20001)
     put(server, sglang_payload(tp_rank=0, tp_size=2, port=20000))
@@ -143,7 +143,7 @@ def test_404_for_our_rank(server: BootstrapServer) -> None:
     assert check.status_code == 404
 
 
-def test_conflict_and_unparseable(server: BootstrapServer) -> None:
+def test_conflict_and_unparseable(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     put(server, sglang_payload(tp_rank=0, tp_size=3, port=29999))
     put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
@@ -161,7 +161,7 @@ def test_conflict_and_unparseable(server: BootstrapServer) -> None:
     [(0.5, "the request deadline"), ((5.0, 0.5), "the read timeout")],
 )
 def test_a_reopened_connection_stays_evidence_when_its_request_gets_no_answer(
-    server: BootstrapServer, timeout: float | tuple[float, float], cut_by: str
+    server: BootstrapLab, timeout: float | tuple[float, float], cut_by: str
 ) -> None:
     # A restarted server dropped our kept-alive connection; the check that re-opens it gets no
     # answer in time (a loaded server, a thousand ranks at once). The re-opening happened all

@@ -7,16 +7,16 @@ import logging
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab, Fault
 from support import SENTINEL, sglang_payload, wait_until
 
 from registrar import Backoff, ConfigError, Registrar, State
-from registrar.devtools.bootstrap_server import BootstrapServer, Fault
 
 FAST = Backoff(initial=0.2, multiplier=2.0, maximum=1.0, jitter=0.25)
 
 
 def start(
-    registrars: list[Registrar], server: BootstrapServer, payload: dict, **kwargs: object
+    registrars: list[Registrar], server: BootstrapLab, payload: dict, **kwargs: object
 ) -> Registrar:
     kwargs.setdefault("backoff", FAST)
     kwargs.setdefault("watch_interval", 0.3)
@@ -26,7 +26,7 @@ def start(
 
 
 def topology(
-    registrars: list[Registrar], server: BootstrapServer, tp: int, pp: int = 1, **kwargs: object
+    registrars: list[Registrar], server: BootstrapLab, tp: int, pp: int = 1, **kwargs: object
 ) -> list[Registrar]:
     regs = []
     for pp_rank in range(pp):
@@ -42,13 +42,13 @@ def topology(
     return regs
 
 
-def all_back(server: BootstrapServer, regs: list[Registrar], registrations: int) -> bool:
+def all_back(server: BootstrapLab, regs: list[Registrar], registrations: int) -> bool:
     return server.ready and all(
         r.state is State.REGISTERED and r.status().registrations >= registrations for r in regs
     )
 
 
-def assert_every_rank_at_its_address(server: BootstrapServer, regs: list[Registrar]) -> None:
+def assert_every_rank_at_its_address(server: BootstrapLab, regs: list[Registrar]) -> None:
     routes = server.routes()
     for reg in regs:
         p = reg.payload
@@ -62,7 +62,7 @@ def assert_every_rank_at_its_address(server: BootstrapServer, regs: list[Registr
     assert server.registered_count == len(regs)
 
 
-def test_restart_that_forgets_is_repaired(server: BootstrapServer, registrars: list) -> None:
+def test_restart_that_forgets_is_repaired(server: BootstrapLab, registrars: list) -> None:
     reg = start(registrars, server, sglang_payload())
     assert reg.wait_for(State.REGISTERED, timeout=10)
     server.restart()
@@ -75,7 +75,7 @@ def test_restart_that_forgets_is_repaired(server: BootstrapServer, registrars: l
 
 
 def test_server_down_for_a_while_then_back_empty(
-    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+    server: BootstrapLab, registrars: list, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="registrar")
     reg = start(registrars, server, sglang_payload())
@@ -95,7 +95,7 @@ def test_server_down_for_a_while_then_back_empty(
 @pytest.mark.parametrize("down_for", [0.0, 1.5], ids=["fast", "slow"])
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (2, 2)], ids=["2-ranks", "4-ranks"])
 def test_topology_through_a_restart(
-    server: BootstrapServer, registrars: list, tp: int, pp: int, down_for: float
+    server: BootstrapLab, registrars: list, tp: int, pp: int, down_for: float
 ) -> None:
     regs = topology(registrars, server, tp, pp)
     assert wait_until(lambda: all_back(server, regs, 1), timeout=15)
@@ -106,7 +106,7 @@ def test_topology_through_a_restart(
     assert all(r.status().reregistrations == 1 for r in regs)
 
 
-def test_system_dp_ranks(server: BootstrapServer, registrars: list) -> None:
+def test_system_dp_ranks(server: BootstrapLab, registrars: list) -> None:
     regs = [
         start(
             registrars, server, sglang_payload(system_dp_size=2, system_dp_rank=d, port=22000 + d)
@@ -117,7 +117,7 @@ def test_system_dp_ranks(server: BootstrapServer, registrars: list) -> None:
     assert set(server.routes()) == {(0, 0, 0, 0), (1, 0, 0, 0)}
 
 
-def test_present_route_is_never_sent_again(server: BootstrapServer, registrars: list) -> None:
+def test_present_route_is_never_sent_again(server: BootstrapLab, registrars: list) -> None:
     reg = start(registrars, server, sglang_payload(), watch_interval=0.05)
     assert reg.wait_for(State.REGISTERED, timeout=10)
     assert wait_until(lambda: sum(r.method == "GET" for r in server.records()) >= 21, timeout=20)
@@ -127,7 +127,7 @@ def test_present_route_is_never_sent_again(server: BootstrapServer, registrars: 
 
 
 def test_conflict_is_reported_not_fought(
-    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+    server: BootstrapLab, registrars: list, caplog: pytest.LogCaptureFixture
 ) -> None:
     reg = start(registrars, server, sglang_payload(port=20000), watch_interval=0.1)
     assert reg.wait_for(State.REGISTERED, timeout=10)
@@ -139,7 +139,7 @@ def test_conflict_is_reported_not_fought(
     assert reg.state is State.REGISTERED
 
 
-def test_report_route_missing_acts_at_once(server: BootstrapServer, registrars: list) -> None:
+def test_report_route_missing_acts_at_once(server: BootstrapLab, registrars: list) -> None:
     reg = start(registrars, server, sglang_payload(), watch_interval=3600)
     assert reg.wait_for(State.REGISTERED, timeout=10)
     server.restart()
@@ -150,7 +150,7 @@ def test_report_route_missing_acts_at_once(server: BootstrapServer, registrars: 
 
 
 def test_report_of_a_present_route_is_verified_and_ignored(
-    server: BootstrapServer, registrars: list, caplog: pytest.LogCaptureFixture
+    server: BootstrapLab, registrars: list, caplog: pytest.LogCaptureFixture
 ) -> None:
     reg = start(registrars, server, sglang_payload(), watch_interval=3600)
     assert reg.wait_for(State.REGISTERED, timeout=10)
@@ -164,7 +164,7 @@ def test_token_is_sent_and_never_shown(
     registrars: list, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    with BootstrapServer(token="s3cret-token") as server:
+    with BootstrapLab(token="s3cret-token") as server:
         good = start(registrars, server, sglang_payload(), token="s3cret-token")
         assert good.wait_for(State.REGISTERED, timeout=10)
         monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "s3cret-token")
@@ -214,7 +214,7 @@ def test_missing_fields_are_listed_together() -> None:
         Registrar("http://127.0.0.1:8998", payload)
 
 
-def test_fatal_payload_answer_says_what_to_fix(server: BootstrapServer, registrars: list) -> None:
+def test_fatal_payload_answer_says_what_to_fix(server: BootstrapLab, registrars: list) -> None:
     server.fail_next(1, 400, body="Inconsistent decode_allocation_policy", method="PUT")
     reg = start(registrars, server, sglang_payload())
     assert reg.wait_for(State.FAILED, timeout=10)
@@ -224,7 +224,7 @@ def test_fatal_payload_answer_says_what_to_fix(server: BootstrapServer, registra
     )
 
 
-def test_restart_while_checks_are_in_flight(server: BootstrapServer, registrars: list) -> None:
+def test_restart_while_checks_are_in_flight(server: BootstrapLab, registrars: list) -> None:
     # The server restarts while every rank's check is waiting for an answer: those checks fail
     # on a dropped connection, and every rank must still come back exactly once.
     regs = topology(registrars, server, tp=4, watch_interval=0.5)

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from support import settled, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
-from registrar.devtools.bootstrap_server import BootstrapServer
 
 TP, PP = 10, 5  # 50 ranks
 RESTARTS = 10
@@ -34,7 +34,7 @@ def unhandled() -> Iterator[list[BaseException]]:
     threading.excepthook = previous
 
 
-def recovered(server: BootstrapServer, regs: list[Registrar]) -> bool:
+def recovered(server: BootstrapLab, regs: list[Registrar]) -> bool:
     """The server of this lifetime knows every rank at its own address, and every registrar
     says it is registered (routes live in the server's memory, so they prove a re-registration
     in this lifetime)."""
@@ -54,7 +54,7 @@ def recovered(server: BootstrapServer, regs: list[Registrar]) -> bool:
 @pytest.mark.soak
 @pytest.mark.timeout(120)
 def test_chaos_soak(
-    server: BootstrapServer,
+    server: BootstrapLab,
     registrars: list,
     unhandled: list[BaseException],
     record_property: Any,

@@ -1,2 +1,2 @@
-"""Development tools: a reference bootstrap server with SGLang's semantics and fault injection
-(for tests, benchmarks and the demo), and the demo itself."""
+"""Development tools: a reference bootstrap server with SGLang's semantics (`registrar
+bootstrap`, and the demo's), and the demo itself."""

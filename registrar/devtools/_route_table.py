@@ -1,6 +1,6 @@
 """SGLang's bootstrap route table and its `/route` handlers, step for step (same reads, checks
-and order, so the same payload fails the same way), for each release from 0.5.10 (docs/sglang.md,
-"The reference bootstrap server"; docs/testing.md for the `release` knob)."""
+and order, so the same payload fails the same way), as of SGLang 0.5.23 (docs/sglang.md, "The
+reference bootstrap server"; the tests' lab copies earlier releases, docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -14,48 +14,17 @@ from ..protocols._sglang import REQUIRED_FIELDS
 
 _RANK_QUERY = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
 
-LATEST_RELEASE = "0.5.23"
-
-FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
-    "enable_dsa_cache_layer_split": (0, 5, 16),
-    "prefill_http_port": (0, 5, 16),
-    "dsv41_spec_layout": (0, 5, 21),  # with its 400 when the ranks differ
-    "decode_allocation_policy": (0, 5, 22),  # with its 400 when the ranks differ
-    "kv_layout": (0, 5, 23),
-    "enable_kv_cache_sharding": (0, 5, 23),
-}
-"""The optional payload fields the server stores, and the release that added each."""
-
-
-def release_fields(release: str) -> frozenset[str]:
-    """The optional fields SGLang `release` ("0.5.19", "0.5.13.post1") stores."""
-    parts = release.split(".")
-    try:
-        version = tuple(int(part) for part in parts[:3])
-    except ValueError:
-        version = ()
-    if len(version) != 3 or not all(p.startswith("post") for p in parts[3:]):
-        raise ValueError(f"release={release!r}: give an SGLang version such as '0.5.19'")
-    if version < (0, 5, 10):
-        raise ValueError(
-            f"release={release!r}: the reference server speaks the protocol of SGLang 0.5.10 "
-            "and later (older releases have no worker count nor 503); give 0.5.10 or newer"
-        )
-    return frozenset(name for name, since in FIELDS_SINCE.items() if version >= since)
-
-
 CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
 """aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
 
-Reply = tuple[int, str, str, int | None]
-"""An answer: its status, text and content type, and a PUT's `rank_port`."""
+Reply = tuple[int, str, str]
+"""An answer: its status, text and content type."""
 
 
 @dataclass
 class RouteTable:
     """`CommonKVBootstrapServer`'s memory. Values are kept as the payload gave them, so a wrongly
-    typed one fails later where it fails on the real server. The server's lock guards it.
-    `fields`: the optional fields of the release it copies (`release_fields`)."""
+    typed one fails later where it fails on the real server. The server's lock guards it."""
 
     attn_tp_size: Any = None
     attn_cp_size: Any = None
@@ -72,7 +41,6 @@ class RouteTable:
     decode_allocation_policy: Any = "early"
     ranks: dict[tuple[Any, Any, Any, Any], dict[str, Any]] = field(default_factory=dict)
     count: int = 0
-    fields: frozenset[str] = frozenset(FIELDS_SINCE)
 
     def ready(self) -> bool:
         """The real `_is_ready`: raises TypeError, as it does, on wrongly typed sizes."""
@@ -89,18 +57,16 @@ class RouteTable:
         fields = {name: data[name] for name in REQUIRED_FIELDS}
         rank_port = int(fields["rank_port"])
         int(fields["page_size"])
-        # The layout checks (each in the releases that have it); the last writer's values kept.
+        # The layout checks; the last writer's values kept.
         layout = data.get("dsv41_spec_layout")
-        if "dsv41_spec_layout" in self.fields and self.count and self.dsv41_spec_layout != layout:
+        if self.count and self.dsv41_spec_layout != layout:
             text = "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
-            return 400, text, "text/plain", rank_port
+            return 400, text, "text/plain"
         policy = data.get("decode_allocation_policy", "early")
-        if "decode_allocation_policy" in self.fields:
-            if self.count and self.decode_allocation_policy != policy:
-                return 400, "Inconsistent prefill allocation policies", "text/plain", rank_port
-            self.decode_allocation_policy = policy
-        if "dsv41_spec_layout" in self.fields:
-            self.dsv41_spec_layout = layout
+        if self.count and self.decode_allocation_policy != policy:
+            return 400, "Inconsistent prefill allocation policies", "text/plain"
+        self.decode_allocation_policy = policy
+        self.dsv41_spec_layout = layout
         single = fields["system_dp_size"] == 1
         # The topology's fields are set by the first registration that carries them, in
         # SGLang's order of assignments (so that a bad value fails at the same point).
@@ -123,8 +89,6 @@ class RouteTable:
             ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
         )
         for name, value in firsts:
-            if name in FIELDS_SINCE and name not in self.fields:
-                continue
             if getattr(self, name) is None:
                 chosen = value()
                 if chosen is not None:
@@ -134,7 +98,7 @@ class RouteTable:
         self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
         self.count += 1
         self.expected()  # computed for a log line after the count: a bad size fails here
-        return 200, "OK", "text/plain", rank_port
+        return 200, "OK", "text/plain"
 
     def get(self, path: str) -> Reply:
         """SGLang's `_handle_route_get` (the first of a repeated parameter; int() only where the
@@ -142,22 +106,22 @@ class RouteTable:
         query = parse_qs(urlsplit(path).query)
         values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
         if not all(values):
-            return 400, "Missing inputs for bootstrap server.", "text/plain", None
+            return 400, "Missing inputs for bootstrap server.", "text/plain"
         dp, cp, tp, pp = values
         everything = int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1
         if not self.ready():
             text = f"Prefill server not fully registered yet ({self.count} workers registered)."
-            return 503, text, "text/plain", None
+            return 503, text, "text/plain"
         if everything:
-            return 200, json.dumps(self.info()), "application/json", None
+            return 200, json.dumps(self.info()), "application/json"
         # Keys are the payload's values; the real nested lookup by int finds the same ones.
         found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
         if found is None:
             text = (
                 f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
             )
-            return 404, text, "text/plain", None
-        return 200, json.dumps(found), "application/json", None
+            return 404, text, "text/plain"
+        return 200, json.dumps(found), "application/json"
 
     def info(self) -> dict[str, Any]:
         """The answer to the all-`-1` query: `PrefillServerInfo` as the real server sends it."""
@@ -182,7 +146,6 @@ class RouteTable:
             "required_dst_info_num": None,
             "required_prefill_response_num": None,
         }
-        # Without the fields this release lacks, and the layouts only when set.
-        absent = {name for name in FIELDS_SINCE if name not in self.fields}
-        absent |= {name for name in ("dsv41_spec_layout", "kv_layout") if info[name] is None}
+        # The layouts only when set.
+        absent = {name for name in ("dsv41_spec_layout", "kv_layout") if info[name] is None}
         return {name: value for name, value in info.items() if name not in absent}

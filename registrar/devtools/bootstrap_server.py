@@ -1,5 +1,6 @@
-"""A reference bootstrap server with SGLang's HTTP semantics and fault injection, for tests,
-benchmarks and the demo (docs/sglang.md, "The reference bootstrap server")."""
+"""A reference bootstrap server with SGLang's HTTP semantics, for `registrar bootstrap` and the
+demo (docs/sglang.md, "The reference bootstrap server"). The tests' lab (tests/bootstrap_lab.py)
+adds faults, request records and older releases through `_handle`, `_reply` and `_new_table`."""
 
 from __future__ import annotations
 
@@ -7,23 +8,20 @@ import contextlib
 import logging
 import socket
 import ssl
-import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from ..core._diagnosis import hostport
 from ..surfaces._httpserver import bind
-from ._route_table import CRASH, LATEST_RELEASE, Reply, RouteTable, release_fields
+from ._route_table import CRASH, Reply, RouteTable
 
 _CLOSE = {"Connection": "close"}
 
-__all__ = ["BootstrapServer", "Fault", "RequestRecord"]
+__all__ = ["BootstrapServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +63,10 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _dispatch
 
-    def send(
-        self, reply: Reply, body: bytes = b"", headers: Mapping[str, str] | None = None
-    ) -> None:
-        """Record the request (its `body`), then send `reply` whole (a client that has gone away
-        is not an error); `Connection: close` closes the connection after it (`send_header`)."""
-        status, text, content_type, port = reply
-        self.server.owner._record(self, status, body, port)
+    def send(self, reply: Reply, headers: Mapping[str, str] | None = None) -> None:
+        """Send `reply` whole (a client that has gone away is not an error); `Connection: close`
+        closes the connection after it (`send_header`)."""
+        status, text, content_type = reply
         data = text.encode()
         try:
             self.send_response(status)
@@ -86,47 +81,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request the server received: `status` is the one answered (None when the connection
-    was dropped or hung), `rank_port` a PUT's payload's (it tells which client sent it)."""
-
-    at: float
-    method: str
-    path: str
-    query: dict[str, str]
-    status: int | None
-    rank_port: int | None = None
-    body: bytes = b""
-    authorization: str | None = None
-
-
-@dataclass
-class Fault:
-    """What to do to the next `count` matching requests (of `method`, None: any) instead of
-    answering them normally.
-
-    `kind` is "status" (answer `status` with `body` and optional `retry_after`; with `close`,
-    say `Connection: close` and close), "drop" (send part of an answer, then close), "reset"
-    (part of an answer, then a TCP reset), "delay" (answer normally after `seconds`), or "hang"
-    (never answer until the server goes down).
-    """
-
-    kind: str
-    count: int = 1
-    status: int = 503
-    body: str = ""
-    content_type: str = "text/plain"
-    retry_after: str | None = None
-    seconds: float = 0.0
-    method: str | None = None
-    close: bool = False
-
-
 class BootstrapServer:
     """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across
-    restarts), or on `sock`, bound and not listening until `start()`, copying SGLang `release`
-    (docs/sglang.md). Use as a context manager, or `start()` and `close()`."""
+    restarts), or on `sock`, bound and not listening until `start()` (docs/sglang.md). Use as a
+    context manager, or `start()` and `close()`."""
 
     def __init__(  # noqa: PLR0913 (the reference server's documented keyword options)
         self,
@@ -138,10 +96,8 @@ class BootstrapServer:
         certfile: str | None = None,
         keyfile: str | None = None,
         sock: socket.socket | None = None,
-        release: str = LATEST_RELEASE,
     ) -> None:
         self.host = host
-        self._fields = release_fields(release)
         self._tls: ssl.SSLContext | None = None
         if certfile is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -151,14 +107,10 @@ class BootstrapServer:
         self.token = token
         self.max_body_bytes = max_body_bytes
         self._lock = threading.Lock()
-        self._table = RouteTable(fields=self._fields)
-        self._faults: deque[Fault] = deque()
+        self._table = self._new_table()
         self._connections: set[socket.socket] = set()
-        self._records: deque[RequestRecord] = deque(maxlen=200_000)
         self._server: Listener | None = None
         self._thread: threading.Thread | None = None
-        self._release = threading.Event()  # set: the requests a delay or hang holds must go
-        self.restarts = 0
         self._lifetime = 0  # a connection of an earlier lifetime is a dead process's
 
     @property
@@ -178,7 +130,6 @@ class BootstrapServer:
         if self._tls is not None:
             server.socket = self._tls.wrap_socket(sock, server_side=True)
         self.port = server.server_address[1]
-        self._release = threading.Event()
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever,
@@ -207,7 +158,6 @@ class BootstrapServer:
         if server is None:
             return
         self._server = None
-        self._release.set()
         server.shutdown()
         # The successor is bound while the listener still holds the port (SO_REUSEPORT).
         if hold:
@@ -216,27 +166,20 @@ class BootstrapServer:
         server.server_close()
         # Connections accepted from a socket without SO_REUSEADDR keep the port from a new
         # bind while they are open: they go first.
-        self.drop_connections()
+        self._drop_connections()
         if hold and self._down is None:
             self._down = bind(self.host, self.port, reuse_port=True)
         if thread is not None:
             thread.join(5)
-
-    def forget(self) -> None:
-        """Lose every route, as a new process would."""
-        with self._lock:
-            self._table = RouteTable(fields=self._fields)
 
     def restart(self, down_for: float = 0.0) -> None:
         """Restart with empty memory: drop every connection, forget, come back after
         `down_for` seconds (refusing connections meanwhile). `down_for=0` keeps the listening
         socket, a restart so fast that no client can see the server down. As with a new
         process, a request read before the restart is never answered nor applied after it."""
-        with self._lock:
-            self.restarts += 1
         if down_for <= 0 and self._server is not None:
             self._next_lifetime()
-            self.drop_connections()
+            self._drop_connections()
             return
         self.stop()
         self._next_lifetime()
@@ -245,10 +188,12 @@ class BootstrapServer:
 
     def _next_lifetime(self) -> None:
         with self._lock:
-            self._table = RouteTable(fields=self._fields)
+            self._table = self._new_table()
             self._lifetime += 1
-            self._release.set()
-            self._release = threading.Event()
+
+    def _new_table(self) -> RouteTable:
+        """The memory of a new process: SGLang's route table (the lab's copies older releases)."""
+        return RouteTable()
 
     def __enter__(self) -> BootstrapServer:
         return self.start()
@@ -256,52 +201,13 @@ class BootstrapServer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def inject(self, fault: Fault) -> None:
-        """Apply `fault` to the next matching requests (faults queue up in order)."""
-        with self._lock:
-            self._faults.append(fault)
-
-    def fail_next(self, count: int, status: int, **options: Any) -> None:
-        """Answer `status` to the next `count` requests; `options` are `Fault`'s (`retry_after`,
-        `body`, `content_type`, `method`, `close`)."""
-        self.inject(Fault("status", count, status=status, **options))
-
-    @property
-    def pending_faults(self) -> int:
-        """Requests still to be met by an injected fault (a fault is taken as a request starts)."""
-        with self._lock:
-            return sum(fault.count for fault in self._faults)
-
     @property
     def registered_count(self) -> int:
         """Accepted PUTs since the last restart (a PUT for a present rank counts too)."""
         with self._lock:
             return self._table.count
 
-    @property
-    def ready(self) -> bool:
-        with self._lock:
-            try:
-                return self._table.ready()
-            except TypeError:  # a wrongly typed size: the real server answers 500 to everything
-                return False
-
-    @property
-    def open_connections(self) -> int:
-        """Connections a handler is serving now: at 0, every request received is recorded."""
-        with self._lock:
-            return len(self._connections)
-
-    def routes(self) -> dict[tuple[int, int, int, int], dict[str, Any]]:
-        """(dp, cp, tp, pp) -> {"rank_ip", "rank_port"}."""
-        with self._lock:
-            return {k: dict(v) for k, v in self._table.ranks.items()}
-
-    def records(self) -> list[RequestRecord]:
-        with self._lock:
-            return list(self._records)
-
-    def drop_connections(self) -> None:
+    def _drop_connections(self) -> None:
         """Close every open connection (keep-alive ones too) without forgetting anything."""
         with self._lock:
             connections = list(self._connections)
@@ -318,57 +224,26 @@ class BootstrapServer:
                 self._connections.discard(conn)
             return self._lifetime
 
-    def _next_fault(self, method: str) -> tuple[Fault | None, threading.Event]:
-        with self._lock:
-            release = self._release
-            for fault in self._faults:
-                if fault.method is None or fault.method == method:
-                    fault.count -= 1
-                    if fault.count <= 0:
-                        self._faults.remove(fault)
-                    return fault, release
-        return None, release
-
-    def _record(
-        self, h: Handler, status: int | None, body: bytes = b"", port: int | None = None
-    ) -> None:
-        parts = urlsplit(h.path)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        auth = h.headers.get("Authorization")
-        record = RequestRecord(time.time(), h.command, parts.path, query, status, port, body, auth)
-        with self._lock:
-            self._records.append(record)
-
     def _handle(self, h: Handler) -> None:
-        fault, release = self._next_fault(h.command)
-        kind = fault.kind if fault is not None else None
         body = self._read_body(h)
-        if body is None:
-            return
-        if fault is not None and kind == "status":
-            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-            if fault.close:
-                headers.update(_CLOSE)
-            h.send((fault.status, fault.body, fault.content_type, None), body, headers)
-            return
-        if fault is not None and kind in ("delay", "hang"):
-            release.wait(fault.seconds if kind == "delay" else None)
-        answer = None if kind in ("hang", "drop", "reset") else self._answer(h, body)
-        if answer is None:
-            # A fault, or a request read before a restart and acted on after it: a real
-            # server's process would have died with it, unanswered, and never counted it in
-            # the next one's memory.
-            self._record(h, None, body)
-            if kind in ("drop", "reset"):  # part of an answer, then a close or a TCP reset
-                with contextlib.suppress(OSError):
-                    h.wfile.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
-                    h.wfile.flush()
-                    if kind == "reset":
-                        linger = struct.pack("ii", 1, 0)
-                        h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        if body is not None:
+            self._reply(h, self._answer(h, body), body)
+
+    def _reply(
+        self,
+        h: Handler,
+        reply: Reply | None,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Every request ends here: `reply` is sent, or (None) the connection closes unanswered.
+        `body` is the request's (the tests' lab records it)."""
+        if reply is None:
+            # A request read before a restart and acted on after it: a real server's process
+            # would have died with it, unanswered, and never counted it in the next one's memory.
             h.close_connection = True
-            return
-        h.send(answer, body)
+        else:
+            h.send(reply, headers)
 
     def _read_body(self, h: Handler) -> bytes | None:
         length_text = h.headers.get("Content-Length")
@@ -377,11 +252,11 @@ class BootstrapServer:
         except ValueError:
             length = -1
         if length < 0:
-            h.send((400, "Bad Content-Length", "text/plain", None), headers=_CLOSE)
+            self._reply(h, (400, "Bad Content-Length", "text/plain"), headers=_CLOSE)
             return None
         if length > self.max_body_bytes:
             text = f"Request body over {self.max_body_bytes} bytes"
-            h.send((413, text, "text/plain", None), headers=_CLOSE)
+            self._reply(h, (413, text, "text/plain"), headers=_CLOSE)
             return None
         return h.rfile.read(length) if length else b""
 
@@ -390,18 +265,18 @@ class BootstrapServer:
         path = urlsplit(h.path).path
         if path == "/health":
             if h.command != "GET":  # aiohttp's own answers for a route it does not serve
-                return 405, "405: Method Not Allowed", "text/plain", None
-            return 200, "OK", "text/plain", None
+                return 405, "405: Method Not Allowed", "text/plain"
+            return 200, "OK", "text/plain"
         if path != "/route":
-            return 404, "404: Not Found", "text/plain", None
+            return 404, "404: Not Found", "text/plain"
         if h.command not in ("GET", "PUT"):
-            return 405, "Method not allowed", "application/json", None
+            return 405, "Method not allowed", "application/json"
         if (
             h.command == "PUT"
             and self.token is not None
             and h.headers.get("Authorization") != f"Bearer {self.token}"
         ):
-            return 401, "Unauthorized", "text/plain", None
+            return 401, "Unauthorized", "text/plain"
         # Under the lock, and for the current lifetime only: a restart cannot come between the
         # check and the use.
         with self._lock:
@@ -410,4 +285,4 @@ class BootstrapServer:
             try:
                 return self._table.get(h.path) if h.command == "GET" else self._table.put(body)
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-                return 500, CRASH, "text/plain", None
+                return 500, CRASH, "text/plain"

@@ -1,9 +1,9 @@
 """The reference bootstrap server against SGLang's real one: the same request scripts, every
 answer compared (status, content type, body; the counting shows in the 503 texts and the
 server info). A difference here means registrar's tests and demo exercise a server that is not
-SGLang's. The reference server copies the installed release (its `release` knob), so each
-release of the CI matrix checks the fields and 400s it has, and that it ignores the later ones
-(every script sends them all)."""
+SGLang's. The reference server copies the installed release (its test lab's `release` knob,
+tests/bootstrap_lab.py), so each release of the CI matrix checks the fields and 400s it has, and
+that it ignores the later ones (every script sends them all)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab
 from sglang_support.harness import Server
 from sglang_support.release import installed
 from support import process_port, sglang_payload
-
-from registrar.devtools.bootstrap_server import BootstrapServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,7 +144,7 @@ def test_the_reference_server_answers_as_sglang_does(name: str) -> None:
         expected = run(f"http://127.0.0.1:{real.port}", script)
     finally:
         real.close()
-    with BootstrapServer(release=installed()) as reference:
+    with BootstrapLab(release=installed()) as reference:
         got = run(reference.url, script)
     for step, want, have in zip(script, expected, got, strict=True):
         assert have == want, f"{name}: {step[0]} {step[1]} {json.dumps(step[2], default=str)}"

@@ -15,11 +15,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from sglang_support.harness import HERE, child_env, import_quietly, wait_for
 from support import process_port
 
 from registrar import __version__
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang._plugin import ACTIVE
 from registrar.integrations.sglang._tables import readiness
 from registrar.integrations.sglang._targets import (
@@ -240,7 +240,7 @@ def test_the_token_file_and_verbose_work_inside_sglang(spawn_rank, tmp_path) -> 
     # requires a bearer token (upstream PR #39416). The rank is SGLang's real CommonKVManager.
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
-    with BootstrapServer("127.0.0.1", 0, token="s3cret-token") as server:
+    with BootstrapLab("127.0.0.1", 0, token="s3cret-token") as server:
         rank = spawn_rank(server.port, REGISTRAR_TOKEN_FILE=str(token), REGISTRAR_VERBOSE="1")
         rank.event("init")
         assert wait_for(lambda: server.registered_count == 1, timeout=60)
