@@ -37,12 +37,13 @@ from ._httpconn import (
 from ._httpvalues import (
     DEFAULT_MAX_ANSWER_BYTES,
     Credentials,
+    Endpoint,
     HttpResult,
     TokenUnavailable,
     parse_retry_after,
 )
 from ._idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
-from ._probe import Answer, Target, gather
+from ._probe import Answer, gather
 from ._resolver import RESOLVER, Unresolved
 
 logger = logging.getLogger("registrar.protocols.http")
@@ -84,7 +85,7 @@ class HttpTransport:
         self._connect_timeout, self._read_timeout = connect_read(settings.timeout)
         self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
         self._watchdog = Watchdog()
-        where = Target.of(self._url)
+        where = Endpoint.of(self._url)
         # Proxies from the environment are not followed: the server is on the cluster's network.
         tls = TlsFiles(settings.verify, cert) if where.tls else None
         self._link = Link(where.host, where.port, tls, self._watchdog)

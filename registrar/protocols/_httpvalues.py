@@ -1,4 +1,4 @@
-"""The values of one HTTP exchange: its result, its credential, its `Retry-After`."""
+"""The values of one HTTP exchange: its endpoint, result, credential and `Retry-After`."""
 
 from __future__ import annotations
 
@@ -39,6 +39,21 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     except (ValueError, OverflowError, IndexError):
         return None
     return min(max(0.0, seconds), RETRY_AFTER_CEILING)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    prefix: str  # the URL's path, without its trailing slash
+    tls: bool
+
+    @classmethod
+    def of(cls, url: str) -> Endpoint:
+        """`url`'s host, port (the scheme's by default), path and scheme."""
+        parts = urlsplit(url)
+        host, tls = parts.hostname or "", parts.scheme == "https"
+        return cls(host, parts.port or (443 if tls else 80), parts.path.rstrip("/"), tls)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from ..core._diagnosis import Evidence, Knock, Seen, port_text
 from ..core._errors import describe_exception
 from ..core._redact import clean, redact_url
 from ..core._untrusted import json_object
+from ._httpvalues import Endpoint
 from ._resolver import RESOLVER, Unresolved, is_ip_literal
 
 PROBE_TIMEOUT = 2.0  # seconds for each step (resolve, connect, one answer)
@@ -67,42 +68,6 @@ class ProbeOptions:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-def fetch(  # noqa: PLR0913 - one GET: where, what, over what, how
-    address: str,
-    port: int,
-    path: str,
-    *,
-    host: str,
-    tls: bool,
-    options: ProbeOptions = ProbeOptions(),
-) -> Answer | str:
-    """One GET on a fresh connection: the answer, or why there was none."""
-    timeout = options.timeout
-    conn: HTTPConnection
-    if tls:
-        conn = HTTPSConnection(
-            address,
-            port,
-            timeout=timeout,
-            ssl_context=_tls_context(),
-            server_hostname=host,
-        )
-    else:
-        conn = HTTPConnection(address, port, timeout=timeout)
-    with contextlib.ExitStack() as opened:
-        opened.callback(conn.close)
-        try:
-            headers = {**_HEADERS, **options.headers, "Host": host}
-            conn.request("GET", path, headers=headers, preload_content=False)
-            response = conn.getresponse()
-            opened.callback(response.close)  # its file holds the socket open until closed
-            body = response.read(4096, decode_content=False)
-            kind = response.headers.get("Content-Type", "").split(";")[0].strip()
-            return Answer(response.status, kind, body.decode("utf-8", "replace"))
-        except Exception as exc:  # whatever broke is the evidence
-            return describe_exception(exc)
-
-
 def lists_workers(answer: Answer | str) -> bool:
     """smg's `GET /workers`: a JSON object with a `workers` list."""
     if isinstance(answer, str) or answer.status != 200:
@@ -112,31 +77,43 @@ def lists_workers(answer: Answer | str) -> bool:
 
 @dataclass(frozen=True)
 class Target:
+    at: Endpoint
     address: str
-    port: int
-    host: str
-    prefix: str
-    tls: bool
     options: ProbeOptions
 
     @classmethod
     def of(cls, url: str, options: ProbeOptions = ProbeOptions(), address: str = "") -> Target:
-        """`url`'s host, port (the scheme's by default) and path, reached at `address` (by
-        default the host itself); the transports' too."""
-        parts = urlsplit(url)
-        host, tls = parts.hostname or "", parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)
-        return cls(address or host, port, host, parts.path.rstrip("/"), tls, options)
+        """`url`'s endpoint, reached at `address` (by default its host)."""
+        at = Endpoint.of(url)
+        return cls(at, address or at.host, options)
 
     def get(self, path: str, tls: bool | None = None) -> Answer | str:
-        return fetch(
-            self.address,
-            self.port,
-            self.prefix + path,
-            host=self.host,
-            tls=self.tls if tls is None else tls,
-            options=self.options,
-        )
+        """One GET on a fresh connection: the answer, or why there was none."""
+        timeout, host = self.options.timeout, self.at.host
+        tls = self.at.tls if tls is None else tls
+        conn: HTTPConnection
+        if tls:
+            conn = HTTPSConnection(
+                self.address,
+                self.at.port,
+                timeout=timeout,
+                ssl_context=_tls_context(),
+                server_hostname=host,
+            )
+        else:
+            conn = HTTPConnection(self.address, self.at.port, timeout=timeout)
+        with contextlib.ExitStack() as opened:
+            opened.callback(conn.close)
+            try:
+                headers = {**_HEADERS, **self.options.headers, "Host": host}
+                conn.request("GET", self.at.prefix + path, headers=headers, preload_content=False)
+                response = conn.getresponse()
+                opened.callback(response.close)  # its file holds the socket open until closed
+                body = response.read(4096, decode_content=False)
+                kind = response.headers.get("Content-Type", "").split(";")[0].strip()
+                return Answer(response.status, kind, body.decode("utf-8", "replace"))
+            except Exception as exc:  # whatever broke is the evidence
+                return describe_exception(exc)
 
 
 def _what_answers(target: Target, path: str, recognise: Recognise) -> tuple[Seen, str]:
@@ -158,18 +135,18 @@ def _what_answers(target: Target, path: str, recognise: Recognise) -> tuple[Seen
 def _not_http(target: Target, why: str) -> tuple[Seen, str]:
     """No HTTP answer on the URL's scheme: try the other one (unless the server went away)."""
     timeout = target.options.timeout
-    gone, how = _connect(target.address, target.port, timeout)
+    gone, how = _connect(target.address, target.at.port, timeout)
     if gone is not None:
         return gone, how
-    if target.tls:
+    if target.at.tls:
         plain = target.get("/", tls=False)
         if isinstance(plain, Answer):
             return Seen.PLAIN, f"TLS: {why}; plain GET / answered {plain.status}"
         return Seen.TLS_FAILED, why
     try:
         with (
-            socket.create_connection((target.address, target.port), timeout=timeout) as raw,
-            _tls_context().wrap_socket(raw, server_hostname=target.host) as tls,
+            socket.create_connection((target.address, target.at.port), timeout=timeout) as raw,
+            _tls_context().wrap_socket(raw, server_hostname=target.at.host) as tls,
         ):
             return Seen.TLS, f"plain HTTP: {why}; TLS handshake completed ({tls.version()})"
     except (OSError, ValueError):
@@ -181,7 +158,7 @@ def _knock(address: str, port: int, host: str, timeout: float) -> Knock:
     refused, _ = _connect(address, port, timeout)
     if refused is not None:
         return Knock(port, label, listens=False, http=False)
-    answer = fetch(address, port, "/", host=host, tls=False, options=ProbeOptions(timeout))
+    answer = Target(Endpoint(host, port, "", False), address, ProbeOptions(timeout)).get("/")
     return Knock(port, label, listens=True, http=isinstance(answer, Answer))
 
 

@@ -22,7 +22,7 @@ from ...core._redact import clean
 from ...core._transport import connect_read
 from ...core._untrusted import load_json
 from ...core._waker import Waker
-from .._probe import Target
+from .._httpvalues import Endpoint
 from .._resolver import RESOLVER, connect
 from .client import EtcdClient, b64, int64, unb64
 
@@ -112,7 +112,7 @@ class WatchStream:
     """One `POST /v3/watch` on a non-blocking socket, on member `index`."""
 
     def __init__(self, client: EtcdClient, index: int, request: bytes, limit: int) -> None:
-        where = Target.of(client.urls[index])
+        where = Endpoint.of(client.urls[index])
         timeout = connect_read(client.settings.timeout)[0]
         context = client.tls_context(index)
         # Resolved within the connect timeout (a stalled resolver must not hold the watch).
