@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from . import _rules as rules
 from ._errors import ConfigError
 from ._outcome import RegisterOutcome, RouteCheck
 from ._waker import Waker
@@ -119,8 +118,3 @@ def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenP
     if not first:
         raise ConfigError(f"{name} {str(source)!r} is empty")
     return lambda: source.read_text().strip() or None
-
-
-def validate_url(url: object, option: str = "url") -> str:
-    """`url` without a trailing slash, or `ConfigError` naming `option` (`rules.url`)."""
-    return str(rules.applied(option, url, rules.url))

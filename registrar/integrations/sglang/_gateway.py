@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...core import _rules as rules
 from ...core._diagnosis import hostport
 from ...core._errors import ConfigError
 from ...core._group import RegistrarGroup
-from ...core._transport import validate_url
 from ._rows import current_config
 from ._settings import GatewayConfig
 from ._tables import readiness
@@ -54,7 +54,7 @@ def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]
             )
         scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
         worker_url = f"{scheme}://{hostport(host, getattr(server_args, 'port', None))}"
-    spec: dict[str, Any] = {"url": validate_url(worker_url, "worker url"), "worker_type": kind}
+    spec = {"url": rules.applied("worker url", worker_url, rules.url), "worker_type": kind}
     if kind == "prefill":
         spec["bootstrap_port"] = int(server_args.disaggregation_bootstrap_port)
     return spec

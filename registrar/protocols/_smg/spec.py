@@ -8,7 +8,6 @@ from typing import Any
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
-from ...core._transport import validate_url
 
 WORKER_TYPES = ("prefill", "decode", "regular")
 
@@ -33,7 +32,7 @@ def validate_spec(payload: object) -> dict[str, Any]:
     if not isinstance(payload, Mapping):
         raise ConfigError(f"payload must be a worker spec mapping, got {type(payload).__name__}")
     spec = dict(payload)
-    spec["url"] = validate_url(spec.get("url"), "worker url")
+    spec["url"] = rules.applied("worker url", spec.get("url"), rules.url)
     kind = rules.applied("worker_type", spec.setdefault("worker_type", "regular"), worker_type)
     port = rules.applied("bootstrap_port", spec.get("bootstrap_port"), rules.port_or_none)
     if port is not None and kind != "prefill":
