@@ -13,6 +13,7 @@ from hostile_server import HostileServer, answer
 from support import ScriptedTransport, accepted, retry, route, sglang_payload, wait_until
 
 from registrar import Backoff, Registrar, State
+from registrar.core import _rules as rules
 from registrar.core._outcome import Route
 from registrar.core._redact import MAX_SHOWN, clean
 from registrar.protocols._sglang import SGLangTransport
@@ -31,6 +32,24 @@ def test_clean_escapes_control_characters_and_caps_length() -> None:
     assert long.endswith(" ...")
     assert clean("plain text, unchanged: é ü 中") == "plain text, unchanged: é ü 中"
     assert clean(None) == "None"
+
+
+def test_one_set_of_unsafe_characters_is_escaped_in_text_and_refused_in_a_url() -> None:
+    """Every code point `clean` escapes a URL refuses, spaces too, and no other: the word joiner
+    and the invisible operators (zero-width like U+200B) are escaped in log lines as well."""
+    for bad in ("\u2060", "\u2061", "\u2064", "\u206f", "\u200b", "\ufeff"):
+        assert clean(f"a{bad}b") == f"a\\u{ord(bad):04x}b"
+    differ = []
+    for code in range(0x10000):
+        char = chr(code)
+        try:
+            rules.url(f"http://127.0.0.1:8998/p{char}")
+            refused = False
+        except rules.Invalid:
+            refused = True
+        if refused != (clean(char) != char or char.isspace()):
+            differ.append(hex(code))
+    assert differ == []
 
 
 def _assert_safe(records: list[logging.LogRecord]) -> None:

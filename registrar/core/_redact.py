@@ -17,9 +17,10 @@ MAX_SHOWN = 300
 
 MASK = "***"
 
-# C0 and C1 controls, DEL, the Unicode line and paragraph separators, zero-width characters and
-# bidirectional overrides: anything that can end a log line or disguise what follows.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+# C0 and C1 controls, DEL, the Unicode line and paragraph separators, zero-width and invisible
+# format characters (word joiner, invisible operators) and bidirectional overrides: anything
+# that can end a log line or disguise what follows. A URL holding one is refused (`rules.url`).
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -110,7 +111,7 @@ def clean(
     # margin is wide enough that a secret starting before the limit is masked whole.
     window = limit + max(map(len, secrets.forms), default=0)
     more = len(text) > window
-    shown = _UNSAFE.sub(_escape, secrets.redact(text[:window], cut=cut or more))
+    shown = UNSAFE.sub(_escape, secrets.redact(text[:window], cut=cut or more))
     if len(shown) > limit or more:
         shown = shown[:limit].rstrip() + " ..."
     return shown

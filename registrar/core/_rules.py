@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields
 from typing import Any, TypeVar
@@ -14,11 +13,10 @@ from urllib.parse import urlsplit
 
 from ._diagnosis import port_problem
 from ._errors import ConfigError
-from ._redact import clean, redact_url
+from ._redact import UNSAFE, clean, redact_url
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
 
 
 class Invalid(ValueError):
@@ -174,7 +172,7 @@ def url(value: object) -> str:
     shown = clean(redact_url(value), 200)
     # urlsplit strips a trailing newline and drops tabs, so "http://host:8998\n" (a value read
     # from a file) would pass here and fail later, in the thread: refuse any such character.
-    bad = next((i for i, c in enumerate(value) if c.isspace() or _CONTROL.match(c)), None)
+    bad = next((i for i, c in enumerate(value) if c.isspace() or UNSAFE.match(c)), None)
     if bad is not None:
         raise Invalid(
             f"contains a space or control character at position {bad + 1} "
