@@ -16,7 +16,6 @@ from typing import Any
 
 from ._aio import wait_for_state
 from ._board import Listener, RequestListener, StatusBoard
-from ._diagnosis import Diagnosable
 from ._diagnostician import Diagnostician
 from ._errors import ConfigError, StateError
 from ._machine import State, Trigger
@@ -24,7 +23,7 @@ from ._registry import protocol_factory
 from ._runner import Controls, Runner
 from ._settings import Hooks, HttpSettings, LoopSettings, split_options
 from ._status import Status
-from ._transport import Abortable, FleetSized, Resolving, Transport, WatchBounded
+from ._transport import Abortable, Diagnosable, FleetSized, Resolving, Transport, WatchBounded
 from ._untrusted import encode_payload
 
 logger = logging.getLogger("registrar")
