@@ -41,7 +41,4 @@ def root_cause(exc: BaseException) -> BaseException:
 def describe_exception(exc: BaseException) -> str:
     """One operator-readable line for `exc`'s root cause (`[Errno 111] Connection refused`)."""
     cause = root_cause(exc)
-    text = str(cause).strip()
-    if not text:
-        return type(cause).__name__
-    return " ".join(text.split())
+    return " ".join(str(cause).split()) or type(cause).__name__
