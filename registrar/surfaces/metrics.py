@@ -105,8 +105,8 @@ def _diagnosed(code: str) -> Callable[[Status], bool]:
 def _reader(
     metrics: weakref.ReferenceType[RegistrarMetrics], read: Callable[[Status], Any]
 ) -> Callable[[], float]:
-    """A gauge function reading the followed registrar's status at scrape time: 0 without one,
-    and for None (no answer yet, none scheduled)."""
+    """A gauge function reading the followed registrar's status at scrape time, so it is always
+    current: 0 without one, and for None (no answer yet, none scheduled)."""
 
     def value() -> float:
         owner = metrics()
@@ -158,8 +158,8 @@ class RegistrarMetrics:
                     f"every registrar on this registry must use the labels {list(families.labels)}"
                     f" (these metrics already use them), got {list(names)}"
                 )
-            holder = families.members.get(self._values)
-            if holder is not None and holder.in_use():
+            other = families.members.get(self._values)
+            if other is not None and (other._registrar is None or other._registrar() is not None):
                 shown = ", ".join(f"{k}={v!r}" for k, v in constant.items()) or "no labels"
                 raise ConfigError(
                     f"another registrar's metrics on this registry already use {shown}; "
@@ -171,8 +171,7 @@ class RegistrarMetrics:
             families.attempts.labels(*self._values, result)
         self._own(families.reregistrations)
         self._own(families.state).state(State.UNREGISTERED.value)
-        # Read at scrape time, so they are current however the status changed. The functions
-        # hold these metrics weakly, or the registry would keep them (and the labels) for ever.
+        # Held weakly: else the registry would keep these metrics (and their labels) for ever.
         me = weakref.ref(self)
         self._own(families.server_reachable).set_function(
             _reader(me, attrgetter("server_reachable"))
@@ -182,10 +181,6 @@ class RegistrarMetrics:
         for code in Code:
             child = families.diagnosis.labels(*self._values, code.value)
             child.set_function(_reader(me, _diagnosed(code.value)))
-
-    def in_use(self) -> bool:
-        """Whether these labels still belong to a live registrar (or one not attached yet)."""
-        return self._registrar is None or self._registrar() is not None
 
     def _own(self, metric: Any) -> Any:
         return metric.labels(*self._values) if self._values else metric
