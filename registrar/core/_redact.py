@@ -63,8 +63,7 @@ def _forms(secret: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Secrets:
-    """The credentials one transport holds, in every form they may take in an error text.
-    Its repr shows none of them."""
+    """The credentials one transport holds, in every form they may take in an error text."""
 
     forms: tuple[str, ...] = field(default=(), repr=False)
     """Longest first, so a longer form is masked before a shorter one inside it."""
