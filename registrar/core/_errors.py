@@ -18,8 +18,7 @@ class StateError(RegistrarError, RuntimeError):
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception behind `exc`, following urllib3 reasons, causes, wrapped
-    exceptions and contexts; cycles are cut."""
+    """The innermost exception behind `exc` (urllib3 reason, cause, wrapped exception, context)."""
     seen = {id(exc)}
     while True:
         reason = getattr(exc, "reason", None)

@@ -191,8 +191,7 @@ class RegistrarMetrics:
         return registrar.status() if registrar is not None else None
 
     def attach(self, registrar: Registrar) -> RegistrarMetrics:
-        """Follow `registrar` from now on (its current status included). The metrics hold it
-        weakly: they never keep a registrar alive."""
+        """Follow `registrar` from now on (its current status included), never keeping it alive."""
         self._registrar = weakref.ref(registrar)
         self._own(self._families.state).state(registrar.status().state.value)
         registrar.add_listener(self._on_transition)
