@@ -132,7 +132,7 @@ def single_line(value: object) -> str | None:
 
 def header_token(value: object) -> str | None:
     """None (or empty: no token), or one line of visible ASCII, sendable as a header by every HTTP
-    stack (a newline ends a header; a non-latin-1 character cannot be encoded). Never shown."""
+    stack (a newline ends a header; non-latin-1 cannot be encoded). A secret: never shown."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -193,7 +193,6 @@ def url(value: object) -> str:
 
 
 def comma_list(text: str) -> list[str]:
-    """The comma-separated parts of `text`, stripped, the empty ones dropped."""
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
