@@ -1,8 +1,7 @@
 """Keep secrets out of every text registrar produces (`Secrets`: every form an error text may
 spell them in), and make text a peer chose safe to show (`clean`: control characters escaped,
-length capped), so it cannot forge a log line (docs/reliability.md); read JSON a peer chose (an
-answer, a payload file) with nesting bounded, failing with a `ValueError` that names what was
-wrong, never a `RecursionError`; check the payload once, at construction."""
+length capped), so it cannot forge a log line (docs/reliability.md); read JSON a peer chose with
+nesting bounded (a `ValueError`, never a `RecursionError`); check the payload at construction."""
 
 from __future__ import annotations
 
