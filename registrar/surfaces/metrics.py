@@ -158,8 +158,8 @@ class RegistrarMetrics:
                     f"every registrar on this registry must use the labels {list(families.labels)}"
                     f" (these metrics already use them), got {list(names)}"
                 )
-            other = families.members.get(self._values)
-            if other is not None and (other._registrar is None or other._registrar() is not None):
+            holder = families.members.get(self._values)
+            if holder is not None and holder.in_use():
                 shown = ", ".join(f"{k}={v!r}" for k, v in constant.items()) or "no labels"
                 raise ConfigError(
                     f"another registrar's metrics on this registry already use {shown}; "
@@ -181,6 +181,10 @@ class RegistrarMetrics:
         for code in Code:
             child = families.diagnosis.labels(*self._values, code.value)
             child.set_function(_reader(me, _diagnosed(code.value)))
+
+    def in_use(self) -> bool:
+        """Whether these labels still belong to a live registrar (or one not attached yet)."""
+        return self._registrar is None or self._registrar() is not None
 
     def _own(self, metric: Any) -> Any:
         return metric.labels(*self._values) if self._values else metric
