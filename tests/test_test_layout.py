@@ -62,8 +62,10 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         (
             "test_errors.py",
             "test_security.py",
+            "test_untrusted_text.py",
+            "test_construction.py",
         ),
-        "secrets kept out of every text",
+        "secrets kept out of every text; a peer's text and JSON read safely; the payload checked",
     ),
     "registrar.core._registry": (
         ("test_layout.py",),

@@ -4,10 +4,8 @@ about a bootstrap URL to the one `Diagnosis` it supports, saying what was seen, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from ._redact import redact_url
@@ -32,8 +30,7 @@ class Code(StrEnum):
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """The best diagnosis: a short `code` (`Code`) and one sentence saying what was seen and
-    what to check."""
+    """The best diagnosis: a short `code` (`Code`), one sentence: what was seen, what to check."""
 
     code: str
     sentence: str
@@ -86,14 +83,6 @@ class Evidence:
     @property
     def port(self) -> int | None:
         return int(self.port_text) if self.port_text.isdigit() else None
-
-
-@runtime_checkable
-class Diagnosable(Protocol):
-    """A transport that can gather evidence about where it registers (the HTTP transports)."""
-
-    def evidence(self, payload: Mapping[str, Any]) -> Evidence:
-        """Probe cheaply (resolve, connect, one or two GETs), never raise."""
 
 
 def port_text(netloc: str) -> str:

@@ -18,8 +18,7 @@ class StateError(RegistrarError, RuntimeError):
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception behind `exc`, following urllib3 reasons, causes, wrapped
-    exceptions and contexts; cycles are cut."""
+    """The innermost exception behind `exc` (urllib3 reason, cause, wrapped exception, context)."""
     seen = {id(exc)}
     while True:
         reason = getattr(exc, "reason", None)
@@ -41,7 +40,4 @@ def root_cause(exc: BaseException) -> BaseException:
 def describe_exception(exc: BaseException) -> str:
     """One operator-readable line for `exc`'s root cause (`[Errno 111] Connection refused`)."""
     cause = root_cause(exc)
-    text = str(cause).strip()
-    if not text:
-        return type(cause).__name__
-    return " ".join(text.split())
+    return " ".join(str(cause).split()) or type(cause).__name__

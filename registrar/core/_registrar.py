@@ -16,16 +16,15 @@ from typing import Any
 
 from ._aio import wait_for_state
 from ._board import Listener, RequestListener, StatusBoard
-from ._diagnosis import Diagnosable
 from ._diagnostician import Diagnostician
 from ._errors import ConfigError, StateError
 from ._machine import State, Trigger
+from ._redact import encode_payload
 from ._registry import protocol_factory
 from ._runner import Controls, Runner
 from ._settings import Hooks, HttpSettings, LoopSettings, split_options
 from ._status import Status
-from ._transport import Abortable, FleetSized, Resolving, Transport, WatchBounded
-from ._untrusted import encode_payload
+from ._transport import Abortable, Diagnosable, FleetSized, Resolving, Transport, WatchBounded
 
 logger = logging.getLogger("registrar")
 

@@ -1,7 +1,6 @@
-"""Protocol names and the factories that build their transports, found by name: registered at run
-time (`register_protocol`), declared in the `registrar.protocols` entry-point group, or built in
-(imported only when chosen). Nothing registers itself by being imported (docs/architecture.md,
-"Adding a protocol in one file")."""
+"""Protocols by name, each a factory of its transport: registered at run time (`register_protocol`),
+declared in the `registrar.protocols` entry-point group, or built in (imported only when chosen).
+None registers itself by being imported (docs/architecture.md, "Adding a protocol in one file")."""
 
 from __future__ import annotations
 
@@ -41,14 +40,12 @@ _lock = threading.Lock()
 
 
 def _declared() -> dict[str, str]:
-    """Every protocol name known without importing it: the built-in ones, then the entry-point
-    group's (an installed distribution may add or replace one)."""
+    """The protocol names known without importing them; an entry point may add or replace one."""
     return _BUILTIN | {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def register_protocol(name: str, build: Build, settings: type = HttpSettings) -> None:
-    """Make `protocol=name` available (see `ProtocolFactory`); registering a name again
-    replaces it."""
+    """Make `protocol=name` available (see `ProtocolFactory`), replacing one of that name."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"protocol name must be a non-empty string, got {name!r}")
     if not callable(build):

@@ -1,6 +1,5 @@
-"""The value rules of the settings, each once: a function from a value to the value kept
-(normalised) or `Invalid` saying what is allowed. A settings class names its field in the
-error (`check_fields`), a surface names its variable or flag; `describe` puts the name to it."""
+"""The value rules of the settings, each once: a value to the value kept (normalised), or
+`Invalid` saying what is allowed; the caller names the field, variable or flag (`describe`)."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ _V = TypeVar("_V")
 
 
 class Invalid(ValueError):
-    """A value broke a rule: `rule` says what is allowed ("must be ..."); `shown` is the value
-    as it may be shown (redacted) when the rule text reads after it ("'x' has no host"); the
-    value of a `secret` is never shown."""
+    """A value broke a rule: `rule` says what is allowed ("must be ..."); `shown`, the value as
+    it may be shown (redacted) before a rule ("'x' has no host"); a `secret` is never shown."""
 
     def __init__(self, rule: str, shown: str | None = None, *, secret: bool = False) -> None:
         super().__init__(rule)
@@ -52,8 +50,7 @@ def applied(name: str, value: object, rule: Rule, example: str = "") -> Any:
 
 
 def check_fields(target: object, rules: Mapping[str, Rule], prefix: str = "") -> None:
-    """Apply `rules` to the fields of the frozen dataclass `target`, keeping each value as its
-    rule normalised it, or `ConfigError` naming the field (after `prefix`)."""
+    """Apply `rules` to the frozen dataclass `target`, each field kept as its rule normalised it."""
     defaults = {f.name: f.default for f in fields(target)}  # type: ignore[arg-type]
     for name, rule in rules.items():
         good = defaults.get(name)
@@ -134,9 +131,8 @@ def single_line(value: object) -> str | None:
 
 
 def header_token(value: object) -> str | None:
-    """None (or empty: no token), or one line of visible ASCII, which every HTTP stack can send
-    as a header (a newline would end the header; a character outside latin-1 cannot be encoded
-    at all). A secret: its messages never show it."""
+    """None (or empty: no token), or one line of visible ASCII, sendable as a header by every HTTP
+    stack (a newline ends a header; non-latin-1 cannot be encoded). A secret: never shown."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -197,13 +193,11 @@ def url(value: object) -> str:
 
 
 def comma_list(text: str) -> list[str]:
-    """The comma-separated parts of `text`, stripped, the empty ones dropped."""
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def urls(kind: str, example: str) -> Rule:
-    """The rule of a list of `kind` URLs (a sequence, or one string, comma-separated): at least
-    one, each an http(s) URL, none twice."""
+    """The rule of a list of `kind` URLs (a sequence, or one comma-separated string), none twice."""
 
     def rule(value: object) -> tuple[str, ...]:
         if isinstance(value, str):

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ._diagnosis import Evidence
 from ._errors import ConfigError
 from ._outcome import RegisterOutcome, RouteCheck
 from ._waker import Waker
@@ -94,6 +95,14 @@ class WatchBounded(Protocol):
 
 
 @runtime_checkable
+class Diagnosable(Protocol):
+    """Optional: can gather evidence about where it registers (the HTTP transports)."""
+
+    def evidence(self, payload: Mapping[str, Any]) -> Evidence:
+        """Probe cheaply (resolve, connect, one or two GETs), never raise."""
+
+
+@runtime_checkable
 class Gated(Protocol):
     """Optional: the registration is offered only while the served process is ready. While
     `not_ready()` names a reason the loop asks again every `ready_interval` seconds, spending no
@@ -107,9 +116,8 @@ class Gated(Protocol):
 
 
 def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:
-    """A provider reading the token from `path` before each request, so a rotated token is sent
-    from the next request on. `ConfigError` naming `name` when it cannot be read now or is
-    empty; a file missing later (mid-rotation) fails that request only, which is retried."""
+    """A `TokenProvider` reading `path` before each request; `ConfigError` naming `name` when it
+    cannot be read now or is empty (missing mid-rotation: that request fails and is retried)."""
     source = Path(path)
     try:
         first = source.read_text().strip()

@@ -12,9 +12,8 @@ from urllib.parse import unquote, urlencode, urlsplit
 
 from ..core import _rules as rules
 from ..core._errors import ConfigError
-from ..core._redact import Secrets
+from ..core._redact import Secrets, json_object
 from ..core._transport import Token
-from ..core._untrusted import json_object
 from ._resolver import Unresolved
 
 RETRY_AFTER_CEILING = 365 * 24 * 3600.0  # a year (the registrar's own cap is far smaller)

@@ -15,8 +15,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from .._version import __version__
 from ..core._diagnosis import Evidence, Knock, Seen, port_text
 from ..core._errors import describe_exception
-from ..core._redact import clean, redact_url
-from ..core._untrusted import json_object
+from ..core._redact import clean, json_object, redact_url
 from ._httpvalues import Endpoint
 from ._resolver import RESOLVER, Unresolved, is_ip_literal
 

@@ -11,9 +11,8 @@ from typing import Any
 
 from ..core._errors import ConfigError
 from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from ..core._redact import clean
+from ..core._redact import clean, json_object, load_json
 from ..core._transport import Token
-from ..core._untrusted import json_object, load_json
 from ._http import HttpTransport
 from ._httpvalues import HttpResult, validate_token, with_query
 from ._probe import Answer

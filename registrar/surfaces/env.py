@@ -1,7 +1,6 @@
 """Configuration from `REGISTRAR_*` environment variables: a reader of the options table
 (`registrar.surfaces._options.OPTIONS`), so a variable means the same to every surface that reads
-the environment. A bad value is one line naming the variable and showing a good value.
-"""
+the environment. A bad value is one line naming the variable and showing a good value."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ UNSET: Any = object()
 
 
 def read_variable(option: Option, env: Mapping[str, str], prefix: str = ENV_PREFIX) -> Any:
-    """The checked value of `option`'s variable, `UNSET` when unset or empty, or
-    `ConfigError` naming the variable and showing a good value."""
+    """The checked value of `option`'s variable, or `UNSET` when it is unset or empty."""
     key = prefix + option.name
     text = env.get(key, "").strip()
     if not text:
@@ -62,15 +60,13 @@ def options_from_env(
     names: Iterable[str] | None = None,
     table: Iterable[Option] = OPTIONS,
 ) -> dict[str, Any]:
-    """`Registrar` keyword arguments from the variables that are set (unset or empty ones are
-    left out, so the library's defaults stand), or `ConfigError` naming the variable. `names`
-    restricts the table to some variables (their names after the prefix)."""
+    """`Registrar` keyword arguments from the variables set (unset or empty ones are left out, so
+    the library's defaults stand); `names` picks some variables (their names after the prefix)."""
     return registrar_options(_read(table, names, True, environ, prefix))
 
 
 def registrar_options(values: Iterable[tuple[Option, Any]]) -> dict[str, Any]:
-    """`Registrar` keyword arguments from checked values of rows that name one, the fields of
-    the `Backoff` gathered into one."""
+    """`Registrar` keyword arguments from checked values, the `Backoff` fields gathered in one."""
     options: dict[str, Any] = {}
     backoff: dict[str, Any] = {}
     for row, value in values:
@@ -88,8 +84,7 @@ def command_options_from_env(
     prefix: str = ENV_PREFIX,
     names: Iterable[str] | None = None,
 ) -> dict[str, Any]:
-    """The options of `registrar register` alone (no `Registrar` keyword) that are set, by key
-    (`health_port`), or `ConfigError` naming the variable."""
+    """The options of `registrar register` alone (no `Registrar` keyword) that are set, by key."""
     return {row.key: v for row, v in _read(OPTIONS, names, False, environ, prefix)}
 
 

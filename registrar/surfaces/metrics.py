@@ -105,8 +105,8 @@ def _diagnosed(code: str) -> Callable[[Status], bool]:
 def _reader(
     metrics: weakref.ReferenceType[RegistrarMetrics], read: Callable[[Status], Any]
 ) -> Callable[[], float]:
-    """A gauge function reading the followed registrar's status at scrape time: 0 without one,
-    and for None (no answer yet, none scheduled)."""
+    """A gauge function reading the followed registrar's status at scrape time, so it is always
+    current: 0 without one, and for None (no answer yet, none scheduled)."""
 
     def value() -> float:
         owner = metrics()
@@ -171,8 +171,7 @@ class RegistrarMetrics:
             families.attempts.labels(*self._values, result)
         self._own(families.reregistrations)
         self._own(families.state).state(State.UNREGISTERED.value)
-        # Read at scrape time, so they are current however the status changed. The functions
-        # hold these metrics weakly, or the registry would keep them (and the labels) for ever.
+        # Held weakly: else the registry would keep these metrics (and their labels) for ever.
         me = weakref.ref(self)
         self._own(families.server_reachable).set_function(
             _reader(me, attrgetter("server_reachable"))
@@ -196,8 +195,7 @@ class RegistrarMetrics:
         return registrar.status() if registrar is not None else None
 
     def attach(self, registrar: Registrar) -> RegistrarMetrics:
-        """Follow `registrar` from now on (its current status included). The metrics hold it
-        weakly: they never keep a registrar alive."""
+        """Follow `registrar` from now on (its current status included), never keeping it alive."""
         self._registrar = weakref.ref(registrar)
         self._own(self._families.state).state(registrar.status().state.value)
         registrar.add_listener(self._on_transition)

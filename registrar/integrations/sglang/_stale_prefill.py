@@ -10,8 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...core._redact import clean
-from ...core._untrusted import load_json
+from ...core._redact import clean, load_json
 from ...protocols._http import HttpTransport
 from ...protocols._httpvalues import with_query
 from ...protocols._sglang import Rank

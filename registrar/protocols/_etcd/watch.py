@@ -18,9 +18,8 @@ from urllib.parse import urlsplit
 
 from ..._version import __version__
 from ...core._errors import ConfigError, describe_exception
-from ...core._redact import clean
+from ...core._redact import clean, load_json
 from ...core._transport import connect_read
-from ...core._untrusted import load_json
 from ...core._waker import Waker
 from .._httpvalues import Endpoint
 from .._resolver import RESOLVER, connect

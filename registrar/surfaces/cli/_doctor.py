@@ -16,8 +16,7 @@ from urllib.parse import urlencode
 
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
-from ...core._redact import clean
-from ...core._untrusted import json_object, load_json
+from ...core._redact import clean, json_object, load_json
 from ...protocols._probe import Answer, ProbeOptions, Target, gather, lists_workers
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer

@@ -16,11 +16,11 @@ from ...core._backoff import Backoff
 from ...core._errors import ConfigError, describe_exception
 from ...core._group import RegistrarGroup
 from ...core._machine import State
+from ...core._redact import load_json
 from ...core._registrar import Registrar
 from ...core._settings import HttpSettings, LoopSettings
 from ...core._status import Status
 from ...core._transport import file_token
-from ...core._untrusted import load_json
 from ...protocols._etcd.settings import EtcdSettings
 from ...protocols._smg.settings import SmgSettings
 from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS

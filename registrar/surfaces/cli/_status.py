@@ -12,8 +12,7 @@ from urllib.parse import urlsplit
 
 from ...core._errors import describe_exception
 from ...core._machine import State
-from ...core._redact import clean, redact_url
-from ...core._untrusted import load_json
+from ...core._redact import clean, load_json, redact_url
 from ...protocols._http import HttpTransport
 from . import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
 
