@@ -50,8 +50,7 @@ Draw = Callable[[], float]
 """A random draw in [0, 1), asked only when a delay is chosen."""
 
 MAX_BROKEN_CHECKS = 3
-"""Route checks in a row whose connection broke that are retried at the probe cadence before
-the loop falls back to the watch interval."""
+"""Checks in a row whose connection broke retried at the probe cadence, then the watch interval."""
 LOOKS_AFTER_UNANSWERED = 3
 """Looks (route checks) made after an attempt that may have reached the server unanswered,
 before it is sent again; each lost look waits the backoff."""
@@ -80,7 +79,7 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
         case Stopping():
             decision = Decision(state, Stop())
         case Started():
-            decision = _run_of_attempts(state, now, 0.0)
+            decision = _look_or_send(_new_run(state, now), now)
         case Waited():
             decision = _waited(given, state, seen)
         case Held():
@@ -95,6 +94,9 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
             decision = _checked(given, state, seen)
         case _:
             assert_never(seen)
+    if isinstance(seen, Looked | Checked) and seen.check is not None:
+        # What a check found is published whatever is decided on it.
+        decision = _with(decision, _observed(seen.check, seen.at))
     return decision
 
 
@@ -142,11 +144,9 @@ def _held(state: LoopState, seen: Held) -> Decision:
     return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
 
 
-def _run_of_attempts(
-    state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()
-) -> Decision:
-    """Begin a run of attempts (at start, or after the route went missing)."""
-    fresh = replace(
+def _new_run(state: LoopState, now: float) -> LoopState:
+    """A run of attempts begins (at start, or after the route went missing)."""
+    return replace(
         state,
         startup=not state.ever_registered,
         started=now,
@@ -156,7 +156,6 @@ def _run_of_attempts(
         refused=False,
         unanswered=0,
     )
-    return _after(fresh, now, delay, notes)
 
 
 def _after(state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()) -> Decision:
@@ -190,26 +189,17 @@ def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
     }
 
 
-def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
-    check = seen.check
-    if check is None:
-        return _look_found(given, state, None, given.status.server_reachable is True)
-    if check.route is Route.PRESENT:
-        ours = state.unanswered > 0
-        note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
-        count = given.status.registrations + int(ours)
-        changes = {"registrations": count, "last_success_at": seen.at}
-        return _with(_registered(state, given.now, changes, note), _observed(check, seen.at))
-    return _with(_look_found(given, state, check, check.reachable), _observed(check, seen.at))
-
-
 def _with(decision: Decision, changes: dict[str, Any]) -> Decision:
     return replace(decision, changes={**changes, **decision.changes})
 
 
-def _look_found(
-    given: _Given, state: LoopState, check: RouteCheck | None, reached: bool
-) -> Decision:
+def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
+    check = seen.check
+    if check is not None and check.route is Route.PRESENT:
+        ours = state.unanswered > 0
+        note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
+        return _registered(given, state, seen.at, int(ours), note)
+    reached = check.reachable if check is not None else given.status.server_reachable is True
     notes: tuple[Note, ...] = ()
     if check is not None and check.route is Route.CONFLICT:
         notes = (say("conflict", state.url, check.evidence),)
@@ -246,7 +236,11 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     if not seen.free:
         changes["attempts_total"] = status.attempts_total + 1
     if outcome.verdict is Verdict.ACCEPTED:
-        return _with(_accepted(given, state, seen.at), changes)
+        number = state.streak + 1
+        again = "registered again" if state.ever_registered else "registered"
+        note = say("accepted", again, state.url, number, "" if number == 1 else "s")
+        # What a look found before this PUT says nothing about the route now.
+        return _with(_registered(given, state, seen.at, 1, note), {**changes, "route": None})
     changes["last_error"] = outcome.error
     refused = outcome.refused and outcome.verdict is Verdict.RETRY
     lost = (
@@ -339,25 +333,15 @@ def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
     return Decision(state, Stop(code), Trigger.GIVE_UP, changes, notes)
 
 
-def _accepted(given: _Given, state: LoopState, at: float) -> Decision:
-    number = state.streak + 1
-    again = "registered again" if state.ever_registered else "registered"
-    note = say("accepted", again, state.url, number, "" if number == 1 else "s")
-    # What a look found before this PUT says nothing about the route now.
-    changes = {
-        "registrations": given.status.registrations + 1,
-        "route": None,
-        "last_success_at": at,
-    }
-    return _registered(state, given.now, changes, note)
-
-
-def _registered(state: LoopState, now: float, changes: dict[str, Any], note: Note) -> Decision:
+def _registered(given: _Given, state: LoopState, at: float, added: int, note: Note) -> Decision:
+    """Accepted, or found present: `added` registrations more (0 for an adoption)."""
+    count = given.status.registrations + added
     succeeded = {"attempt": 0, "last_error": None, "next_attempt_at": None, "retrying": False}
+    changes = succeeded | {"registrations": count, "last_success_at": at}
     # Check at once (the check right after the PUT or the adoption), then watch.
     watching = replace(state, ever_registered=True, checks=0, probing=False, broken=0)
-    decision = _check(watching, now, just_put=True)
-    return replace(decision, trigger=Trigger.SUCCEED, changes=succeeded | changes, notes=(note,))
+    decision = _check(watching, given.now, just_put=True)
+    return replace(decision, trigger=Trigger.SUCCEED, changes=changes, notes=(note,))
 
 
 def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
@@ -386,10 +370,6 @@ def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
             reported = replace(state, lost_after_put=0)
             return _lose(given, reported, "the runtime reported the route missing")
         return _watch_next(given, state)
-    return _with(_check_found(given, state, check, seen.reported), _observed(check, seen.at))
-
-
-def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: int) -> Decision:
     if check.route is Route.UNREACHABLE:
         return _unreachable(given, state, check)
     state = replace(state, probing=False, broken=0)
@@ -403,9 +383,9 @@ def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: i
     notes: tuple[Note, ...] = ()
     if check.route is Route.CONFLICT:
         notes = (say("route conflict", state.url, check.evidence),)
-    elif reported:
+    elif seen.reported:
         # Said at most once per REPORT_LOG_INTERVAL, for every report contradicted since.
-        unheeded = state.unheeded + reported
+        unheeded = state.unheeded + seen.reported
         last = state.unheeded_logged_at
         if last is not None and given.now - last < REPORT_LOG_INTERVAL:
             state = replace(state, unheeded=unheeded)
@@ -435,10 +415,9 @@ def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision
 
 def _lose(given: _Given, state: LoopState, evidence: str) -> Decision:
     """Back to registering; no wait before the first re-attempt the first time (the check that
-    found the route missing was the fleet's spread first contact). `state.lost_after_put`
-    counts the losses right after our own PUT."""
+    found the route missing was the fleet's spread first contact)."""
     delay = rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
     note = say("lost", state.url, evidence, delay)
-    decision = _run_of_attempts(state, given.now, delay, (note,))
+    decision = _after(_new_run(state, given.now), given.now, delay, (note,))
     lost = {"reregistrations": given.status.reregistrations + 1, "retrying": True}
     return replace(_with(decision, lost), trigger=Trigger.LOSE)
