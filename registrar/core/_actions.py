@@ -57,7 +57,7 @@ class Sent:
     """An attempt's (or a probe's) outcome, and when it ended (wall clock)."""
 
     outcome: RegisterOutcome
-    scheduled: bool  # a `Send`, not a `Probe`
+    scheduled: bool  # `Send.scheduled`
     at: float
 
     @property
@@ -114,16 +114,11 @@ class Look:
 
 @dataclass(frozen=True)
 class Send:
-    """Send the registration; attempt `number` of this run counts against the budget."""
+    """Send the registration; attempt `number` of this run counts against the budget, unless it
+    is a probe outside the backoff schedule (not `scheduled`) while refused: then it is free."""
 
     number: int
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Send the registration outside the backoff schedule while refused: free, not counted."""
-
-    number: int
+    scheduled: bool = True
 
 
 @dataclass(frozen=True)
@@ -148,7 +143,7 @@ class Stop:
     exit_code: int | None = None
 
 
-Action = Wait | Look | Send | Probe | Check | Fail | Stop
+Action = Wait | Look | Send | Check | Fail | Stop
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 from ._actions import (
-    Action,
     Answered,
     Check,
     Checked,
@@ -21,7 +20,6 @@ from ._actions import (
     LoopState,
     Note,
     Observation,
-    Probe,
     Send,
     Sent,
     Started,
@@ -175,9 +173,7 @@ def _look_or_send(state: LoopState, now: float) -> Decision:
 
 
 def _send(state: LoopState, now: float) -> Decision:
-    number = state.streak + 1
-    action: Action = Send(number) if state.due is None or now >= state.due else Probe(number)
-    return Decision(state, action)
+    return Decision(state, Send(state.streak + 1, state.due is None or now >= state.due))
 
 
 def _observed(check: RouteCheck, at: float) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from ._actions import (
     Looked,
     LoopState,
     Observation,
-    Probe,
     Send,
     Sent,
     Started,
@@ -130,7 +129,7 @@ class Runner:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
         if isinstance(action, Wait):
             return self._wait(action)
-        if isinstance(action, Look | Send | Probe):
+        if isinstance(action, Look | Send):
             return self._register(action)
         if isinstance(action, Check):
             reported = self.controls.take_reports()
@@ -144,7 +143,7 @@ class Runner:
             self.exit(action.exit_code)
         return None
 
-    def _register(self, action: Look | Send | Probe) -> Observation:
+    def _register(self, action: Look | Send) -> Observation:
         """A look before an attempt, or the attempt itself; `Held` instead while a `Gated`
         transport has nothing to offer."""
         gate = self.transport
@@ -213,9 +212,9 @@ class Runner:
                 return None if controls.stopping else True
         return None
 
-    def _attempt(self, action: Send | Probe) -> Observation:
+    def _attempt(self, action: Send) -> Observation:
         """Send one registration, published as in flight when sent, not when decided (a `Gated`
-        hold moves no counter); a refused `Probe` is free (`Sent.free`): not reported."""
+        hold moves no counter); a refused probe is free (`Sent.free`): not reported."""
         with self.controls.gate:
             if self.controls.stopping:
                 return Stopping()
@@ -229,7 +228,7 @@ class Runner:
             duration = time.monotonic() - started
         if outcome.error:  # any transport's words: one escaped, capped line in logs and status
             outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
-        sent = Sent(outcome, isinstance(action, Send), self.clock.time())
+        sent = Sent(outcome, action.scheduled, self.clock.time())
         if not sent.free:
             event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
             self.board.emit(event)
