@@ -9,7 +9,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, cast, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from . import _rules as rules
 from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
@@ -78,11 +78,6 @@ def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any
     """Take out of `options` those that are fields of the dataclass `settings`."""
     names = {f.name for f in fields(settings)}
     return {name: options.pop(name) for name in list(options) if name in names}
-
-
-def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
-    """The rule of each field of a settings class (a surface checks a variable with it)."""
-    return cast("Mapping[str, rules.Rule]", settings.RULES)
 
 
 def default_of(settings: type[Any], name: str) -> Any:
