@@ -38,8 +38,6 @@ class Trigger(StrEnum):
     STOP = "stop"
 
 
-_LIVE = (State.UNREGISTERED, State.REGISTERING, State.REGISTERED, State.FAILED)
-
 TRANSITIONS: tuple[tuple[State, Trigger, State], ...] = (
     (State.UNREGISTERED, Trigger.START, State.REGISTERING),
     (State.REGISTERING, Trigger.SUCCEED, State.REGISTERED),
@@ -47,7 +45,7 @@ TRANSITIONS: tuple[tuple[State, Trigger, State], ...] = (
     # on_failure="retry": attempts go on in the background and a late success still counts.
     (State.FAILED, Trigger.SUCCEED, State.REGISTERED),
     (State.REGISTERED, Trigger.LOSE, State.REGISTERING),
-    *((source, Trigger.STOP, State.STOPPED) for source in _LIVE),
+    *((source, Trigger.STOP, State.STOPPED) for source in State if source is not State.STOPPED),
 )
 """Every allowed (source, trigger, destination); anything else is refused."""
 
