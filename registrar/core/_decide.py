@@ -238,13 +238,9 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
         # What a look found before this PUT says nothing about the route now.
         return _with(_registered(given, state, seen.at, 1, note), {**changes, "route": None})
     changes["last_error"] = outcome.error
-    refused = outcome.refused and outcome.verdict is Verdict.RETRY
-    lost = (
-        outcome.verdict is Verdict.RETRY
-        and not refused
-        and not outcome.unsent
-        and outcome.status_code is None
-    )
+    retry = outcome.verdict is Verdict.RETRY
+    refused = outcome.refused and retry
+    lost = retry and not (refused or outcome.unsent or outcome.reachable)
     state = replace(
         state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
     )
@@ -255,10 +251,8 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     state = replace(state, streak=state.streak + 1)
     if outcome.verdict is Verdict.FATAL:
         return _with(_fatal(given, state, outcome.error), changes)
-    delay = given.retry_delay(state.streak, outcome.retry_after)
-    due = None
-    if refused:
-        due, delay = now + delay, probe_wait
+    backoff = given.retry_delay(state.streak, outcome.retry_after)
+    due, delay = (now + backoff, probe_wait) if refused else (None, backoff)
     state = replace(state, due=due)
     if _spent(given, state, delay):
         return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
@@ -294,7 +288,6 @@ def _spent(given: _Given, state: LoopState, delay: float) -> bool:
 
 
 def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
-    """Ask `on_failure`: the decision on its answer enters FAILED."""
     policy = given.settings.on_failure
     name = policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
     if fatal:
@@ -306,9 +299,8 @@ def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> De
 
 
 def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
-    """Retrying cannot help until someone fixes the configuration (a token, a URL, a
-    certificate), which may happen on the server's side: with "retry", try again slowly, at
-    the backoff's cap."""
+    """A refused configuration (a token, a URL, a certificate) may be fixed on the server's side:
+    with "retry", try again slowly, at the backoff's cap."""
     backoff = given.settings.backoff
     delay = backoff.maximum * (1 - backoff.jitter * given.draw())
     state = replace(state, due=None, delay=delay)
@@ -318,8 +310,7 @@ def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
 
 
 def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
-    """FAILED, and what the policy answered: attempts go on in the background, or the loop ends
-    (and with "exit", the process)."""
+    """FAILED, and what the policy answered: attempts go on in the background, or the loop ends."""
     if seen.answer == "retry":
         retry = (say("retry", state.delay),)
         return replace(_after(state, now, state.delay, retry), trigger=Trigger.GIVE_UP)
