@@ -21,8 +21,7 @@ class WaitKind(StrEnum):
     PROBE = "probe"
     """Nothing listens (or the connection broke): look again soon, whatever is reported."""
     IDLE = "idle"
-    """Between route checks, on the transport's idle connection or the clock; a report or a
-    sign the route may be gone (`Waited.sign`) ends it."""
+    """Between route checks (idle connection or clock); a report or a `Waited.sign` ends it."""
     CONTACT = "contact"
     """After a sign, spreading the fleet's checks; a report ends it."""
     REPORT_SLOT = "report_slot"
@@ -45,8 +44,7 @@ class Waited:
 
 @dataclass(frozen=True)
 class Looked:
-    """The route as found before an attempt (None: the protocol cannot check), and when the
-    check ended (wall clock)."""
+    """The route found before an attempt (None: the protocol cannot check); `at`: wall clock."""
 
     check: RouteCheck | None
     at: float

@@ -99,9 +99,8 @@ class StatusBoard:
         self._pending.append((old, new, self.status))
 
     def apply(self, trigger: Trigger | None, changes: Mapping[str, Any]) -> bool:
-        """Change the snapshot: fire `trigger` with `changes`, or publish `changes` alone. The
-        listeners hear it at once when the caller is the deliverer. False when the trigger is
-        refused (the registrar stopped)."""
+        """Fire `trigger` with `changes`, or publish `changes` alone; False when the trigger is
+        refused (stopped). The deliverer (when it calls this) hears it at once."""
         with self.changed:
             if trigger is None:
                 self.publish(replace(self.status, **changes))

@@ -138,8 +138,7 @@ class Registrar:
 
     @property
     def thread_died(self) -> bool:
-        """True when no thread will update the status again: the registrar's thread ended on an
-        unexpected error, or this process is a fork (see `Status.thread_died`)."""
+        """Whether no thread will update the status again (see `Status.thread_died`)."""
         return self._board.status.thread_died
 
     def status(self) -> Status:

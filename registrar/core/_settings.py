@@ -18,7 +18,6 @@ from ._status import Status
 from ._transport import Timeout, Token
 
 DEFAULT_BACKOFF = Backoff()
-"""The upstream schedule capped at 5 s (`Backoff`'s own defaults; docs/benchmarks.md)."""
 DEFAULT_WATCH_INTERVAL = 15.0
 """Seconds between route checks, for what sends no close (a partition, a host that vanished): a
 restart is noticed on the idle connection. Why 15 s: docs/benchmarks.md."""
