@@ -108,9 +108,8 @@ class _Given:
     draw: Draw
 
     def retry_delay(self, streak: int, retry_after: float | None = None) -> float:
-        settings = self.settings
         return retry_delay(
-            settings.backoff, streak, self.draw(), retry_after, settings.max_retry_after
+            self.settings.backoff, streak, self.draw(), retry_after, self.settings.max_retry_after
         )
 
 
@@ -160,8 +159,7 @@ def _after(state: LoopState, now: float, delay: float, notes: tuple[Note, ...] =
     """Wait `delay` (if any), then look or send."""
     if delay > 0:
         return Decision(state, Wait(delay, WaitKind.BACKOFF), notes=notes)
-    decision = _look_or_send(state, now)
-    return replace(decision, notes=notes + decision.notes)
+    return replace(_look_or_send(state, now), notes=notes)
 
 
 def _look_or_send(state: LoopState, now: float) -> Decision:
@@ -254,9 +252,9 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     backoff = given.retry_delay(state.streak, outcome.retry_after)
     due, delay = (now + backoff, probe_wait) if refused else (None, backoff)
     state = replace(state, due=due)
-    if _spent(given, state, delay):
-        return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
     limit, number = given.settings.max_attempts, state.streak
+    if _budgeted(given, state) and (number == limit or _out_of_time(given, state, delay)):
+        return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
     label = str(number)
     if limit is not None:
         background = number > limit or status.state is State.FAILED
@@ -279,12 +277,6 @@ def _out_of_time(given: _Given, state: LoopState, delay: float) -> bool:
     than after a wait that can only end over it."""
     limit = given.settings.max_elapsed
     return limit is not None and given.now - state.started + delay > limit
-
-
-def _spent(given: _Given, state: LoopState, delay: float) -> bool:
-    limit = given.settings.max_attempts
-    attempts_spent = limit is not None and state.streak == limit
-    return _budgeted(given, state) and (attempts_spent or _out_of_time(given, state, delay))
 
 
 def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:

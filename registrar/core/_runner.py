@@ -15,7 +15,6 @@ from ._actions import (
     Answered,
     Check,
     Checked,
-    Decision,
     Fail,
     Held,
     Look,
@@ -109,21 +108,17 @@ class Runner:
             decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
-            if not self._apply(decision, seen):
-                return
+            changes, action = decision.changes, decision.action
+            if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+                # Published as when the next attempt is due, in the decision's one snapshot.
+                changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+                changes["retrying"] = True
+            if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+                self.controls.take_reports()  # a report from before this PUT says nothing about it
+            if not self.board.apply(decision.trigger, changes):
+                return  # its trigger was refused: stopped
             state = decision.state
-            seen = self._perform(decision.action)
-
-    def _apply(self, decision: Decision, seen: Observation) -> bool:
-        """Publish the decision's status change, in one snapshot; False when its trigger was
-        refused (stopped). A backoff wait is published as when the next attempt is due."""
-        changes, action = decision.changes, decision.action
-        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
-            changes["retrying"] = True
-        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
-            self.controls.take_reports()  # a report from before this PUT says nothing about it
-        return self.board.apply(decision.trigger, changes)
+            seen = self._perform(action)
 
     def _perform(self, action: Action) -> Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
@@ -144,8 +139,7 @@ class Runner:
         return None
 
     def _register(self, action: Look | Send) -> Observation:
-        """A look before an attempt, or the attempt itself; `Held` instead while a `Gated`
-        transport has nothing to offer."""
+        """A look or an attempt; `Held` instead while a `Gated` transport has nothing to offer."""
         gate = self.transport
         if isinstance(gate, Gated):
             try:
