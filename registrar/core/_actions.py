@@ -1,6 +1,5 @@
-"""The loop's vocabulary (values only): what just happened (an `Observation`), what to do next
-(an `Action`), where the loop stands between two decisions (`LoopState`), and the `Decision`
-pairing them."""
+"""The loop's vocabulary (values only): what just happened (`Observation`), what to do next
+(`Action`), where the loop stands between decisions (`LoopState`), the `Decision` pairing them."""
 
 from __future__ import annotations
 
