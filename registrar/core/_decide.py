@@ -133,9 +133,7 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
 
 
 def _held(state: LoopState, seen: Held) -> Decision:
-    notes: tuple[Note, ...] = ()
-    if not state.holding:
-        notes = (say("held", state.url, clean(seen.reason, 200)),)
+    notes = () if state.holding else (say("held", state.url, clean(seen.reason, 200)),)
     changes = {"last_error": f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}"}
     wait = Wait(seen.interval, WaitKind.READY)
     return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
@@ -378,9 +376,7 @@ def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
 def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
     every = probe_delay(state.fleet, 0.5)
     if check.refused:
-        notes: tuple[Note, ...] = ()
-        if not state.probing:
-            notes = (say("refused", state.url, check.evidence, every),)
+        notes = () if state.probing else (say("refused", state.url, check.evidence, every),)
         return _watch_next(given, replace(state, probing=True), notes)
     state = replace(state, probing=False)
     if check.broken and state.broken < MAX_BROKEN_CHECKS:

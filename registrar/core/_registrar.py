@@ -214,10 +214,8 @@ class Registrar:
             thread.join(max(0.0, deadline - time.monotonic()))
             ended = not thread.is_alive()
         with board.changed:
-            if board.deliverer is not me:
-                board.changed.wait_for(
-                    lambda: board.deliverer is None, max(0.0, deadline - time.monotonic())
-                )
+            left = max(0.0, deadline - time.monotonic())
+            board.changed.wait_for(lambda: board.deliverer is None or board.deliverer is me, left)
         return ended
 
     def wait_for(self, state: State, timeout: float | None = None) -> bool:

@@ -29,8 +29,7 @@ wrong port before an operator goes looking (docs/operations.md, troubleshooting)
 
 OnFailureName = Literal["retry", "stop", "exit"]
 OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
-"""What to do when the startup budget is spent. A callable is given the FAILED status and
-answers with one of the names (None means "stop")."""
+"""When the startup budget is spent; a callable is given the FAILED status (None means "stop")."""
 POLICIES = get_args(OnFailureName)
 EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""

@@ -50,8 +50,7 @@ class Status:
     retrying: bool = False
     """True while attempts are scheduled or in flight (also in FAILED with on_failure="retry")."""
     last_request_at: float | None = None
-    """When the last request (registration or route check) ended: when `server_reachable` was
-    read."""
+    """When the last request (registration or check) ended: when `server_reachable` was read."""
     resolution: str | None = None
     """Read live: "resolving NAME (no answer for 3 s)" while a lookup stalls past its first
     second, or the last good address in use while lookups fail; None while names resolve."""
