@@ -72,7 +72,6 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
     """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`;
     `draw` gives the random draws of the delays it chooses."""
     given = _Given(settings, status, now, draw)
-    decision: Decision
     match seen:
         case Stopping():
             decision = Decision(state, Stop())
@@ -215,10 +214,9 @@ def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
 
 def _may_hold_ours(check: RouteCheck) -> bool:
     """Whether a look after our unanswered attempt cannot rule out that it arrived: a server
-    that is not ready names no rank (SGLang's 503), and whatever else it counts, any count
-    above 0 may be ours. Only a count of 0 (nothing registered, whatever the lifetime) or a
-    404 from a ready server proves it absent; the evidence that a route was forgotten since
-    an earlier registration (a refusal, a re-opened connection) says nothing about this one."""
+    that is not ready names no rank (SGLang's 503), and any count above 0 may be ours. Evidence
+    that a route was forgotten since an earlier registration (a refusal, a re-opened
+    connection) says nothing about this one."""
     return check.status_code == 503 and (check.count is None or check.count > 0)
 
 

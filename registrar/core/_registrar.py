@@ -184,8 +184,7 @@ class Registrar:
             thread = threading.Thread(target=self._runner.run, name="registrar", daemon=True)
             # Created, handed the delivery and started under the lock: stop() never sees a
             # thread that exists but cannot be joined yet.
-            self._thread = thread
-            board.deliverer = thread
+            self._thread = board.deliverer = thread
             board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
             thread.start()
         return self
