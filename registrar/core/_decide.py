@@ -93,7 +93,8 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
             assert_never(seen)
     if isinstance(seen, Looked | Checked) and seen.check is not None:
         # What a check found is published whatever is decided on it.
-        decision = _with(decision, _observed(seen.check, seen.at))
+        found = {"route": seen.check.route.value, "server_reachable": seen.check.reachable}
+        decision = _with(decision, {**found, "last_check_at": seen.at, "last_request_at": seen.at})
     return decision
 
 
@@ -169,15 +170,6 @@ def _look_or_send(state: LoopState, now: float) -> Decision:
 
 def _send(state: LoopState, now: float) -> Decision:
     return Decision(state, Send(state.streak + 1, state.due is None or now >= state.due))
-
-
-def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
-    return {
-        "last_check_at": at,
-        "last_request_at": at,
-        "server_reachable": check.reachable,
-        "route": check.route.value,
-    }
 
 
 def _with(decision: Decision, changes: dict[str, Any]) -> Decision:
