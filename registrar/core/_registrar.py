@@ -146,9 +146,7 @@ class Registrar:
         resolver does to the server's name is read live (a stalled lookup outlives attempts)."""
         status = self._board.status
         if isinstance(self._transport, Resolving):
-            resolution = self._transport.resolution()
-            if resolution != status.resolution:
-                status = replace(status, resolution=resolution)
+            status = replace(status, resolution=self._transport.resolution())
         return status
 
     def __repr__(self) -> str:

@@ -160,9 +160,7 @@ class Runner:
         else:
             interruptible = kind in (WaitKind.IDLE, WaitKind.CONTACT)
             sign = None if self._sleep(delay, interruptible) else False
-        if sign is None:
-            return Stopping()
-        return Waited(kind, sign=sign, reports=self.controls.reports)
+        return Stopping() if sign is None else Waited(kind, sign, self.controls.reports)
 
     def _sleep(self, delay: float | None, interruptible: bool) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
@@ -242,8 +240,7 @@ class Runner:
             duration = time.monotonic() - started
         if check is None:
             return None
-        if check.evidence:
-            check = replace(check, evidence=clean(check.evidence, MAX_ERROR_TEXT))
+        check = replace(check, evidence=clean(check.evidence, MAX_ERROR_TEXT))
         self.board.emit(RequestEvent("check", check.route.value, duration, check.status_code))
         return check
 
