@@ -19,9 +19,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("registrar.core.aio")
 
-AsyncListener = Callable[[State, State, Status], Awaitable[None] | None]
-"""A listener run in an event loop: a plain function or a coroutine function."""
-
 
 class _Waiters(set[tuple[State, asyncio.AbstractEventLoop, asyncio.Future[None]]]):
     """The futures waiting on one registrar (under _WAITERS_LOCK), fed by a single listener: so
@@ -74,7 +71,8 @@ async def wait_for_state(registrar: Registrar, state: State, timeout: float | No
 
 
 def in_loop(
-    listener: AsyncListener, loop: asyncio.AbstractEventLoop | None = None
+    listener: Callable[[State, State, Status], Awaitable[None] | None],
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> Callable[[State, State, Status], None]:
     """Wrap `listener` so each transition is delivered into `loop` (None: the running one), not
     called on the registrar's thread; a coroutine function runs as a task, logged if it fails."""

@@ -227,9 +227,8 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     retry = outcome.verdict is Verdict.RETRY
     refused = outcome.refused and retry
     lost = retry and not (refused or outcome.unsent or outcome.reachable)
-    state = replace(
-        state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
-    )
+    unanswered = LOOKS_AFTER_UNANSWERED if lost else state.unanswered
+    state = replace(state, refused=refused, unanswered=unanswered)
     probe_wait = probe_delay(state.fleet, given.draw()) if refused else 0.0
     # A free probe, unless the next would start past `max_elapsed`: then this was the last try.
     if seen.free and not (_budgeted(given, state) and _out_of_time(given, state, probe_wait)):

@@ -90,7 +90,6 @@ class Runner:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
             logger.exception("registrar thread ended on an unexpected error")
-            # One snapshot: a reader never sees the thread dead without the reason.
             died = {"last_error": f"internal error: {exc!r}", "thread_died": True}
             self.board.apply(None, {**died, "retrying": False, "next_attempt_at": None})
         finally:
