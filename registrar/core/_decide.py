@@ -118,8 +118,7 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
     if seen.kind is WaitKind.BACKOFF:
         return _look_or_send(state, now)
     if seen.kind is WaitKind.READY:
-        # Waiting for the served process is not an attempt: the startup budget counts from
-        # when there was something to offer.
+        # The startup budget counts from when there was something to offer, not from this wait.
         return _look_or_send(replace(state, started=now) if _budgeted(given, state) else state, now)
     if seen.kind is WaitKind.IDLE and seen.sign:
         spread = contact_delay(state.fleet, given.draw())
@@ -196,8 +195,7 @@ def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
         held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
         return _after(held, given.now, delay, (*notes, hold))
     if state.unanswered and not reached:
-        # The look was lost too: look again after the backoff (a few times) before sending
-        # what the server may already hold.
+        # The look was lost too: look again after the backoff while looks are owed.
         state = replace(state, unanswered=state.unanswered - 1)
         if state.unanswered:
             return _after(state, given.now, given.retry_delay(max(state.streak, 1)), notes)
@@ -317,8 +315,7 @@ def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
 
 def _watch_next(given: _Given, state: LoopState, notes: tuple[Note, ...] = ()) -> Decision:
     if state.probing or state.broken:
-        # Probing already: a report cannot make it sooner, and must not make it a loop
-        # (reports may come a thousand times a second).
+        # Probing already: a report cannot make it sooner, and must not loop (reports come ~1000/s).
         wait = Wait(probe_delay(state.fleet, given.draw()), WaitKind.PROBE)
         return Decision(state, wait, notes=notes)
     delay = None
