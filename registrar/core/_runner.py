@@ -175,9 +175,7 @@ class Runner:
             if remaining is not None and remaining <= 0:
                 return False
             if self.clock.wait(controls.wake, remaining):
-                if controls.stopping:
-                    return True
-                controls.wake.clear()
+                controls.wake.clear()  # a stop is seen at the top of the loop
 
     def _idle(self, transport: IdleWatcher, delay: float | None) -> bool | None:
         """Wait between route checks inside the transport: None when stopping, True on a sign
