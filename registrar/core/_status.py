@@ -64,8 +64,5 @@ class Status:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping of every field, in snake_case (`/health` converts to camelCase
         by one rule: Python names in Python, JSON names on the wire)."""
-        data = asdict(self)
-        data["state"] = self.state.value
-        for key in _TIMESTAMPS:
-            data[key] = iso_utc(data[key])
-        return data
+        data = asdict(self) | {"state": self.state.value}
+        return data | {key: iso_utc(data[key]) for key in _TIMESTAMPS}
