@@ -43,7 +43,6 @@ from registrar.core._actions import (
     Looked,
     LoopState,
     Observation,
-    Probe,
     Send,
     Sent,
     Started,
@@ -203,11 +202,11 @@ def _request(world: World, me: int, rank: Rank, faults: bool) -> Iterator[Step]:
     """Every way the request `rank.action` can end."""
     server = world.server
     action = rank.action
-    put = isinstance(action, Send | Probe)
-    if put:
+    put = isinstance(action, Send)
+    if isinstance(action, Send):
         # The budget counts every attempt that reached the server, and a refused one only when
-        # the schedule made it (a Send): the probes in between are free (docs/state-machine.md).
-        counts = isinstance(action, Send) or server.up
+        # the schedule made it: the probes in between are free (docs/state-machine.md).
+        counts = action.scheduled or server.up
         rank = replace(rank, counted=rank.counted + counts)
     if not server.up:
         found = _evidence(rank)
@@ -237,7 +236,7 @@ def _check_seen(action: Action, check: RouteCheck) -> Observation:
 
 
 def _sent(action: Action, outcome: RegisterOutcome) -> Sent:
-    return Sent(outcome, scheduled=isinstance(action, Send), at=0.0)
+    return Sent(outcome, scheduled=isinstance(action, Send) and action.scheduled, at=0.0)
 
 
 def _put_endings(
@@ -270,7 +269,7 @@ def _resets(world: World, me: int, rank: Rank, before: Rank) -> Iterator[Step]:
     if before.conn is not None:
         found.reconnected = True  # a kept-alive connection broke under the request
     broken = replace(rank, evidence=_kept(found), conn=None)
-    if isinstance(rank.action, Send | Probe):
+    if isinstance(rank.action, Send):
         # Unanswered, as a lost answer is: the outcome cannot say whether it arrived.
         broken = replace(broken, blind=True)
         seen: Observation = _sent(rank.action, RegisterOutcome(Verdict.RETRY, error="reset"))

@@ -1,6 +1,5 @@
-"""The loop's vocabulary (values only): what just happened (an `Observation`), what to do next
-(an `Action`), where the loop stands between two decisions (`LoopState`), and the `Decision`
-pairing them."""
+"""The loop's vocabulary (values only): what just happened (`Observation`), what to do next
+(`Action`), where the loop stands between decisions (`LoopState`), the `Decision` pairing them."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ class WaitKind(StrEnum):
     PROBE = "probe"
     """Nothing listens (or the connection broke): look again soon, whatever is reported."""
     IDLE = "idle"
-    """Between route checks, on the transport's idle connection or the clock; a report or a
-    sign the route may be gone (`Waited.sign`) ends it."""
+    """Between route checks (idle connection or clock); a report or a `Waited.sign` ends it."""
     CONTACT = "contact"
     """After a sign, spreading the fleet's checks; a report ends it."""
     REPORT_SLOT = "report_slot"
@@ -45,8 +43,7 @@ class Waited:
 
 @dataclass(frozen=True)
 class Looked:
-    """The route as found before an attempt (None: the protocol cannot check), and when the
-    check ended (wall clock)."""
+    """The route found before an attempt (None: the protocol cannot check); `at`: wall clock."""
 
     check: RouteCheck | None
     at: float
@@ -57,7 +54,7 @@ class Sent:
     """An attempt's (or a probe's) outcome, and when it ended (wall clock)."""
 
     outcome: RegisterOutcome
-    scheduled: bool  # a `Send`, not a `Probe`
+    scheduled: bool  # `Send.scheduled`
     at: float
 
     @property
@@ -114,16 +111,11 @@ class Look:
 
 @dataclass(frozen=True)
 class Send:
-    """Send the registration; attempt `number` of this run counts against the budget."""
+    """Send the registration; attempt `number` of this run counts against the budget, unless it
+    is a probe outside the backoff schedule (not `scheduled`) while refused: then it is free."""
 
     number: int
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Send the registration outside the backoff schedule while refused: free, not counted."""
-
-    number: int
+    scheduled: bool = True
 
 
 @dataclass(frozen=True)
@@ -148,7 +140,7 @@ class Stop:
     exit_code: int | None = None
 
 
-Action = Wait | Look | Send | Probe | Check | Fail | Stop
+Action = Wait | Look | Send | Check | Fail | Stop
 
 
 @dataclass(frozen=True)

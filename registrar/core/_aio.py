@@ -1,6 +1,5 @@
-"""The awaitable side of the thread engine: no second engine, only a bridge into event loops,
-one listener per registrar handing each change to the waiting loops with
-`loop.call_soon_threadsafe` (nothing here blocks a loop or polls)."""
+"""The awaitable side of the thread engine, not a second engine: one listener per registrar
+hands each change to waiting loops with `loop.call_soon_threadsafe` (nothing blocks or polls)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,6 @@ if TYPE_CHECKING:
     from ._registrar import Registrar
 
 logger = logging.getLogger("registrar.core.aio")
-
-AsyncListener = Callable[[State, State, Status], Awaitable[None] | None]
-"""A listener run in an event loop: a plain function or a coroutine function."""
 
 
 class _Waiters(set[tuple[State, asyncio.AbstractEventLoop, asyncio.Future[None]]]):
@@ -75,11 +71,11 @@ async def wait_for_state(registrar: Registrar, state: State, timeout: float | No
 
 
 def in_loop(
-    listener: AsyncListener, loop: asyncio.AbstractEventLoop | None = None
+    listener: Callable[[State, State, Status], Awaitable[None] | None],
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> Callable[[State, State, Status], None]:
-    """Wrap `listener` so that the registrar's thread delivers each transition into `loop` (the
-    running loop when None) instead of calling it on its own thread. A coroutine function is run
-    as a task; its exceptions are logged like a failed listener's."""
+    """Wrap `listener` so each transition is delivered into `loop` (None: the running one), not
+    called on the registrar's thread; a coroutine function runs as a task, logged if it fails."""
     target = loop if loop is not None else asyncio.get_running_loop()
 
     def run(old: State, new: State, status: Status) -> None:

@@ -95,9 +95,7 @@ def rejoin_delay(backoff: Backoff, lost_after_put: int, u: float) -> float:
     """The wait before registering again once the route is found missing: none the first time
     (docs/sglang.md); when it is lost right after our own PUT again and again, uniform over
     [0, base) of the backoff."""
-    if not lost_after_put:
-        return 0.0
-    return backoff.base(lost_after_put) * u
+    return backoff.base(lost_after_put) * u if lost_after_put else 0.0
 
 
 PROBE_PERIOD = 0.15

@@ -39,8 +39,8 @@ RequestListener = Callable[[RequestEvent], None]
 class StatusBoard:
     def __init__(self, status: Status, clock: Clock) -> None:
         self._clock = clock
-        self._listeners: list[Listener] = []
-        self._request_listeners: list[RequestListener] = []
+        self.listeners: list[Listener] = []
+        self.request_listeners: list[RequestListener] = []
         self._pending: deque[tuple[State, State, Status]] = deque()
         self.after_fork(status)
 
@@ -57,17 +57,12 @@ class StatusBoard:
         self.deliverer: threading.Thread | None = None
         self._draining = False  # the deliverer's alone
 
-    def add_listener(self, listener: Listener) -> None:
+    def add(self, listeners: list[Any], listener: object) -> None:
+        """Add `listener` to `listeners` (this board's `listeners` or `request_listeners`)."""
         if not callable(listener):
             raise ConfigError(f"listener must be callable, got {listener!r}")
         with self.lock:
-            self._listeners.append(listener)
-
-    def add_request_listener(self, listener: RequestListener) -> None:
-        if not callable(listener):
-            raise ConfigError(f"listener must be callable, got {listener!r}")
-        with self.lock:
-            self._request_listeners.append(listener)
+            listeners.append(listener)
 
     def publish(self, status: Status) -> None:
         """Replace the snapshot (the lock held). The one rule every snapshot obeys whoever
@@ -99,9 +94,8 @@ class StatusBoard:
         self._pending.append((old, new, self.status))
 
     def apply(self, trigger: Trigger | None, changes: Mapping[str, Any]) -> bool:
-        """Change the snapshot: fire `trigger` with `changes`, or publish `changes` alone. The
-        listeners hear it at once when the caller is the deliverer. False when the trigger is
-        refused (the registrar stopped)."""
+        """Fire `trigger` with `changes`, or publish `changes` alone; False when the trigger is
+        refused (stopped). The deliverer (when it calls this) hears it at once."""
         with self.changed:
             if trigger is None:
                 self.publish(replace(self.status, **changes))
@@ -124,7 +118,7 @@ class StatusBoard:
                     if not self._pending:
                         return
                     old, new, status = self._pending.popleft()
-                    listeners = list(self._listeners)
+                    listeners = list(self.listeners)
                 for listener in listeners:
                     try:
                         listener(old, new, status)
@@ -136,8 +130,7 @@ class StatusBoard:
             self._draining = False
 
     def deliver_all(self) -> None:
-        """Drain until nothing is queued, then give up the deliverer's role (stop() waits for
-        that, within its timeout)."""
+        """Drain until none is queued, then give up the deliverer's role (stop() waits for it)."""
         while True:
             self.drain()
             with self.changed:
@@ -148,7 +141,7 @@ class StatusBoard:
 
     def emit(self, event: RequestEvent) -> None:
         with self.lock:
-            listeners = list(self._request_listeners)
+            listeners = list(self.request_listeners)
         for listener in listeners:
             try:
                 listener(event)

@@ -8,8 +8,6 @@ from typing import Protocol
 
 from ._waker import Waker
 
-Waitable = threading.Event | Waker
-
 
 class Clock(Protocol):
     """Where the loop reads time and waits. A fake advances virtual time in `wait`."""
@@ -20,7 +18,7 @@ class Clock(Protocol):
     def time(self) -> float:
         """Wall-clock epoch seconds, for the timestamps people read."""
 
-    def wait(self, event: Waitable, timeout: float | None) -> bool:
+    def wait(self, event: threading.Event | Waker, timeout: float | None) -> bool:
         """Block until `event` is set or `timeout` seconds pass; True when the event is set."""
 
 
@@ -33,5 +31,5 @@ class SystemClock:
     def time(self) -> float:
         return time.time()
 
-    def wait(self, event: Waitable, timeout: float | None) -> bool:
+    def wait(self, event: threading.Event | Waker, timeout: float | None) -> bool:
         return event.wait(timeout)

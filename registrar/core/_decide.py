@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 from ._actions import (
-    Action,
     Answered,
     Check,
     Checked,
@@ -21,7 +20,6 @@ from ._actions import (
     LoopState,
     Note,
     Observation,
-    Probe,
     Send,
     Sent,
     Started,
@@ -50,8 +48,7 @@ Draw = Callable[[], float]
 """A random draw in [0, 1), asked only when a delay is chosen."""
 
 MAX_BROKEN_CHECKS = 3
-"""Route checks in a row whose connection broke that are retried at the probe cadence before
-the loop falls back to the watch interval."""
+"""Checks in a row whose connection broke retried at the probe cadence, then the watch interval."""
 LOOKS_AFTER_UNANSWERED = 3
 """Looks (route checks) made after an attempt that may have reached the server unanswered,
 before it is sent again; each lost look waits the backoff."""
@@ -75,12 +72,11 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
     """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`;
     `draw` gives the random draws of the delays it chooses."""
     given = _Given(settings, status, now, draw)
-    decision: Decision
     match seen:
         case Stopping():
             decision = Decision(state, Stop())
         case Started():
-            decision = _run_of_attempts(state, now, 0.0)
+            decision = _look_or_send(_new_run(state, now), now)
         case Waited():
             decision = _waited(given, state, seen)
         case Held():
@@ -95,6 +91,10 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
             decision = _checked(given, state, seen)
         case _:
             assert_never(seen)
+    if isinstance(seen, Looked | Checked) and seen.check is not None:
+        # What a check found is published whatever is decided on it.
+        found = {"route": seen.check.route.value, "server_reachable": seen.check.reachable}
+        decision = _with(decision, {**found, "last_check_at": seen.at, "last_request_at": seen.at})
     return decision
 
 
@@ -108,9 +108,8 @@ class _Given:
     draw: Draw
 
     def retry_delay(self, streak: int, retry_after: float | None = None) -> float:
-        settings = self.settings
         return retry_delay(
-            settings.backoff, streak, self.draw(), retry_after, settings.max_retry_after
+            self.settings.backoff, streak, self.draw(), retry_after, self.settings.max_retry_after
         )
 
 
@@ -119,8 +118,7 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
     if seen.kind is WaitKind.BACKOFF:
         return _look_or_send(state, now)
     if seen.kind is WaitKind.READY:
-        # Waiting for the served process is not an attempt: the startup budget counts from
-        # when there was something to offer.
+        # The startup budget counts from when there was something to offer, not from this wait.
         return _look_or_send(replace(state, started=now) if _budgeted(given, state) else state, now)
     if seen.kind is WaitKind.IDLE and seen.sign:
         spread = contact_delay(state.fleet, given.draw())
@@ -134,19 +132,15 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
 
 
 def _held(state: LoopState, seen: Held) -> Decision:
-    notes: tuple[Note, ...] = ()
-    if not state.holding:
-        notes = (say("held", state.url, clean(seen.reason, 200)),)
+    notes = () if state.holding else (say("held", state.url, clean(seen.reason, 200)),)
     changes = {"last_error": f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}"}
     wait = Wait(seen.interval, WaitKind.READY)
     return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
 
 
-def _run_of_attempts(
-    state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()
-) -> Decision:
-    """Begin a run of attempts (at start, or after the route went missing)."""
-    fresh = replace(
+def _new_run(state: LoopState, now: float) -> LoopState:
+    """A run of attempts begins (at start, or after the route went missing)."""
+    return replace(
         state,
         startup=not state.ever_registered,
         started=now,
@@ -156,15 +150,13 @@ def _run_of_attempts(
         refused=False,
         unanswered=0,
     )
-    return _after(fresh, now, delay, notes)
 
 
 def _after(state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()) -> Decision:
     """Wait `delay` (if any), then look or send."""
     if delay > 0:
         return Decision(state, Wait(delay, WaitKind.BACKOFF), notes=notes)
-    decision = _look_or_send(state, now)
-    return replace(decision, notes=notes + decision.notes)
+    return replace(_look_or_send(state, now), notes=notes)
 
 
 def _look_or_send(state: LoopState, now: float) -> Decision:
@@ -176,40 +168,20 @@ def _look_or_send(state: LoopState, now: float) -> Decision:
 
 
 def _send(state: LoopState, now: float) -> Decision:
-    number = state.streak + 1
-    action: Action = Send(number) if state.due is None or now >= state.due else Probe(number)
-    return Decision(state, action)
-
-
-def _observed(check: RouteCheck, at: float) -> dict[str, Any]:
-    return {
-        "last_check_at": at,
-        "last_request_at": at,
-        "server_reachable": check.reachable,
-        "route": check.route.value,
-    }
-
-
-def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
-    check = seen.check
-    if check is None:
-        return _look_found(given, state, None, given.status.server_reachable is True)
-    if check.route is Route.PRESENT:
-        ours = state.unanswered > 0
-        note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
-        count = given.status.registrations + int(ours)
-        changes = {"registrations": count, "last_success_at": seen.at}
-        return _with(_registered(state, given.now, changes, note), _observed(check, seen.at))
-    return _with(_look_found(given, state, check, check.reachable), _observed(check, seen.at))
+    return Decision(state, Send(state.streak + 1, state.due is None or now >= state.due))
 
 
 def _with(decision: Decision, changes: dict[str, Any]) -> Decision:
     return replace(decision, changes={**changes, **decision.changes})
 
 
-def _look_found(
-    given: _Given, state: LoopState, check: RouteCheck | None, reached: bool
-) -> Decision:
+def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
+    check = seen.check
+    if check is not None and check.route is Route.PRESENT:
+        ours = state.unanswered > 0
+        note = say("ours arrived" if ours else "adopted", state.url, check.evidence)
+        return _registered(given, state, seen.at, int(ours), note)
+    reached = check.reachable if check is not None else given.status.server_reachable is True
     notes: tuple[Note, ...] = ()
     if check is not None and check.route is Route.CONFLICT:
         notes = (say("conflict", state.url, check.evidence),)
@@ -223,8 +195,7 @@ def _look_found(
         held = replace(state, unanswered=LOOKS_AFTER_UNANSWERED)
         return _after(held, given.now, delay, (*notes, hold))
     if state.unanswered and not reached:
-        # The look was lost too: look again after the backoff (a few times) before sending
-        # what the server may already hold.
+        # The look was lost too: look again after the backoff while looks are owed.
         state = replace(state, unanswered=state.unanswered - 1)
         if state.unanswered:
             return _after(state, given.now, given.retry_delay(max(state.streak, 1)), notes)
@@ -233,10 +204,9 @@ def _look_found(
 
 def _may_hold_ours(check: RouteCheck) -> bool:
     """Whether a look after our unanswered attempt cannot rule out that it arrived: a server
-    that is not ready names no rank (SGLang's 503), and whatever else it counts, any count
-    above 0 may be ours. Only a count of 0 (nothing registered, whatever the lifetime) or a
-    404 from a ready server proves it absent; the evidence that a route was forgotten since
-    an earlier registration (a refusal, a re-opened connection) says nothing about this one."""
+    that is not ready names no rank (SGLang's 503), and any count above 0 may be ours. Evidence
+    that a route was forgotten since an earlier registration (a refusal, a re-opened
+    connection) says nothing about this one."""
     return check.status_code == 503 and (check.count is None or check.count > 0)
 
 
@@ -246,18 +216,17 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     if not seen.free:
         changes["attempts_total"] = status.attempts_total + 1
     if outcome.verdict is Verdict.ACCEPTED:
-        return _with(_accepted(given, state, seen.at), changes)
+        number = state.streak + 1
+        again = "registered again" if state.ever_registered else "registered"
+        note = say("accepted", again, state.url, number, "" if number == 1 else "s")
+        # What a look found before this PUT says nothing about the route now.
+        return _with(_registered(given, state, seen.at, 1, note), {**changes, "route": None})
     changes["last_error"] = outcome.error
-    refused = outcome.refused and outcome.verdict is Verdict.RETRY
-    lost = (
-        outcome.verdict is Verdict.RETRY
-        and not refused
-        and not outcome.unsent
-        and outcome.status_code is None
-    )
-    state = replace(
-        state, refused=refused, unanswered=LOOKS_AFTER_UNANSWERED if lost else state.unanswered
-    )
+    retry = outcome.verdict is Verdict.RETRY
+    refused = outcome.refused and retry
+    lost = retry and not (refused or outcome.unsent or outcome.reachable)
+    unanswered = LOOKS_AFTER_UNANSWERED if lost else state.unanswered
+    state = replace(state, refused=refused, unanswered=unanswered)
     probe_wait = probe_delay(state.fleet, given.draw()) if refused else 0.0
     # A free probe, unless the next would start past `max_elapsed`: then this was the last try.
     if seen.free and not (_budgeted(given, state) and _out_of_time(given, state, probe_wait)):
@@ -265,14 +234,12 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     state = replace(state, streak=state.streak + 1)
     if outcome.verdict is Verdict.FATAL:
         return _with(_fatal(given, state, outcome.error), changes)
-    delay = given.retry_delay(state.streak, outcome.retry_after)
-    due = None
-    if refused:
-        due, delay = now + delay, probe_wait
+    backoff = given.retry_delay(state.streak, outcome.retry_after)
+    due, delay = (now + backoff, probe_wait) if refused else (None, backoff)
     state = replace(state, due=due)
-    if _spent(given, state, delay):
-        return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
     limit, number = given.settings.max_attempts, state.streak
+    if _budgeted(given, state) and (number == limit or _out_of_time(given, state, delay)):
+        return _with(_fail(given, replace(state, delay=delay), outcome.error, False), changes)
     label = str(number)
     if limit is not None:
         background = number > limit or status.state is State.FAILED
@@ -297,14 +264,7 @@ def _out_of_time(given: _Given, state: LoopState, delay: float) -> bool:
     return limit is not None and given.now - state.started + delay > limit
 
 
-def _spent(given: _Given, state: LoopState, delay: float) -> bool:
-    limit = given.settings.max_attempts
-    attempts_spent = limit is not None and state.streak == limit
-    return _budgeted(given, state) and (attempts_spent or _out_of_time(given, state, delay))
-
-
 def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> Decision:
-    """Ask `on_failure`: the decision on its answer enters FAILED."""
     policy = given.settings.on_failure
     name = policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
     if fatal:
@@ -316,9 +276,8 @@ def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> De
 
 
 def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
-    """Retrying cannot help until someone fixes the configuration (a token, a URL, a
-    certificate), which may happen on the server's side: with "retry", try again slowly, at
-    the backoff's cap."""
+    """A refused configuration (a token, a URL, a certificate) may be fixed on the server's side:
+    with "retry", try again slowly, at the backoff's cap."""
     backoff = given.settings.backoff
     delay = backoff.maximum * (1 - backoff.jitter * given.draw())
     state = replace(state, due=None, delay=delay)
@@ -328,8 +287,7 @@ def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
 
 
 def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
-    """FAILED, and what the policy answered: attempts go on in the background, or the loop ends
-    (and with "exit", the process)."""
+    """FAILED, and what the policy answered: attempts go on in the background, or the loop ends."""
     if seen.answer == "retry":
         retry = (say("retry", state.delay),)
         return replace(_after(state, now, state.delay, retry), trigger=Trigger.GIVE_UP)
@@ -339,25 +297,15 @@ def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
     return Decision(state, Stop(code), Trigger.GIVE_UP, changes, notes)
 
 
-def _accepted(given: _Given, state: LoopState, at: float) -> Decision:
-    number = state.streak + 1
-    again = "registered again" if state.ever_registered else "registered"
-    note = say("accepted", again, state.url, number, "" if number == 1 else "s")
-    # What a look found before this PUT says nothing about the route now.
-    changes = {
-        "registrations": given.status.registrations + 1,
-        "route": None,
-        "last_success_at": at,
-    }
-    return _registered(state, given.now, changes, note)
-
-
-def _registered(state: LoopState, now: float, changes: dict[str, Any], note: Note) -> Decision:
+def _registered(given: _Given, state: LoopState, at: float, added: int, note: Note) -> Decision:
+    """Accepted, or found present: `added` registrations more (0 for an adoption)."""
+    count = given.status.registrations + added
     succeeded = {"attempt": 0, "last_error": None, "next_attempt_at": None, "retrying": False}
+    changes = succeeded | {"registrations": count, "last_success_at": at}
     # Check at once (the check right after the PUT or the adoption), then watch.
     watching = replace(state, ever_registered=True, checks=0, probing=False, broken=0)
-    decision = _check(watching, now, just_put=True)
-    return replace(decision, trigger=Trigger.SUCCEED, changes=succeeded | changes, notes=(note,))
+    decision = _check(watching, given.now, just_put=True)
+    return replace(decision, trigger=Trigger.SUCCEED, changes=changes, notes=(note,))
 
 
 def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
@@ -367,8 +315,7 @@ def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
 
 def _watch_next(given: _Given, state: LoopState, notes: tuple[Note, ...] = ()) -> Decision:
     if state.probing or state.broken:
-        # Probing already: a report cannot make it sooner, and must not make it a loop
-        # (reports may come a thousand times a second).
+        # Probing already: a report cannot make it sooner, and must not loop (reports come ~1000/s).
         wait = Wait(probe_delay(state.fleet, given.draw()), WaitKind.PROBE)
         return Decision(state, wait, notes=notes)
     delay = None
@@ -386,10 +333,6 @@ def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
             reported = replace(state, lost_after_put=0)
             return _lose(given, reported, "the runtime reported the route missing")
         return _watch_next(given, state)
-    return _with(_check_found(given, state, check, seen.reported), _observed(check, seen.at))
-
-
-def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: int) -> Decision:
     if check.route is Route.UNREACHABLE:
         return _unreachable(given, state, check)
     state = replace(state, probing=False, broken=0)
@@ -403,9 +346,9 @@ def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: i
     notes: tuple[Note, ...] = ()
     if check.route is Route.CONFLICT:
         notes = (say("route conflict", state.url, check.evidence),)
-    elif reported:
+    elif seen.reported:
         # Said at most once per REPORT_LOG_INTERVAL, for every report contradicted since.
-        unheeded = state.unheeded + reported
+        unheeded = state.unheeded + seen.reported
         last = state.unheeded_logged_at
         if last is not None and given.now - last < REPORT_LOG_INTERVAL:
             state = replace(state, unheeded=unheeded)
@@ -419,9 +362,7 @@ def _check_found(given: _Given, state: LoopState, check: RouteCheck, reported: i
 def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
     every = probe_delay(state.fleet, 0.5)
     if check.refused:
-        notes: tuple[Note, ...] = ()
-        if not state.probing:
-            notes = (say("refused", state.url, check.evidence, every),)
+        notes = () if state.probing else (say("refused", state.url, check.evidence, every),)
         return _watch_next(given, replace(state, probing=True), notes)
     state = replace(state, probing=False)
     if check.broken and state.broken < MAX_BROKEN_CHECKS:
@@ -435,10 +376,9 @@ def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision
 
 def _lose(given: _Given, state: LoopState, evidence: str) -> Decision:
     """Back to registering; no wait before the first re-attempt the first time (the check that
-    found the route missing was the fleet's spread first contact). `state.lost_after_put`
-    counts the losses right after our own PUT."""
+    found the route missing was the fleet's spread first contact)."""
     delay = rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
     note = say("lost", state.url, evidence, delay)
-    decision = _run_of_attempts(state, given.now, delay, (note,))
+    decision = _after(_new_run(state, given.now), given.now, delay, (note,))
     lost = {"reregistrations": given.status.reregistrations + 1, "retrying": True}
     return replace(_with(decision, lost), trigger=Trigger.LOSE)

@@ -53,8 +53,7 @@ class RegistrarGroup:
         deadline = time.monotonic() + max(0.0, wait)
         for registrar in self._members:
             registrar.stop(timeout=0)
-        ended = [r.stop(timeout=max(0.0, deadline - time.monotonic())) for r in self._members]
-        return all(ended)
+        return all([r.stop(timeout=max(0.0, deadline - time.monotonic())) for r in self._members])
 
     def wait_for(self, state: State, timeout: float | None = None) -> bool:
         """Block until every member is in `state`; False if `timeout` seconds pass first."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 from transitions import EventData, Machine
 from transitions.extensions import GraphMachine
@@ -38,8 +39,6 @@ class Trigger(StrEnum):
     STOP = "stop"
 
 
-_LIVE = (State.UNREGISTERED, State.REGISTERING, State.REGISTERED, State.FAILED)
-
 TRANSITIONS: tuple[tuple[State, Trigger, State], ...] = (
     (State.UNREGISTERED, Trigger.START, State.REGISTERING),
     (State.REGISTERING, Trigger.SUCCEED, State.REGISTERED),
@@ -47,7 +46,7 @@ TRANSITIONS: tuple[tuple[State, Trigger, State], ...] = (
     # on_failure="retry": attempts go on in the background and a late success still counts.
     (State.FAILED, Trigger.SUCCEED, State.REGISTERED),
     (State.REGISTERED, Trigger.LOSE, State.REGISTERING),
-    *((source, Trigger.STOP, State.STOPPED) for source in _LIVE),
+    *((source, Trigger.STOP, State.STOPPED) for source in State if source is not State.STOPPED),
 )
 """Every allowed (source, trigger, destination); anything else is refused."""
 
@@ -62,7 +61,7 @@ def ours_dropped(record: logging.LogRecord) -> bool:
 logging.getLogger("transitions.core").addFilter(ours_dropped)  # the same object: added once
 
 
-def _config(initial: State) -> dict[str, object]:
+def _config(initial: State) -> dict[str, Any]:
     return {
         "states": [s.value for s in State],
         "transitions": [
@@ -78,7 +77,7 @@ def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machi
     """A machine over the table, itself its model: a trigger the table does not allow from here
     is refused (`dispatch` answers False); `changed` gets the event after each transition."""
     return Machine(
-        **_config(initial),  # type: ignore[arg-type]
+        **_config(initial),
         ignore_invalid_triggers=True,
         send_event=True,
         after_state_change=changed,
@@ -87,10 +86,6 @@ def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machi
 
 def mermaid_diagram() -> str:
     """The state diagram as mermaid text, drawn by the library's engine (no graphviz)."""
-    graph = GraphMachine(
-        **_config(State.UNREGISTERED),  # type: ignore[arg-type]
-        graph_engine="mermaid",
-        title="registrar",
-    )
+    graph = GraphMachine(**_config(State.UNREGISTERED), graph_engine="mermaid", title="registrar")
     text: str = graph.get_graph().draw(None)
     return "".join(line.rstrip() + "\n" for line in text.strip("\n").splitlines())

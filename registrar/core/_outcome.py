@@ -47,8 +47,7 @@ class RouteCheck:
     evidence: str = ""
     refused: bool = False  # UNREACHABLE, refused: the server is down; probed again at once
     broken: bool = False
-    """UNREACHABLE, the kept-alive connection broke under the check: the server process is
-    going away or was replaced; the loop looks again soon, a few times."""
+    """UNREACHABLE: the kept-alive connection broke (the server going away or replaced)."""
     count: int | None = None
     """The registrations the server said it holds (SGLang's 503 "N workers registered"): after
     an attempt whose answer was lost, only 0 proves it did not arrive."""

@@ -137,8 +137,7 @@ class Registrar:
 
     @property
     def thread_died(self) -> bool:
-        """True when no thread will update the status again: the registrar's thread ended on an
-        unexpected error, or this process is a fork (see `Status.thread_died`)."""
+        """Whether no thread will update the status again (see `Status.thread_died`)."""
         return self._board.status.thread_died
 
     def status(self) -> Status:
@@ -146,9 +145,7 @@ class Registrar:
         resolver does to the server's name is read live (a stalled lookup outlives attempts)."""
         status = self._board.status
         if isinstance(self._transport, Resolving):
-            resolution = self._transport.resolution()
-            if resolution != status.resolution:
-                status = replace(status, resolution=resolution)
+            status = replace(status, resolution=self._transport.resolution())
         return status
 
     def __repr__(self) -> str:
@@ -158,11 +155,11 @@ class Registrar:
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(old_state, new_state, status)` after every transition, in order, from
         the registrar's own thread (never from the caller of `start()` or `stop()`)."""
-        self._board.add_listener(listener)
+        self._board.add(self._board.listeners, listener)
 
     def add_request_listener(self, listener: RequestListener) -> None:
         """Call `listener(RequestEvent)` after every request (for metrics)."""
-        self._board.add_request_listener(listener)
+        self._board.add(self._board.request_listeners, listener)
 
     def start(self) -> Registrar:
         """Start the thread and return at once; a second call does nothing. Listeners hear the
@@ -184,8 +181,7 @@ class Registrar:
             thread = threading.Thread(target=self._runner.run, name="registrar", daemon=True)
             # Created, handed the delivery and started under the lock: stop() never sees a
             # thread that exists but cannot be joined yet.
-            self._thread = thread
-            board.deliverer = thread
+            self._thread = board.deliverer = thread
             board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
             thread.start()
         return self
@@ -214,10 +210,8 @@ class Registrar:
             thread.join(max(0.0, deadline - time.monotonic()))
             ended = not thread.is_alive()
         with board.changed:
-            if board.deliverer is not me:
-                board.changed.wait_for(
-                    lambda: board.deliverer is None, max(0.0, deadline - time.monotonic())
-                )
+            left = max(0.0, deadline - time.monotonic())
+            board.changed.wait_for(lambda: board.deliverer is None or board.deliverer is me, left)
         return ended
 
     def wait_for(self, state: State, timeout: float | None = None) -> bool:

@@ -15,14 +15,12 @@ from ._actions import (
     Answered,
     Check,
     Checked,
-    Decision,
     Fail,
     Held,
     Look,
     Looked,
     LoopState,
     Observation,
-    Probe,
     Send,
     Sent,
     Started,
@@ -92,7 +90,6 @@ class Runner:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
             logger.exception("registrar thread ended on an unexpected error")
-            # One snapshot: a reader never sees the thread dead without the reason.
             died = {"last_error": f"internal error: {exc!r}", "thread_died": True}
             self.board.apply(None, {**died, "retrying": False, "next_attempt_at": None})
         finally:
@@ -110,27 +107,23 @@ class Runner:
             decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
-            if not self._apply(decision, seen):
-                return
+            changes, action = decision.changes, decision.action
+            if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+                # Published as when the next attempt is due, in the decision's one snapshot.
+                changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+                changes["retrying"] = True
+            if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+                self.controls.take_reports()  # a report from before this PUT says nothing about it
+            if not self.board.apply(decision.trigger, changes):
+                return  # its trigger was refused: stopped
             state = decision.state
-            seen = self._perform(decision.action)
-
-    def _apply(self, decision: Decision, seen: Observation) -> bool:
-        """Publish the decision's status change, in one snapshot; False when its trigger was
-        refused (stopped). A backoff wait is published as when the next attempt is due."""
-        changes, action = decision.changes, decision.action
-        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
-            changes["retrying"] = True
-        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
-            self.controls.take_reports()  # a report from before this PUT says nothing about it
-        return self.board.apply(decision.trigger, changes)
+            seen = self._perform(action)
 
     def _perform(self, action: Action) -> Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
         if isinstance(action, Wait):
             return self._wait(action)
-        if isinstance(action, Look | Send | Probe):
+        if isinstance(action, Look | Send):
             return self._register(action)
         if isinstance(action, Check):
             reported = self.controls.take_reports()
@@ -144,9 +137,8 @@ class Runner:
             self.exit(action.exit_code)
         return None
 
-    def _register(self, action: Look | Send | Probe) -> Observation:
-        """A look before an attempt, or the attempt itself; `Held` instead while a `Gated`
-        transport has nothing to offer."""
+    def _register(self, action: Look | Send) -> Observation:
+        """A look or an attempt; `Held` instead while a `Gated` transport has nothing to offer."""
         gate = self.transport
         if isinstance(gate, Gated):
             try:
@@ -167,9 +159,7 @@ class Runner:
         else:
             interruptible = kind in (WaitKind.IDLE, WaitKind.CONTACT)
             sign = None if self._sleep(delay, interruptible) else False
-        if sign is None:
-            return Stopping()
-        return Waited(kind, sign=sign, reports=self.controls.reports)
+        return Stopping() if sign is None else Waited(kind, sign, self.controls.reports)
 
     def _sleep(self, delay: float | None, interruptible: bool) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
@@ -185,9 +175,7 @@ class Runner:
             if remaining is not None and remaining <= 0:
                 return False
             if self.clock.wait(controls.wake, remaining):
-                if controls.stopping:
-                    return True
-                controls.wake.clear()
+                controls.wake.clear()  # a stop is seen at the top of the loop
 
     def _idle(self, transport: IdleWatcher, delay: float | None) -> bool | None:
         """Wait between route checks inside the transport: None when stopping, True on a sign
@@ -213,9 +201,9 @@ class Runner:
                 return None if controls.stopping else True
         return None
 
-    def _attempt(self, action: Send | Probe) -> Observation:
+    def _attempt(self, action: Send) -> Observation:
         """Send one registration, published as in flight when sent, not when decided (a `Gated`
-        hold moves no counter); a refused `Probe` is free (`Sent.free`): not reported."""
+        hold moves no counter); a refused probe is free (`Sent.free`): not reported."""
         with self.controls.gate:
             if self.controls.stopping:
                 return Stopping()
@@ -229,7 +217,7 @@ class Runner:
             duration = time.monotonic() - started
         if outcome.error:  # any transport's words: one escaped, capped line in logs and status
             outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
-        sent = Sent(outcome, isinstance(action, Send), self.clock.time())
+        sent = Sent(outcome, action.scheduled, self.clock.time())
         if not sent.free:
             event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
             self.board.emit(event)
@@ -249,8 +237,7 @@ class Runner:
             duration = time.monotonic() - started
         if check is None:
             return None
-        if check.evidence:
-            check = replace(check, evidence=clean(check.evidence, MAX_ERROR_TEXT))
+        check = replace(check, evidence=clean(check.evidence, MAX_ERROR_TEXT))
         self.board.emit(RequestEvent("check", check.route.value, duration, check.status_code))
         return check
 

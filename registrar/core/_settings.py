@@ -9,7 +9,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, cast, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from . import _rules as rules
 from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
@@ -18,7 +18,6 @@ from ._status import Status
 from ._transport import Timeout, Token
 
 DEFAULT_BACKOFF = Backoff()
-"""The upstream schedule capped at 5 s (`Backoff`'s own defaults; docs/benchmarks.md)."""
 DEFAULT_WATCH_INTERVAL = 15.0
 """Seconds between route checks, for what sends no close (a partition, a host that vanished): a
 restart is noticed on the idle connection. Why 15 s: docs/benchmarks.md."""
@@ -30,8 +29,7 @@ wrong port before an operator goes looking (docs/operations.md, troubleshooting)
 
 OnFailureName = Literal["retry", "stop", "exit"]
 OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
-"""What to do when the startup budget is spent. A callable is given the FAILED status and
-answers with one of the names (None means "stop")."""
+"""When the startup budget is spent; a callable is given the FAILED status (None means "stop")."""
 POLICIES = get_args(OnFailureName)
 EXIT_CODE = 3
 """Process exit status for on_failure="exit"."""
@@ -78,11 +76,6 @@ def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any
     """Take out of `options` those that are fields of the dataclass `settings`."""
     names = {f.name for f in fields(settings)}
     return {name: options.pop(name) for name in list(options) if name in names}
-
-
-def rules_of(settings: type[Any]) -> Mapping[str, rules.Rule]:
-    """The rule of each field of a settings class (a surface checks a variable with it)."""
-    return cast("Mapping[str, rules.Rule]", settings.RULES)
 
 
 def default_of(settings: type[Any], name: str) -> Any:

@@ -50,8 +50,7 @@ class Status:
     retrying: bool = False
     """True while attempts are scheduled or in flight (also in FAILED with on_failure="retry")."""
     last_request_at: float | None = None
-    """When the last request (registration or route check) ended: when `server_reachable` was
-    read."""
+    """When the last request (registration or check) ended: when `server_reachable` was read."""
     resolution: str | None = None
     """Read live: "resolving NAME (no answer for 3 s)" while a lookup stalls past its first
     second, or the last good address in use while lookups fail; None while names resolve."""
@@ -65,8 +64,5 @@ class Status:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping of every field, in snake_case (`/health` converts to camelCase
         by one rule: Python names in Python, JSON names on the wire)."""
-        data = asdict(self)
-        data["state"] = self.state.value
-        for key in _TIMESTAMPS:
-            data[key] = iso_utc(data[key])
-        return data
+        data = asdict(self) | {"state": self.state.value}
+        return data | {key: iso_utc(data[key]) for key in _TIMESTAMPS}

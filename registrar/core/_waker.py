@@ -43,8 +43,7 @@ class Waker:
             if self._closed:
                 raise ValueError("the waker is closed")
             if self._fd is None:
-                initial = 1 if self._event.is_set() else 0
-                self._fd = os.eventfd(initial, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                self._fd = os.eventfd(int(self._event.is_set()), os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             return self._fd
 
     def close(self) -> None:

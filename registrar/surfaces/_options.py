@@ -10,7 +10,7 @@ from typing import Any
 
 from ..core import _rules as rules
 from ..core._backoff import Backoff
-from ..core._settings import HttpSettings, LoopSettings, default_of, rules_of
+from ..core._settings import HttpSettings, LoopSettings, default_of
 from ..protocols._etcd.settings import EtcdSettings
 from ..protocols._smg.settings import SmgSettings
 from ..protocols._smg.transport import DEFAULT_WATCH_INTERVAL as SMG_WATCH_INTERVAL
@@ -37,7 +37,7 @@ class Option:
     parse: Callable[[str], Any]
     example: str
     help: str
-    settings: type | None = None
+    settings: type[Any] | None = None
     """The settings class whose field this sets (its rule checks the value, its default is
     the one `--help` shows); None for an option of the command alone."""
     field: str | None = None
@@ -69,7 +69,7 @@ class Option:
     def check(self, value: Any) -> Any:
         rule = self.rule
         if rule is None and self.settings is not None and self.field is not None:
-            rule = rules_of(self.settings).get(self.field)
+            rule = self.settings.RULES.get(self.field)
         return value if rule is None else rule(value)
 
     def read(self, text: str) -> Any:
