@@ -114,12 +114,11 @@ class WatchStream:
     def __init__(self, client: EtcdClient, index: int, request: bytes, limit: int) -> None:
         where = Endpoint.of(client.urls[index])
         timeout = connect_read(client.settings.timeout)[0]
-        context = client.tls_context(index)
         # Resolved within the connect timeout (a stalled resolver must not hold the watch).
         sock = connect(RESOLVER.resolve(where.host, where.port, timeout), timeout)
         try:
-            if context is not None:
-                sock = context.wrap_socket(sock, server_hostname=where.host)
+            if where.tls:
+                sock = client.tls.context().wrap_socket(sock, server_hostname=where.host)
             sock.sendall(request)
             sock.setblocking(False)
         except BaseException:
