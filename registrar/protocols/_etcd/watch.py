@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 import random
-import selectors
 import socket
 import ssl
 import time
@@ -23,6 +22,7 @@ from ...core._transport import connect_read
 from ...core._untrusted import load_json
 from ...core._waker import Waker
 from .._httpvalues import Endpoint
+from .._idle import wait_readable
 from .._resolver import RESOLVER, connect
 from .client import EtcdClient, b64, int64, unb64
 
@@ -132,22 +132,6 @@ class WatchStream:
         self._body: ChunkedLines | None = None
         self._limit = limit
 
-    def wait_readable(self, waker: Waker, limit: float) -> bool | None:
-        """True when readable, False when the waker is set (or closed: the registrar is
-        ending), None when `limit` seconds passed."""
-        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0:
-            return True  # decrypted bytes that select() cannot see
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.sock, selectors.EVENT_READ)
-            try:
-                selector.register(waker.fileno(), selectors.EVENT_READ, "waker")
-            except (ValueError, OSError):
-                return False
-            ready = selector.select(limit)
-        if any(key.data == "waker" for key, _ in ready):
-            return False
-        return True if ready else None
-
     def read(self) -> list[Any]:
         """The messages that arrived; `StreamError` or `OSError` when the stream is over."""
         try:
@@ -238,9 +222,10 @@ class KeyWatch:
             if lease and self._broken:
                 limit = min(limit, max(0.0, self._next_try - now))
             return False if waker.wait(limit) else None
-        ready = stream.wait_readable(waker, limit)
-        if ready is not True:
-            return ready
+        # A TLS socket may hold bytes it decrypted already, which poll() cannot see.
+        pending = isinstance(stream.sock, ssl.SSLSocket) and stream.sock.pending() > 0
+        if not pending and not wait_readable(stream.sock, limit, waker):
+            return False if waker.is_set() else None
         try:
             messages = stream.read()
         except (OSError, StreamError) as exc:
