@@ -23,11 +23,6 @@ from .watch import MAX_WATCH_MESSAGE, KeyWatch
 logger = logging.getLogger("registrar.protocols.etcd.transport")
 
 
-# The loop's first wait after a registration is up to 1.5 watch intervals (a fleet spreads its
-# checks over a whole interval), so this many intervals fit in one keep-alive period.
-_LONGEST_WAIT = 1.5
-
-
 class EtcdTransport:
     def __init__(
         self, settings: EtcdSettings, *, max_message_bytes: int = MAX_WATCH_MESSAGE
@@ -45,7 +40,9 @@ class EtcdTransport:
 
     def fit_watch_interval(self, given: float | None) -> float:
         """`given`, or (None) the longest that renews the lease every `keepalive_fraction * ttl`."""
-        longest = self._ttl * self._fraction / _LONGEST_WAIT
+        # The loop's first wait after a registration is up to 1.5 watch intervals (a fleet
+        # spreads its checks over a whole interval): 1.5 of them fit in one keep-alive period.
+        longest = self._ttl * self._fraction / 1.5
         if given is None:
             return longest
         if given > longest:

@@ -65,8 +65,7 @@ class ChunkedLines:
         return messages
 
     def _next_chunk(self) -> bool:
-        """The CRLF after a chunk's data, then the next chunk's size line; False when more bytes
-        are needed (or the stream ended)."""
+        """Past a chunk's CRLF and the next size line; False: more bytes needed (or the end)."""
         if self._after_data:
             if len(self._raw) < 2:
                 return False
@@ -199,8 +198,7 @@ def watch_change(
 
 
 class KeyWatch:
-    """Follows `key` on the member `client` uses, re-opening a broken stream after a jittered
-    second; `seen_revision`: the key's last revision known (the watch reports later ones)."""
+    """Follows `key` on the member `client` uses; `seen_revision`: the key's last known revision."""
 
     def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1024:
@@ -215,8 +213,7 @@ class KeyWatch:
         self._next_try = 0.0
 
     def wait(self, value: bytes, lease: int, waker: Waker, now: float, limit: float) -> bool | None:
-        """True when the key changed, or the watch broke or came back after a break (a member
-        that restarted may have lost its data); False when the waker is set; None: no news."""
+        """True: the key changed, or the watch broke or is back; False: woken; None: no news."""
         stream = self._ensure_stream(now, value, lease)
         if stream is None:
             if lease and self._broken:
