@@ -50,9 +50,8 @@ def _got(url: str, http: HttpTransport, path: str) -> str | None:
 
 
 class SmgTransport:
-    """`gateway` defaults to the settings' first; `ready` (None when the served process is ready,
-    else why not) replaces the settings' readiness check; `clock` and `sender` (whose `send`
-    answers like `HttpTransport.send`) are for tests."""
+    """`ready` (None when the served process is ready, else why not) replaces the settings' check;
+    `clock` and `sender` (whose `send` answers like `HttpTransport.send`) are for tests."""
 
     def __init__(
         self,
@@ -78,8 +77,7 @@ class SmgTransport:
         self.display_url = self._http.display_url
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
-        # The served process's readiness: from `ready`, else the settings' (a URL ready while it
-        # answers 2xx on one kept-alive connection, or a callable answering True).
+        # Else the settings': a URL is ready while it answers 2xx (one kept-alive connection).
         self._ready_http: HttpTransport | None = None
         if ready is None and isinstance(settings.ready, str):
             parts = settings.ready.split("/", 3)
