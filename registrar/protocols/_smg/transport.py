@@ -199,26 +199,25 @@ class SmgTransport:
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         self._url = str(payload["url"])
-        if self._ready is not None and self.worker_id is not None:
-            unready = self._unready_for()
-            if unready >= self._settings.grace:
-                reason = clean(self.not_ready() or "not ready", 200)
-                logger.warning(
-                    "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the "
-                    "gateway",
-                    self.display_url,
-                    unready,
-                    reason,
-                )
-                removed = self._remove(wait=False)
-                return RouteCheck(
-                    Route.MISSING,
-                    None,
-                    f"withdrawn: not ready for {unready:.1f} s ({reason})"
-                    + ("" if removed else "; the gateway did not take the removal"),
-                )
         if self.worker_id is None:
             return self._find()
+        unready = self._unready_for()
+        if unready >= self._settings.grace:
+            reason = clean(self.not_ready() or "not ready", 200)
+            logger.warning(
+                "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the "
+                "gateway",
+                self.display_url,
+                unready,
+                reason,
+            )
+            removed = self._remove(wait=False)
+            return RouteCheck(
+                Route.MISSING,
+                None,
+                f"withdrawn: not ready for {unready:.1f} s ({reason})"
+                + ("" if removed else "; the gateway did not take the removal"),
+            )
         check = self._classify(self._send("GET", f"/workers/{self.worker_id}"))
         self._http.settle_idle_signal(check.route is Route.PRESENT)
         return check
