@@ -163,10 +163,6 @@ class WatchStream:
             raise StreamError("the server ended the watch stream")
         return messages
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
 
 def watch_change(
     message: Mapping[str, Any], key: bytes, value: bytes, lease: int, from_revision: int
@@ -306,7 +302,8 @@ class KeyWatch:
     def close(self, broken: bool = False) -> None:
         """Drop the stream; `broken`: open a new one after a jittered second."""
         if self._stream is not None:
-            self._stream.close()
+            with contextlib.suppress(OSError):
+                self._stream.sock.close()
             self._stream = None
         if broken:
             self._broken = True
