@@ -97,9 +97,7 @@ class SmgTransport:
         self.worker_id: str | None = None
         self._url: str | None = None
         self._posted = False  # a POST was sent whose answer (and worker id) may be lost
-        # The worker an attempt follows was being removed (a withdrawal or an operator's
-        # DELETE not finished yet): once it is gone, POST again at once.
-        self._draining_seen = False
+        self._draining_seen = False  # the worker followed was draining (a withdrawal, a DELETE)
 
     def not_ready(self) -> str | None:
         if self._ready is None:
