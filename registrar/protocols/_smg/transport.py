@@ -65,8 +65,7 @@ class SmgTransport:
         token, source = settings.token()
         self._http = HttpTransport(
             gateway if gateway is not None else settings.gateways[0],
-            path="/workers",
-            method="POST",
+            path="/workers",  # the endpoint its messages name
             token=token,
             token_source=source,
             timeout=settings.timeout,
