@@ -171,11 +171,10 @@ class EtcdTransport:
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the watch, the waker and the renewal schedule; True: news, or a renewal due."""
         end = time.monotonic() + max(0.0, timeout)
-        due = math.inf
-        if self.lease:
-            # A little past the schedule the loop keeps (watch_interval): this only fires when
-            # the registrar was given a longer watch interval than the TTL allows.
-            due = self._renewed_at + self._fraction * self._granted_ttl * 1.1
+        # A little past the schedule the loop keeps (watch_interval): this only fires when the
+        # registrar was given a longer watch interval than the TTL allows.
+        renewal = self._fraction * self._granted_ttl * 1.1
+        due = self._renewed_at + renewal if self.lease else math.inf
         while True:
             if waker.is_set():
                 return False
