@@ -13,7 +13,7 @@ from registrar import ConfigError
 from registrar._assembly import etcd_registrar
 from registrar.protocols._etcd.client import parse_answer
 from registrar.protocols._etcd.settings import EtcdSettings
-from registrar.protocols._etcd.transport import EtcdTransport, watch_interval_for
+from registrar.protocols._etcd.transport import EtcdTransport
 from registrar.protocols._etcd.watch import ChunkedLines, StreamError, watch_change
 from registrar.protocols._httpconn import TlsError
 from registrar.protocols._httpvalues import HttpResult
@@ -128,7 +128,8 @@ def test_parse_answer_unwraps_stream_results_and_errors() -> None:
 
 def test_watch_interval_keeps_renewals_on_time() -> None:
     # The loop waits at most 1.5 intervals: a renewal every TTL/3 at the latest.
-    assert watch_interval_for(9.0) * 1.5 == pytest.approx(3.0)
+    transport = EtcdTransport(EtcdSettings("http://127.0.0.1:2379", "/k", ttl=9.0))
+    assert transport.fit_watch_interval(None) * 1.5 == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(

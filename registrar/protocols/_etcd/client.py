@@ -4,9 +4,7 @@ the auth token, and the gateway's answers (base64 bytes, int64 as strings), neve
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
-import ssl
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -39,8 +37,7 @@ class Grpc(IntEnum):
     UNAUTHENTICATED = 16
 
 
-# Answers that speak for one member only (it has no leader, is shutting down, timed out):
-# another member may do better.
+# Answers that speak for one member only: it has no leader, is shutting down, timed out.
 _MEMBER_TROUBLE = frozenset(
     {Grpc.CANCELLED, Grpc.UNKNOWN, Grpc.DEADLINE, Grpc.ABORTED, Grpc.INTERNAL, Grpc.UNAVAILABLE}
 )
@@ -56,7 +53,7 @@ def unb64(text: object) -> bytes | None:
         return None
     try:
         return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
+    except ValueError:  # binascii.Error among them
         return None
 
 
@@ -131,8 +128,7 @@ def parse_answer(
 
 
 class EtcdClient:
-    """Sends to the member that answered last, failing over to the next while one does not
-    answer or says it cannot; the same TLS files serve the unary calls and the watch."""
+    """Sends to the member that answered last, failing over while one does not answer or cannot."""
 
     def __init__(self, settings: EtcdSettings) -> None:
         self.settings = settings
@@ -146,16 +142,13 @@ class EtcdClient:
         ]
         self.current = 0  # the member that answered last: the first one asked
         self.all_refused = False  # in the last call (nothing listens anywhere)
-        self._tls = TlsFiles(settings.verify, settings.cert)
+        self.tls = TlsFiles(settings.verify, settings.cert)  # the watch's (as the transports')
         self.secrets = Secrets.of((settings.password,))
         self.token: str | None = None
         self._auth_off = False
         self._aborted = False
         self._closing = False
         self._abort_lock = threading.Lock()
-
-    def tls_context(self, index: int) -> ssl.SSLContext | None:
-        return self._tls.context() if self.urls[index].startswith("https://") else None
 
     def _send(self, index: int, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
         transport = self._http[index]
@@ -191,8 +184,7 @@ class EtcdClient:
         return answer
 
     def _ask(self, index: int, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
-        """One member's answer, authenticating first, and again once on an invalid token (a
-        failed re-authentication leaves the refusal as it was)."""
+        """One member's answer, authenticating first, and again once on an invalid token."""
         failed = self._authenticate(index)
         if failed is not None:
             return failed
@@ -204,8 +196,7 @@ class EtcdClient:
         return answer
 
     def call(self, path: str, body: Mapping[str, Any]) -> EtcdAnswer:
-        """The final answer, failing over while a member is in trouble; a failed one with its
-        `failure` said: every member's answer when several failed."""
+        """The final answer, failing over while a member is in trouble (a failed one: `failure`)."""
         failures: list[str] = []
         refusals = 0
         count = len(self.urls)

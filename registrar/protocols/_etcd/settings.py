@@ -11,9 +11,6 @@ from ...core import _rules as rules
 from ...core._errors import ConfigError
 from ...core._transport import Timeout, deadline_seconds
 
-DEFAULT_KEEPALIVE_FRACTION = 1 / 3
-"""As etcd's own Go client: two renewals may be lost before the key expires."""
-
 
 def _ttl(value: object) -> float:
     kept = rules.seconds(value)
@@ -46,7 +43,7 @@ class EtcdSettings:
     endpoints: str | Sequence[str]
     key: str
     ttl: float = 10.0
-    keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION
+    keepalive_fraction: float = 1 / 3  # etcd's Go client's: two renewals may fail before expiry
     username: str | None = None
     password: str | None = None
     timeout: Timeout = 2.0  # a stopped member costs this before failing over

@@ -17,20 +17,10 @@ from ...core._redact import clean
 from ...core._waker import Waker
 from .._httpconn import TlsError
 from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
-from .settings import DEFAULT_KEEPALIVE_FRACTION, EtcdSettings
+from .settings import EtcdSettings
 from .watch import MAX_WATCH_MESSAGE, KeyWatch
 
 logger = logging.getLogger("registrar.protocols.etcd.transport")
-
-
-# The loop's first wait after a registration is up to 1.5 watch intervals (a fleet spreads its
-# checks over a whole interval), so this many intervals fit in one keep-alive period.
-_LONGEST_WAIT = 1.5
-
-
-def watch_interval_for(ttl: float, keepalive_fraction: float = DEFAULT_KEEPALIVE_FRACTION) -> float:
-    """The watch interval that renews the lease at least every `keepalive_fraction * ttl`."""
-    return ttl * keepalive_fraction / _LONGEST_WAIT
 
 
 class EtcdTransport:
@@ -49,8 +39,10 @@ class EtcdTransport:
         self._renewed_at = 0.0  # the latest renewal (or grant) acknowledged: set with a lease
 
     def fit_watch_interval(self, given: float | None) -> float:
-        """`given`, or the longest interval that renews the lease in time (None)."""
-        longest = watch_interval_for(self._ttl, self._fraction)
+        """`given`, or (None) the longest that renews the lease every `keepalive_fraction * ttl`."""
+        # The loop's first wait after a registration is up to 1.5 watch intervals (a fleet
+        # spreads its checks over a whole interval): 1.5 of them fit in one keep-alive period.
+        longest = self._ttl * self._fraction / 1.5
         if given is None:
             return longest
         if given > longest:
@@ -83,22 +75,10 @@ class EtcdTransport:
                     Verdict.RETRY, status_code=answer.status_code, error="lease grant without an ID"
                 )
             answer = self._put()
-        if answer.body is not None:
-            return self._accepted(answer.body, answer.status_code)
-        return self._not_written(answer, "put")
-
-    def _put(self) -> EtcdAnswer:
-        body = {
-            "key": b64(self._key),
-            "value": b64(self._value),
-            "lease": str(self.lease),
-            "prev_kv": True,
-        }
-        return self._client.call("/v3/kv/put", body)
-
-    def _accepted(self, body: Mapping[str, Any], status: int | None) -> RegisterOutcome:
-        self._watch.seen_revision = header_revision(body)
-        previous = body.get("prev_kv")
+        if answer.body is None:
+            return self._not_written(answer, "put")
+        self._watch.seen_revision = header_revision(answer.body)
+        previous = answer.body.get("prev_kv")
         previous = previous if isinstance(previous, Mapping) else {}
         old_lease = int64(previous.get("lease"))
         if old_lease and old_lease != self.lease:
@@ -110,7 +90,16 @@ class EtcdTransport:
                 "same value: a previous life of this process?" if same else "another value",
                 self.lease,
             )
-        return RegisterOutcome(Verdict.ACCEPTED, status_code=status)
+        return RegisterOutcome(Verdict.ACCEPTED, status_code=answer.status_code)
+
+    def _put(self) -> EtcdAnswer:
+        body = {
+            "key": b64(self._key),
+            "value": b64(self._value),
+            "lease": str(self.lease),
+            "prev_kv": True,
+        }
+        return self._client.call("/v3/kv/put", body)
 
     def _not_written(self, answer: EtcdAnswer, what: str) -> RegisterOutcome:
         """A failed grant or put: retried unless only a person can fix it."""
@@ -180,14 +169,12 @@ class EtcdTransport:
         return check
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait on the watch stream, the waker and the renewal schedule; True when the key
-        changed, the watch broke or came back after a break, or the lease is due for renewal."""
+        """Wait on the watch, the waker and the renewal schedule; True: news, or a renewal due."""
         end = time.monotonic() + max(0.0, timeout)
-        due = math.inf
-        if self.lease:
-            # A little past the schedule the loop keeps (watch_interval): this only fires when
-            # the registrar was given a longer watch interval than the TTL allows.
-            due = self._renewed_at + self._fraction * self._granted_ttl * 1.1
+        # A little past the schedule the loop keeps (watch_interval): this only fires when the
+        # registrar was given a longer watch interval than the TTL allows.
+        renewal = self._fraction * self._granted_ttl * 1.1
+        due = self._renewed_at + renewal if self.lease else math.inf
         while True:
             if waker.is_set():
                 return False
@@ -204,8 +191,7 @@ class EtcdTransport:
         return self._client.resolution()
 
     def abort(self) -> None:
-        """End the request in flight (from `stop()`); no failover after it. The revoke that
-        `close()` sends is not cut: the registrar's thread may already be sending it."""
+        """From `stop()`: ends the request in flight, not a revoke `close()` may be sending."""
         self._client.abort()
 
     def close(self) -> None:
@@ -236,15 +222,13 @@ def _unanswered(answer: EtcdAnswer) -> Route:
 def key_check(
     body: Mapping[str, Any], status: int | None, value: bytes, lease: int
 ) -> tuple[RouteCheck, int]:
-    """What a range answer says of our `value` under our `lease`, and the revision the
-    registration now knows of (the watch reports only later changes)."""
+    """What a range answer says of our `value` under our `lease`, and the revision now known."""
     kvs = body.get("kvs")
     kv = kvs[0] if isinstance(kvs, list) and kvs and isinstance(kvs[0], Mapping) else None
     if kv is None:
         return RouteCheck(Route.MISSING, status, "the key is not there"), header_revision(body)
-    # The key as of the answer's revision: later changes are what the watch must report
-    # (watching from there, not from the key's own older revision, also keeps clear of
-    # history that compaction removed).
+    # The answer's revision, not the key's own older one: the watch reports only later changes,
+    # and keeps clear of history that compaction removed.
     seen = max(int64(kv.get("mod_revision")), header_revision(body))
     holder = int64(kv.get("lease"))
     ours = unb64(kv.get("value")) == value

@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 import random
-import selectors
 import socket
 import ssl
 import time
@@ -22,6 +21,7 @@ from ...core._redact import clean, load_json
 from ...core._transport import connect_read
 from ...core._waker import Waker
 from .._httpvalues import Endpoint
+from .._idle import wait_readable
 from .._resolver import RESOLVER, connect
 from .client import EtcdClient, b64, int64, unb64
 
@@ -64,8 +64,7 @@ class ChunkedLines:
         return messages
 
     def _next_chunk(self) -> bool:
-        """The CRLF after a chunk's data, then the next chunk's size line; False when more bytes
-        are needed (or the stream ended)."""
+        """Past a chunk's CRLF and the next size line; False: more bytes needed (or the end)."""
         if self._after_data:
             if len(self._raw) < 2:
                 return False
@@ -113,12 +112,11 @@ class WatchStream:
     def __init__(self, client: EtcdClient, index: int, request: bytes, limit: int) -> None:
         where = Endpoint.of(client.urls[index])
         timeout = connect_read(client.settings.timeout)[0]
-        context = client.tls_context(index)
         # Resolved within the connect timeout (a stalled resolver must not hold the watch).
         sock = connect(RESOLVER.resolve(where.host, where.port, timeout), timeout)
         try:
-            if context is not None:
-                sock = context.wrap_socket(sock, server_hostname=where.host)
+            if where.tls:
+                sock = client.tls.context().wrap_socket(sock, server_hostname=where.host)
             sock.sendall(request)
             sock.setblocking(False)
         except BaseException:
@@ -131,22 +129,6 @@ class WatchStream:
         self._head = bytearray()
         self._body: ChunkedLines | None = None
         self._limit = limit
-
-    def wait_readable(self, waker: Waker, limit: float) -> bool | None:
-        """True when readable, False when the waker is set (or closed: the registrar is
-        ending), None when `limit` seconds passed."""
-        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0:
-            return True  # decrypted bytes that select() cannot see
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.sock, selectors.EVENT_READ)
-            try:
-                selector.register(waker.fileno(), selectors.EVENT_READ, "waker")
-            except (ValueError, OSError):
-                return False
-            ready = selector.select(limit)
-        if any(key.data == "waker" for key, _ in ready):
-            return False
-        return True if ready else None
 
     def read(self) -> list[Any]:
         """The messages that arrived; `StreamError` or `OSError` when the stream is over."""
@@ -180,10 +162,6 @@ class WatchStream:
             raise StreamError("the server ended the watch stream")
         return messages
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
 
 def watch_change(
     message: Mapping[str, Any], key: bytes, value: bytes, lease: int, from_revision: int
@@ -215,8 +193,7 @@ def watch_change(
 
 
 class KeyWatch:
-    """Follows `key` on the member `client` uses, re-opening a broken stream after a jittered
-    second; `seen_revision`: the key's last revision known (the watch reports later ones)."""
+    """Follows `key` on the member `client` uses; `seen_revision`: the key's last known revision."""
 
     def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1024:
@@ -231,16 +208,16 @@ class KeyWatch:
         self._next_try = 0.0
 
     def wait(self, value: bytes, lease: int, waker: Waker, now: float, limit: float) -> bool | None:
-        """True when the key changed, or the watch broke or came back after a break (a member
-        that restarted may have lost its data); False when the waker is set; None: no news."""
+        """True: the key changed, or the watch broke or is back; False: woken; None: no news."""
         stream = self._ensure_stream(now, value, lease)
         if stream is None:
             if lease and self._broken:
                 limit = min(limit, max(0.0, self._next_try - now))
             return False if waker.wait(limit) else None
-        ready = stream.wait_readable(waker, limit)
-        if ready is not True:
-            return ready
+        # A TLS socket may hold bytes it decrypted already, which poll() cannot see.
+        pending = isinstance(stream.sock, ssl.SSLSocket) and stream.sock.pending() > 0
+        if not pending and not wait_readable(stream.sock, limit, waker):
+            return False if waker.is_set() else None
         try:
             messages = stream.read()
         except (OSError, StreamError) as exc:
@@ -324,7 +301,8 @@ class KeyWatch:
     def close(self, broken: bool = False) -> None:
         """Drop the stream; `broken`: open a new one after a jittered second."""
         if self._stream is not None:
-            self._stream.close()
+            with contextlib.suppress(OSError):
+                self._stream.sock.close()
             self._stream = None
         if broken:
             self._broken = True

@@ -56,8 +56,7 @@ class SmgSettings:
 
     @property
     def stop_timeout(self) -> float:
-        """How long stopping may take: the drain's DELETE and last look, each within a request
-        deadline, and the wait for the gateway."""
+        """Seconds a stop may take: the drain's wait, its DELETE and last look (a deadline each)."""
         return self.drain_timeout + 2 * deadline_seconds(self.timeout) + 1.0
 
     def token(self) -> tuple[Token | None, str]:

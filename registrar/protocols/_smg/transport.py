@@ -50,9 +50,8 @@ def _got(url: str, http: HttpTransport, path: str) -> str | None:
 
 
 class SmgTransport:
-    """`gateway` defaults to the settings' first; `ready` (None when the served process is ready,
-    else why not) replaces the settings' readiness check; `clock` and `sender` (whose `send`
-    answers like `HttpTransport.send`) are for tests."""
+    """`ready` (None when the served process is ready, else why not) replaces the settings' check;
+    `clock` and `sender` (whose `send` answers like `HttpTransport.send`) are for tests."""
 
     def __init__(
         self,
@@ -66,8 +65,7 @@ class SmgTransport:
         token, source = settings.token()
         self._http = HttpTransport(
             gateway if gateway is not None else settings.gateways[0],
-            path="/workers",
-            method="POST",
+            path="/workers",  # the endpoint its messages name
             token=token,
             token_source=source,
             timeout=settings.timeout,
@@ -78,8 +76,7 @@ class SmgTransport:
         self.display_url = self._http.display_url
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
-        # The served process's readiness: from `ready`, else the settings' (a URL ready while it
-        # answers 2xx on one kept-alive connection, or a callable answering True).
+        # Else the settings': a URL is ready while it answers 2xx (one kept-alive connection).
         self._ready_http: HttpTransport | None = None
         if ready is None and isinstance(settings.ready, str):
             parts = settings.ready.split("/", 3)
@@ -99,9 +96,7 @@ class SmgTransport:
         self.worker_id: str | None = None
         self._url: str | None = None
         self._posted = False  # a POST was sent whose answer (and worker id) may be lost
-        # The worker an attempt follows was being removed (a withdrawal or an operator's
-        # DELETE not finished yet): once it is gone, POST again at once.
-        self._draining_seen = False
+        self._draining_seen = False  # the worker followed was draining (a withdrawal, a DELETE)
 
     def not_ready(self) -> str | None:
         if self._ready is None:
@@ -201,26 +196,25 @@ class SmgTransport:
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         self._url = str(payload["url"])
-        if self._ready is not None and self.worker_id is not None:
-            unready = self._unready_for()
-            if unready >= self._settings.grace:
-                reason = clean(self.not_ready() or "not ready", 200)
-                logger.warning(
-                    "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the "
-                    "gateway",
-                    self.display_url,
-                    unready,
-                    reason,
-                )
-                removed = self._remove(wait=False)
-                return RouteCheck(
-                    Route.MISSING,
-                    None,
-                    f"withdrawn: not ready for {unready:.1f} s ({reason})"
-                    + ("" if removed else "; the gateway did not take the removal"),
-                )
         if self.worker_id is None:
             return self._find()
+        unready = self._unready_for()
+        if unready >= self._settings.grace:
+            reason = clean(self.not_ready() or "not ready", 200)
+            logger.warning(
+                "%s: the worker has not been ready for %.1f s (%s); withdrawing it from the "
+                "gateway",
+                self.display_url,
+                unready,
+                reason,
+            )
+            removed = self._remove(wait=False)
+            return RouteCheck(
+                Route.MISSING,
+                None,
+                f"withdrawn: not ready for {unready:.1f} s ({reason})"
+                + ("" if removed else "; the gateway did not take the removal"),
+            )
         check = self._classify(self._send("GET", f"/workers/{self.worker_id}"))
         self._http.settle_idle_signal(check.route is Route.PRESENT)
         return check
