@@ -1,13 +1,13 @@
 """A reference bootstrap server with SGLang's HTTP semantics, for `registrar bootstrap` and the
 demo (docs/sglang.md, "The reference bootstrap server"). The tests' lab (tests/bootstrap_lab.py)
-adds faults, request records and older releases through `_handle`, `_reply` and `_new_table`."""
+adds faults, request records, older releases and TLS through `_handle`, `_reply`, `_new_table`
+and `_bind`."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -86,22 +86,16 @@ class BootstrapServer:
     restarts), or on `sock`, bound and not listening until `start()` (docs/sglang.md). Use as a
     context manager, or `start()` and `close()`."""
 
-    def __init__(  # noqa: PLR0913 (the reference server's documented keyword options)
+    def __init__(
         self,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
         token: str | None = None,
         max_body_bytes: int = 1024 * 1024,
-        certfile: str | None = None,
-        keyfile: str | None = None,
         sock: socket.socket | None = None,
     ) -> None:
         self.host = host
-        self._tls: ssl.SSLContext | None = None
-        if certfile is not None:
-            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            self._tls.load_cert_chain(certfile, keyfile)
         self._down = sock  # bound and not listening: holds the port while the server is down
         self.port: int = port if sock is None else sock.getsockname()[1]
         self.token = token
@@ -115,20 +109,18 @@ class BootstrapServer:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self._tls is not None else 'http'}://{hostport(self.host, self.port)}"
+        return f"http://{hostport(self.host, self.port)}"
 
     def start(self) -> BootstrapServer:
         """Listen (again); a no-op when already listening."""
         if self._server is not None:
             return self
-        sock, self._down = self._down or bind(self.host, self.port, reuse_port=True), None
+        sock, self._down = self._down or self._bind(), None
         # The listener takes `sock` over (and closes it in `server_close`).
         server = Listener(sock.getsockname()[:2], Handler, bind_and_activate=False)
         server.socket.close()
         server.socket, server.owner = sock, self
         server.server_activate()
-        if self._tls is not None:
-            server.socket = self._tls.wrap_socket(sock, server_side=True)
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(
@@ -162,15 +154,18 @@ class BootstrapServer:
         # The successor is bound while the listener still holds the port (SO_REUSEPORT).
         if hold:
             with contextlib.suppress(OSError):  # a socket handed in without SO_REUSEPORT
-                self._down = bind(self.host, self.port, reuse_port=True)
+                self._down = self._bind()
         server.server_close()
         # Connections accepted from a socket without SO_REUSEADDR keep the port from a new
         # bind while they are open: they go first.
         self._drop_connections()
         if hold and self._down is None:
-            self._down = bind(self.host, self.port, reuse_port=True)
+            self._down = self._bind()
         if thread is not None:
             thread.join(5)
+
+    def _bind(self) -> socket.socket:
+        return bind(self.host, self.port, reuse_port=True)
 
     def restart(self, down_for: float = 0.0) -> None:
         """Restart with empty memory: drop every connection, forget, come back after
