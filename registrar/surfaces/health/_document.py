@@ -53,8 +53,7 @@ def camel_case(name: str) -> str:
 
 @dataclass(frozen=True)
 class _Observed:
-    """What a check observed, as its health+json entry says it (`taken_at` None: no reading
-    yet, so no time)."""
+    """What a check observed, as its health+json entry says it (`taken_at` None: no time yet)."""
 
     component_type: str
     value: Any
@@ -81,11 +80,8 @@ class _Observed:
         return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
 
 
-def health_checks(
-    status: Status, *, thread_died: bool = False, now: float | None = None
-) -> dict[str, Check]:
+def health_checks(status: Status, *, thread_died: bool, now: float) -> dict[str, Check]:
     """Every check, by name, read from one status snapshot taken at `now`."""
-    taken = time.time() if now is None else now
     thread_died = thread_died or status.thread_died
     state = status.state
     # A registrar with no thread (it died, or this is a forked copy) cannot know its route.
@@ -107,7 +103,7 @@ def health_checks(
         reason = status.last_error or "registering"
     if status.diagnosis is not None and not registered:
         reason = f"{reason}; diagnosis {status.diagnosis.code}: {status.diagnosis.sentence}"
-    registration = _Observed("component", state.value, "state", taken, status.url, fields).check(
+    registration = _Observed("component", state.value, "state", now, status.url, fields).check(
         "registration", "registration:state", "pass" if registered else "fail", reason
     )
     reachable = status.server_reachable
@@ -126,14 +122,14 @@ def health_checks(
     route = _Observed("component", found, "finding", status.last_check_at, status.url).check(
         "route", "route:check", "warn" if route_reason else "pass", route_reason
     )
-    thread = _Observed("component", not thread_died, "boolean", taken).check(
+    thread = _Observed("component", not thread_died, "boolean", now).check(
         "thread",
         "registrar:thread",
         "fail" if thread_died else "pass",
         f"the registrar's thread died: {status.last_error}" if thread_died else None,
     )
     gave_up = state is State.FAILED and not status.retrying
-    retrying = _Observed("component", status.retrying, "boolean", taken).check(
+    retrying = _Observed("component", status.retrying, "boolean", now).check(
         "retrying",
         "registration:retrying",
         "fail" if gave_up else "pass",
@@ -147,7 +143,7 @@ def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
 
 
 def described_checks(
-    members: Sequence[tuple[Status, bool]], *, group: bool, now: float | None = None
+    members: Sequence[tuple[bool, Status]], *, group: bool, now: float | None = None
 ) -> tuple[dict[str, Check], str]:
     """Every check, by name, of one registrar (alone in `members`) or of a group, and what the
     document is about. A group's check has one entry per member (its own `status` in it) and
@@ -155,9 +151,9 @@ def described_checks(
     service is reachable through them), fails when none is; every other check is the worst of
     its members'."""
     taken = time.time() if now is None else now
-    per = [health_checks(status, thread_died=died, now=taken) for status, died in members]
+    per = [health_checks(status, thread_died=died, now=taken) for died, status in members]
     if not group:
-        return per[0], f"registration with the bootstrap server at {members[0][0].url}"
+        return per[0], f"registration with the bootstrap server at {members[0][1].url}"
     merged: dict[str, Check] = {}
     for name in per[0]:
         checks = [p[name] for p in per]
@@ -167,7 +163,7 @@ def described_checks(
             verdict = "warn"
         reasons = [
             f"{status.url}: {c.reason}"
-            for (status, _), c in zip(members, checks, strict=True)
+            for (_, status), c in zip(members, checks, strict=True)
             if c.reason
         ]
         merged[name] = Check(
@@ -178,7 +174,7 @@ def described_checks(
             checks[0].entry,
             tuple(c.entry for c in checks[1:]),
         )
-    urls = ", ".join(status.url for status, _ in members)
+    urls = ", ".join(status.url for _, status in members)
     return merged, f"registration with {len(members)} registries: {urls}"
 
 
@@ -231,7 +227,7 @@ def render_health(  # noqa: PLR0913 - public: the documented keyword options
 ) -> tuple[int, dict[str, Any]]:
     """The HTTP status and the health+json document of `probe` (or of its one check `only`),
     leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
-    every, description = described_checks([(status, thread_died)], group=False, now=now)
+    every, description = described_checks([(thread_died, status)], group=False, now=now)
     shown = _shown(every, probe, only, exclude)
     return render_probe(shown, description, payload, HealthOptions(True, service_id))
 
@@ -329,12 +325,9 @@ def answer_health(
     params = parse_qs(query, keep_blank_values=True)
     exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
     members = list(source.members()) if isinstance(source, HealthGroup) else [source]
-    snapshots = []
-    for member in members:
-        # The flag before the snapshot, whose own (read by `health_checks`) comes with its
-        # reason: a reader never sees "died" without the reason that was published with it.
-        flagged = member.thread_died
-        snapshots.append((member.status(), flagged))
+    # The flag before the snapshot, whose own (read by `health_checks`) comes with its reason:
+    # a reader never sees "died" without the reason that was published with it.
+    snapshots = [(member.thread_died, member.status()) for member in members]
     every, description = described_checks(snapshots, group=isinstance(source, HealthGroup))
     shown = _shown(every, probe, only, exclude)
     if "verbose" in params:
