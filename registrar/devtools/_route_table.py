@@ -146,6 +146,5 @@ class RouteTable:
             "required_dst_info_num": None,
             "required_prefill_response_num": None,
         }
-        # The layouts only when set.
-        absent = {name for name in ("dsv41_spec_layout", "kv_layout") if info[name] is None}
-        return {name: value for name, value in info.items() if name not in absent}
+        layouts = ("dsv41_spec_layout", "kv_layout")  # only when set
+        return {k: v for k, v in info.items() if v is not None or k not in layouts}

@@ -63,28 +63,10 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _dispatch
 
-    def send(self, reply: Reply, headers: Mapping[str, str] | None = None) -> None:
-        """Send `reply` whole (a client that has gone away is not an error); `Connection: close`
-        closes the connection after it (`send_header`)."""
-        status, text, content_type = reply
-        data = text.encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(data)
-            self.wfile.flush()
-        except OSError:
-            self.close_connection = True
-
 
 class BootstrapServer:
-    """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across
-    restarts), or on `sock`, bound and not listening until `start()` (docs/sglang.md). Use as a
-    context manager, or `start()` and `close()`."""
+    """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across restarts),
+    or on `sock`, bound and not listening until `start()` (docs/sglang.md)."""
 
     def __init__(
         self,
@@ -168,10 +150,9 @@ class BootstrapServer:
         return bind(self.host, self.port, reuse_port=True)
 
     def restart(self, down_for: float = 0.0) -> None:
-        """Restart with empty memory: drop every connection, forget, come back after
-        `down_for` seconds (refusing connections meanwhile). `down_for=0` keeps the listening
-        socket, a restart so fast that no client can see the server down. As with a new
-        process, a request read before the restart is never answered nor applied after it."""
+        """Restart with empty memory and every connection dropped, refusing new ones for
+        `down_for` seconds (0: the listening socket kept, too fast to be seen down). As with a
+        new process, a request read before the restart is never answered nor applied after it."""
         if down_for <= 0 and self._server is not None:
             self._next_lifetime()
             self._drop_connections()
@@ -203,7 +184,7 @@ class BootstrapServer:
             return self._table.count
 
     def _drop_connections(self) -> None:
-        """Close every open connection (keep-alive ones too) without forgetting anything."""
+        """Close every open connection, keep-alive ones too."""
         with self._lock:
             connections = list(self._connections)
         for conn in connections:
@@ -231,14 +212,27 @@ class BootstrapServer:
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        """Every request ends here: `reply` is sent, or (None) the connection closes unanswered.
-        `body` is the request's (the tests' lab records it)."""
+        """Every request ends here: `reply` is sent whole (a client gone is no error), or (None)
+        the connection closes unanswered. `body` is the request's (the tests' lab records it);
+        `Connection: close` in `headers` closes the connection after the answer."""
         if reply is None:
             # A request read before a restart and acted on after it: a real server's process
             # would have died with it, unanswered, and never counted it in the next one's memory.
             h.close_connection = True
-        else:
-            h.send(reply, headers)
+            return
+        status, text, content_type = reply
+        data = text.encode()
+        try:
+            h.send_response(status)
+            h.send_header("Content-Type", f"{content_type}; charset=utf-8")
+            h.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                h.send_header(key, value)
+            h.end_headers()
+            h.wfile.write(data)
+            h.wfile.flush()
+        except OSError:
+            h.close_connection = True
 
     def _read_body(self, h: Handler) -> bytes | None:
         length_text = h.headers.get("Content-Length")

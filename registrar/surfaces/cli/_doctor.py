@@ -30,8 +30,7 @@ Verdict = Literal["pass", "fail", "skip"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One check of one target: `status` skip when not applicable, figures for scripts in
-    `data`."""
+    """One check of one target: `status` skip when not applicable, figures for scripts in `data`."""
 
     target: str
     url: str
@@ -46,8 +45,7 @@ _WRONG_SERVICE = frozenset({Code.NOT_BOOTSTRAP, Code.GATEWAY, Code.HTTP_PORT})
 
 
 def _reach(kind: str, url: str, evidence: Evidence, protocol: str) -> list[Finding]:
-    """Resolves, listens, speaks: the findings of one probe, the diagnosis on the step that
-    failed, later steps skipped."""
+    """Resolves, listens, speaks: one probe's findings, the diagnosis on the step that failed."""
     diagnosis = diagnose(evidence)
     at = hostport(evidence.host, evidence.port_text)
     if diagnosis is not None and kind != "bootstrap" and diagnosis.code in _WRONG_SERVICE:
@@ -207,7 +205,7 @@ def _key(path: str) -> str:
 
 
 def human(findings: Sequence[Finding]) -> list[str]:
-    """The report for a person: one block per target, one line per check, then the verdict."""
+    """One block per target, one line per check, then the verdict."""
     lines: list[str] = []
     where: tuple[str, str] | None = None
     for finding in findings:
