@@ -234,10 +234,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
         "one part of the health endpoint; its tests are the endpoint's",
     ),
-    "registrar.surfaces._parsers": (
-        ("test_options.py", "test_cli_config.py"),
-        "text to typed values for the options table",
-    ),
 }
 
 

@@ -1,12 +1,13 @@
-"""The one table of options, from which the environment reader, the flags and `--help`, the
-SGLang plugin's tables and docs/configuration.md are read (docs/architecture.md, "Settings and
-options"). Defaults are never written here: they are the settings classes'."""
+"""The one table of options (and its parsers), from which the environment reader, the flags and
+`--help`, the SGLang plugin's tables and docs/configuration.md are read (docs/architecture.md,
+"Settings and options"). Defaults are never written here: they are the settings classes'."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core import _rules as rules
 from ..core._backoff import Backoff
@@ -14,18 +15,6 @@ from ..core._settings import HttpSettings, LoopSettings, default_of, rules_of
 from ..protocols._etcd.settings import EtcdSettings
 from ..protocols._smg.settings import SmgSettings
 from ..protocols._smg.transport import DEFAULT_WATCH_INTERVAL as SMG_WATCH_INTERVAL
-from ._parsers import (
-    int_or_off,
-    integer,
-    number,
-    parse_flag,
-    parse_port,
-    parse_seconds_or_zero,
-    seconds,
-    seconds_or_off,
-    timeout,
-    word,
-)
 
 ENV_PREFIX = "REGISTRAR_"
 
@@ -96,6 +85,77 @@ def _shown(value: object) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+# The parsers: each turns the text of a variable or a flag into a typed value, and nothing more;
+# the value's rule is the settings field's (`registrar.core._rules`). A ValueError says what text
+# is expected.
+
+_T = TypeVar("_T")
+_OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _off_or(parse: Callable[[str], _T], expected: str) -> Callable[[str], _T | None]:
+    """`parse`, or None for a word that means no limit."""
+    read = rules.worded(parse, expected, ValueError)
+    return lambda text: None if text.strip().lower() in _OFF else read(text)
+
+
+seconds = rules.worded(number, "must be a positive number of seconds", ValueError)
+parse_seconds_or_zero = rules.worded(number, "must be a number of seconds >= 0", ValueError)
+seconds_or_off = _off_or(number, "must be a positive number of seconds, or off")
+int_or_off = _off_or(int, "must be an integer >= 1, or unlimited")
+integer = rules.worded(int, "must be an integer", ValueError)
+
+
+def timeout(text: str) -> float | tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) == 1:
+        return seconds(parts[0])
+    if len(parts) == 2:
+        return (seconds(parts[0]), seconds(parts[1]))
+    raise ValueError("must be seconds, or connect,read seconds")
+
+
+def word(*words: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in words:
+            raise ValueError(f"must be {', '.join(words[:-1])} or {words[-1]}")
+        return value
+
+    return parse
+
+
+def parse_flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("must be true or false")
+
+
+def parse_port(text: str) -> int:
+    """A TCP port to listen on, 0 meaning any free one (the health server's own rule: it is no
+    registration setting)."""
+    expected = "must be a port number within [0, 65535] (0: any free port)"
+    value = rules.worded(int, expected, ValueError)(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(expected)
+    return value
 
 
 _SGLANG_BUILDS = "SGLang builds each row's bootstrap URL and payload itself"

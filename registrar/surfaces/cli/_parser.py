@@ -10,8 +10,7 @@ from typing import Any
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._settings import EXIT_CODE
-from .._options import ENV_PREFIX, OPTIONS, Option
-from .._parsers import parse_flag, parse_port
+from .._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_port
 from . import (
     DEMO_DURATION,
     EXIT_INTERRUPTED,
