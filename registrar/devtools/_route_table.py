@@ -51,8 +51,7 @@ class RouteTable:
         return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
 
     def put(self, body: bytes) -> Reply:
-        """SGLang's `_handle_route_put`. Its reads come first (a null page_size fails before the
-        table changes)."""
+        """SGLang's `_handle_route_put`: reads first (a null page_size fails before any change)."""
         data = json.loads(body)
         fields = {name: data[name] for name in REQUIRED_FIELDS}
         rank_port = int(fields["rank_port"])
@@ -101,8 +100,7 @@ class RouteTable:
         return 200, "OK", "text/plain"
 
     def get(self, path: str) -> Reply:
-        """SGLang's `_handle_route_get` (the first of a repeated parameter; int() only where the
-        real one calls it)."""
+        """SGLang's `_handle_route_get` (a repeated parameter's first; int() where it calls it)."""
         query = parse_qs(urlsplit(path).query)
         values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
         if not all(values):

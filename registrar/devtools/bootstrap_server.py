@@ -266,8 +266,7 @@ class BootstrapServer:
             and h.headers.get("Authorization") != f"Bearer {self.token}"
         ):
             return 401, "Unauthorized", "text/plain"
-        # Under the lock, and for the current lifetime only: a restart cannot come between the
-        # check and the use.
+        # Under the lock, for the current lifetime only: no restart between the check and the use.
         with self._lock:
             if h.lifetime != self._lifetime:
                 return None

@@ -87,9 +87,8 @@ def _shown(value: object) -> str:
     return str(value)
 
 
-# The parsers: each turns the text of a variable or a flag into a typed value, and nothing more;
-# the value's rule is the settings field's (`registrar.core._rules`). A ValueError says what text
-# is expected.
+# The parsers turn a variable's or a flag's text into a typed value, nothing more (the value's
+# rule is the settings field's, `registrar.core._rules`); a ValueError says what text is expected.
 
 _T = TypeVar("_T")
 _OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
@@ -149,8 +148,7 @@ def parse_flag(text: str) -> bool:
 
 
 def parse_port(text: str) -> int:
-    """A TCP port to listen on, 0 meaning any free one (the health server's own rule: it is no
-    registration setting)."""
+    """A TCP port to listen on, 0: any free one (the health server's rule, no registration's)."""
     expected = "must be a port number within [0, 65535] (0: any free port)"
     value = rules.worded(int, expected, ValueError)(text)
     if not 0 <= value <= 65535:

@@ -1,6 +1,5 @@
 """The `registrar` command (docs/cli.md), and what its commands share: the exit statuses,
-one-line usage errors, logging, signals, and writing an answer to a reader that may have gone.
-Bad input gets one line on stderr, never a usage block, and a distinct exit status."""
+one-line usage errors, logging, signals, and writing an answer to a reader that may have gone."""
 
 from __future__ import annotations
 

@@ -85,8 +85,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _field(source: dict[str, Any], name: str, default: str = "") -> str:
-    # The agent's text, escaped and capped: a health document is no licence to draw on the
-    # terminal.
+    # The agent's text, escaped and capped: a health document is no licence to draw on screen.
     value = source.get(name)
     return clean(value, 200) if value not in (None, "") else default
 

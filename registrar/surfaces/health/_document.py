@@ -259,21 +259,6 @@ def render_probe(
     return (503 if verdict == "fail" else 200), document
 
 
-def verbose_text(
-    checks: Sequence[Check], excluded: Sequence[str], unknown: Sequence[str], probe: str
-) -> tuple[int, str]:
-    """Kubernetes' `?verbose` output (a warning shows as `[+]name warn: reason`)."""
-    said = {"pass": "[+]{} ok", "warn": "[+]{} warn: {}", "fail": "[-]{} failed: {}"}
-    lines = [said[check.status].format(check.name, check.reason) for check in checks]
-    lines.extend(f"[+]{name} excluded: ok" for name in excluded)
-    if unknown:
-        listed = ", ".join(repr(n) for n in unknown)
-        lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
-    failed = any(c.status == "fail" for c in checks)
-    lines.append(f"{probe} check {'failed' if failed else 'passed'}")
-    return (503 if failed else 200), "\n".join(lines) + "\n"
-
-
 @dataclass(frozen=True)
 class Answer:
     """One HTTP answer, independent of WSGI or ASGI."""
@@ -330,10 +315,17 @@ def answer_health(
     snapshots = [(member.thread_died, member.status()) for member in members]
     every, description = described_checks(snapshots, group=isinstance(source, HealthGroup))
     shown = _shown(every, probe, only, exclude)
-    if "verbose" in params:
+    if "verbose" in params:  # Kubernetes' text (a warning shows as `[+]name warn: reason`)
+        said = {"pass": "[+]{} ok", "warn": "[+]{} warn: {}", "fail": "[-]{} failed: {}"}
+        lines = [said[check.status].format(check.name, check.reason) for check in shown]
         excluded = [n for n in ([only] if only else PROBES[probe]) if n in exclude]
+        lines.extend(f"[+]{name} excluded: ok" for name in excluded)
         unknown = [n for n in exclude if n not in every]
-        code, text = verbose_text(shown, excluded, unknown, probe)
-        return _text(code, text)
+        if unknown:
+            listed = ", ".join(repr(n) for n in unknown)
+            lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
+        failed = any(c.status == "fail" for c in shown)
+        lines.append(f"{probe} check {'failed' if failed else 'passed'}")
+        return _text(503 if failed else 200, "\n".join(lines) + "\n")
     code, document = render_probe(shown, description, members[0].payload, options)
     return _answer(code, HEALTH_CONTENT_TYPE, json.dumps(document, indent=2).encode() + b"\n")
