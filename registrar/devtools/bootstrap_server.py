@@ -1,7 +1,6 @@
 """A reference bootstrap server with SGLang's HTTP semantics, for `registrar bootstrap` and the
 demo (docs/sglang.md, "The reference bootstrap server"). The tests' lab (tests/bootstrap_lab.py)
-adds faults, request records, older releases and TLS through `_handle`, `_reply`, `_new_table`
-and `_bind`."""
+subclasses it through `_handle`, `_reply`, `_new_table` and `_bind`."""
 
 from __future__ import annotations
 

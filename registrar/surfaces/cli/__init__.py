@@ -52,8 +52,7 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (exit 2), not a usage block, and the help
-    texts keep their own line breaks."""
+    """argparse with one-line errors (no usage block), and help texts that keep their breaks."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
@@ -78,8 +77,7 @@ def log_setup(verbose: bool, quiet: Sequence[str] = ()) -> None:
 
 
 class Signals:
-    """SIGTERM/SIGINT: the first asks for a clean stop; another while stopping ends the
-    process at once (`exit`, injectable for tests)."""
+    """SIGTERM/SIGINT: the first asks for a clean stop; another ends the process at once."""
 
     def __init__(self, exit: Callable[[int], None] = os._exit) -> None:
         self.done = threading.Event()
@@ -141,8 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # The reader of the output went away (`registrar diagram | head -1`): no traceback;
-        # the status a shell reports for a writer ended by SIGPIPE.
+        # `registrar diagram | head -1`: no traceback, and a shell's status for a SIGPIPE.
         stdout_to_devnull()
         return EXIT_BROKEN_PIPE
     return code

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
 from ...core._redact import clean
-from ...core._untrusted import json_object, load_json
+from ...core._untrusted import json_object
 from ...protocols._probe import Answer, ProbeOptions, Target, gather, lists_workers
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
@@ -95,14 +95,6 @@ def bootstrap_findings(
     return [*found, _rows(url, expect, options)]
 
 
-def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
-    sizes = [info.get(k) for k in ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")]
-    if not all(isinstance(s, int) and s >= 1 for s in sizes):
-        return None
-    dp, cp, tp, pp = (range(int(s)) for s in sizes)  # type: ignore[arg-type]
-    return [Rank(*r) for r in itertools.product(dp, cp, tp, pp)]
-
-
 def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
     row = functools.partial(Finding, "bootstrap", url, "rows")
@@ -119,10 +111,11 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
             "missing cannot be read before it is (the server answers 503 for every rank)",
             data={"registered": count, "expected": expect, "missing": None},
         )
-    info = load_json(answer.text)
-    ranks = _ranks(info if isinstance(info, dict) else {})
-    if ranks is None:
+    info = json_object(answer.text) or {}
+    sizes = [info.get(k, 0) for k in ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")]
+    if not all(isinstance(s, int) and s >= 1 for s in sizes):
         return row("fail", f"unreadable server info: {answer.text!r}")
+    ranks = [Rank(*r) for r in itertools.product(*(range(s) for s in sizes))]
     expected, asked = len(ranks), ranks[:MAX_RANKS]
     answers = [(r, get("/route?" + urlencode(r.query()))) for r in asked]
     missing = [r for r, a in answers if isinstance(a, Answer) and a.status == 404]

@@ -34,9 +34,8 @@ logger = logging.getLogger("registrar")
 
 
 def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The options by key: each flag given, else its variable, else nothing (the settings'
-    default stands); and the flags given. ConfigError names a bad variable; a variable whose
-    flag is given is not even read (the flag wins)."""
+    """The options by key (none: the settings' default stands) and the flags given. A bad
+    variable raises ConfigError; one whose flag is given is not even read (the flag wins)."""
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen: dict[str, Any] = {}
     for option in OPTIONS:

@@ -47,8 +47,7 @@ def _where(url: str) -> tuple[str, str]:
 
 
 def _fetch(target: str, timeout: float) -> str:
-    """The answer's text within `timeout` seconds in all, or `OSError` saying what ended it;
-    `ValueError` for an answer over the cap."""
+    """The answer's text, or `OSError` saying what ended it; `ValueError` for one over the cap."""
     parts = urlsplit(target)
     http = HttpTransport(f"{parts.scheme}://{parts.netloc}", timeout=timeout)
     try:
