@@ -30,6 +30,7 @@ SEND_TIMEOUT = 2.0
 MAX_PENDING = 512  # connections still sending their head; past it the oldest is closed
 WORKERS = 4
 MAX_HEAD_BYTES = 16 * 1024
+_TOO_LARGE = b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n"
 
 
 def bind(
@@ -177,9 +178,7 @@ class ProbeServer:
         if b"\r\n\r\n" not in buffer and b"\n\n" not in buffer:
             if len(buffer) > MAX_HEAD_BYTES:
                 with contextlib.suppress(OSError):
-                    sock.send(
-                        b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n"
-                    )
+                    sock.send(_TOO_LARGE)
                 self._drop(sock)
             return
         self._selector.unregister(sock)

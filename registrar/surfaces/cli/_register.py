@@ -4,9 +4,9 @@ settings values, and the registrations they describe run until SIGTERM/SIGINT.""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,14 +186,10 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
     return RegistrarGroup([Registrar(payload=payload, protocol=protocol, **http, **loop)])
 
 
-def _on_change_of(url: str, several: bool) -> Callable[[State, State, Status], None]:
-    def on_change(old: State, new: State, status: Status) -> None:
-        failed = status.last_error and new is State.FAILED
-        detail = f" ({status.last_error})" if failed else ""
-        where = f"{url}: " if several else ""
-        logger.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
-
-    return on_change
+def _log_change(several: bool, old: State, new: State, status: Status) -> None:
+    detail = f" ({status.last_error})" if status.last_error and new is State.FAILED else ""
+    where = f"{status.url}: " if several else ""
+    logger.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
 
 
 def cmd_register(args: argparse.Namespace) -> int:
@@ -205,7 +201,7 @@ def cmd_register(args: argparse.Namespace) -> int:
     log_setup(verbose, quiet=("registrar.surfaces.health",))
     several = len(group) > 1
     for reg in group:
-        reg.add_listener(_on_change_of(reg.status().url, several))
+        reg.add_listener(functools.partial(_log_change, several))
         if verbose:
             reg.add_request_listener(log_request)
     source: Any = group if several else group.members()[0]

@@ -32,8 +32,8 @@ def _health_check(document: object) -> tuple[dict[str, Any], list[dict[str, Any]
     return document, entries
 
 
-def _where(url: str) -> tuple[str, str]:
-    """The health document's URL (`/health` unless a path is given) and how to show it."""
+def _where(url: str) -> tuple[str, str, str]:
+    """The agent's URL, the document's path (`/health` unless one is given), how to show both."""
     shown = clean(redact_url(url), 200)
     try:
         parts = urlsplit(url)
@@ -42,16 +42,15 @@ def _where(url: str) -> tuple[str, str]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--health-url must be an http(s) URL, got {shown!r}")
     path = parts.path if parts.path not in ("", "/") else "/health"
-    target = f"{parts.scheme}://{parts.netloc}{path}"
-    return target, clean(redact_url(target), 200)
+    base = f"{parts.scheme}://{parts.netloc}"
+    return base, path, clean(redact_url(base + path), 200)
 
 
-def _fetch(target: str, timeout: float) -> str:
+def _fetch(base: str, path: str, timeout: float) -> str:
     """The answer's text, or `OSError` saying what ended it; `ValueError` for one over the cap."""
-    parts = urlsplit(target)
-    http = HttpTransport(f"{parts.scheme}://{parts.netloc}", timeout=timeout)
+    http = HttpTransport(base, timeout=timeout)
     try:
-        result = http.send("GET", parts.path, limit=MAX_HEALTH_BYTES)
+        result = http.send("GET", path, limit=MAX_HEALTH_BYTES)
     finally:
         http.close()
     if result.error is not None:
@@ -62,9 +61,9 @@ def _fetch(target: str, timeout: float) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    target, shown = _where(args.health_url.rstrip("/"))
+    base, path, shown = _where(args.health_url.rstrip("/"))
     try:
-        document, entries = _health_check(load_json(_fetch(target, args.timeout)))
+        document, entries = _health_check(load_json(_fetch(base, path, args.timeout)))
     except OSError as exc:
         print(f"registrar: cannot reach {shown}: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE

@@ -123,13 +123,11 @@ def health_asgi_app(
         path: str = scope.get("path", "/").removeprefix(scope.get("root_path", "")) or "/"
         method: str = scope.get("method", "GET")
         environ = {
-            "REQUEST_METHOD": method,
-            "PATH_INFO": path,
-            "QUERY_STRING": scope.get("query_string", b"").decode("latin-1"),
+            "HTTP_" + name.decode("latin-1").upper().replace("-", "_"): value.decode("latin-1")
+            for name, value in scope.get("headers", [])
         }
-        for name, value in scope.get("headers", []):
-            key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
-            environ[key] = value.decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        environ.update(REQUEST_METHOD=method, PATH_INFO=path, QUERY_STRING=query)
         found = answer(environ)
         await send(
             {
