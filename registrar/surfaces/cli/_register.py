@@ -13,7 +13,7 @@ from typing import Any
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._backoff import Backoff
-from ...core._errors import ConfigError, describe_exception
+from ...core._errors import describe_exception
 from ...core._group import RegistrarGroup
 from ...core._machine import State
 from ...core._registrar import Registrar
@@ -105,10 +105,7 @@ def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
     path = flags.get("token_file", chosen.get("token_file"))
     if path is None:
         return chosen.get("token")
-    try:
-        return file_token(path, "--token-file")
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    return file_token(path, "--token-file")
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
