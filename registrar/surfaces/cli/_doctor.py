@@ -83,7 +83,6 @@ def bootstrap_findings(
     """`expect`: the rows the topology should have (dp * cp * tp * pp), else read from the
     server; `http_port`: the prefill's, compared with the bootstrap port, knocked on when
     refused."""
-    url = url.rstrip("/")
     unfilled = port_problem(url)
     if unfilled is not None:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
@@ -138,7 +137,6 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
 
 def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
     """A gateway (smg): reachable and listing workers, none twice, none unhealthy."""
-    url = url.rstrip("/")
     seen = gather(url, "/workers", lists_workers, options=options)
     found = _reach("gateway", url, seen, "smg")
     if _failed(found):
@@ -163,7 +161,6 @@ def _is_etcd(answer: Answer) -> bool:
 
 def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
     """An etcd endpoint: reachable and answering `GET /version` as etcd."""
-    url = url.rstrip("/")
     seen = gather(url, "/version", _is_etcd, options=options)
     found = _reach("etcd", url, seen, "etcd")
     if not _failed(found):
@@ -175,14 +172,14 @@ _MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
 
 
 def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
-    """Every URL of a repeated flag (each may list several, comma-separated), checked."""
+    """Each URL of a repeated flag (several may be comma-separated), checked, trailing / cut."""
     found = [url for text in given or () for url in rules.comma_list(text)]
     for url in found:
         try:
             rules.url(url)
         except rules.Invalid as exc:
             raise UsageError(f"{flag} {clean(url, 200)!r} {exc.rule}") from None
-    return tuple(found)
+    return tuple(url.rstrip("/") for url in found)
 
 
 def _key(path: str) -> str:
@@ -249,7 +246,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     # The bootstrap URL is not refused above for a port that was never filled in (":None"):
     # saying so is the first check's job.
     if args.url is not None:
-        found += bootstrap_findings(args.url, args.expect, args.http_port, options)
+        found += bootstrap_findings(args.url.rstrip("/"), args.expect, args.http_port, options)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     for url in gateways:
         found += gateway_findings(url, ProbeOptions(args.timeout, headers))
