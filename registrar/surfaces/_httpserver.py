@@ -52,8 +52,7 @@ def bind(
 
 
 class _Handler(WSGIRequestHandler):
-    """wsgiref's handler, fed the request head the reader already holds: it never waits on
-    the client for input, so a client cannot pin it."""
+    """wsgiref's handler, fed the head the reader holds: no client can pin it by sending slowly."""
 
     server: ProbeServer  # type: ignore[assignment]
 

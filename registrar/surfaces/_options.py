@@ -31,8 +31,7 @@ class Option:
     the one `--help` shows); None for an option of the command alone."""
     field: str | None = None
     kwarg: str | None = None
-    """The `Registrar` keyword argument it is (`backoff.<field>` for a field of its `Backoff`),
-    for `options_from_env`."""
+    """Its `Registrar` keyword for `options_from_env` (`backoff.<field>`: a field of `Backoff`)."""
     flag: bool = True
     """False: from the environment only (a secret must not show in `ps`)."""
     plugin: str | None = None

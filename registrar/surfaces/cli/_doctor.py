@@ -80,9 +80,8 @@ def _failed(findings: Sequence[Finding]) -> bool:
 def bootstrap_findings(
     url: str, expect: int | None, http_port: int | None, options: ProbeOptions
 ) -> list[Finding]:
-    """`expect`: the rows the topology should have (dp * cp * tp * pp), else read from the
-    server; `http_port`: the prefill's, compared with the bootstrap port, knocked on when
-    refused."""
+    """`expect`: the rows the topology should have (dp * cp * tp * pp), else the server's;
+    `http_port`: the prefill's, compared with the bootstrap port, knocked on when refused."""
     unfilled = port_problem(url)
     if unfilled is not None:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
@@ -243,8 +242,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     key = _key(args.gateway_key_file) if args.gateway_key_file else None
     options = ProbeOptions(args.timeout)
     found: list[Finding] = []
-    # The bootstrap URL is not refused above for a port that was never filled in (":None"):
-    # saying so is the first check's job.
+    # A bootstrap URL whose port was never filled in (":None") is the first check's to report.
     if args.url is not None:
         found += bootstrap_findings(args.url.rstrip("/"), args.expect, args.http_port, options)
     headers = {"Authorization": f"Bearer {key}"} if key else {}

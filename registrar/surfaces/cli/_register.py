@@ -154,8 +154,7 @@ def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
 
 
 def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup:
-    """The registrations the options describe. The gateway's options go with --gateway; a URL
-    and a payload are required otherwise."""
+    """The registrations the options describe (the gateway's options only with --gateway)."""
     from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
 
     gateway = bool(chosen.get("gateway"))
@@ -190,8 +189,7 @@ def _log_change(several: bool, old: State, new: State, status: Status) -> None:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    """Run the registrations (and their health server) until SIGTERM/SIGINT, then stop them
-    together, within the longest drain any of them needs."""
+    """Run until SIGTERM/SIGINT, then stop together, within the longest drain any one needs."""
     chosen, flags = resolve(args)
     group = _registrars(chosen, flags)
     verbose = bool(chosen.get("verbose", False))
