@@ -169,6 +169,10 @@ def _loop(name: str, parse: Callable[[str], Any], example: str, help: str, **mor
     return Option(name, parse, example, help, LoopSettings, field, field, **more)
 
 
+def _http(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
+    return Option(name, parse, example, help, HttpSettings, name.lower(), name.lower(), **more)
+
+
 def _backoff(name: str, field: str, example: str, help: str, **more: Any) -> Option:
     return Option(name, number, example, help, Backoff, field, f"backoff.{field}", **more)
 
@@ -220,14 +224,11 @@ OPTIONS: tuple[Option, ...] = (
         f"with --gateway: {SMG_WATCH_INTERVAL:g}, with --etcd: from --ttl",
         metavar="S",
     ),
-    Option(
+    _http(
         "TIMEOUT",
         timeout,
         "5",
         "each request's deadline in seconds, the whole request, or CONNECT,READ",
-        HttpSettings,
-        "timeout",
-        "timeout",
         rule=rules.each_seconds,
         defaults=(("--etcd", EtcdSettings, "timeout"), ("--gateway", SmgSettings, "timeout")),
         metavar="S",
@@ -247,15 +248,7 @@ OPTIONS: tuple[Option, ...] = (
         "host, scheme) is stated in the log, status, health and metrics; 'off' for none",
         metavar="S",
     ),
-    Option(
-        "VERIFY",
-        parse_flag,
-        "true",
-        "verify the server's TLS certificate",
-        HttpSettings,
-        "verify",
-        "verify",
-    ),
+    _http("VERIFY", parse_flag, "true", "verify the server's TLS certificate"),
     Option(
         "CA_BUNDLE",
         str,
