@@ -54,7 +54,7 @@ def bind(
 class _Handler(WSGIRequestHandler):
     """wsgiref's handler, fed the head the reader holds: no client can pin it by sending slowly."""
 
-    server: ProbeServer  # type: ignore[assignment]
+    server: HealthServer  # type: ignore[assignment]
 
     def setup(self) -> None:
         self.connection, head = self.request
@@ -70,9 +70,9 @@ class _Handler(WSGIRequestHandler):
         logger.debug("%s %s", self.address_string(), format % args)
 
 
-class ProbeServer:
-    """Serve a WSGI app on `host:port` (0: an ephemeral port) until `stop()`. Each connection
-    carries one request (the answer says HTTP/1.0 and closes), as probes use it."""
+class HealthServer:
+    """Serves a WSGI app on `host:port` (0: an ephemeral one; `port`, `url` say which) until
+    `stop()`. One request per connection (the answer says HTTP/1.0 and closes), as probes do."""
 
     def __init__(self, app: WSGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
         self._listener = bind(host, port, backlog=LISTEN_BACKLOG)
@@ -102,7 +102,7 @@ class ProbeServer:
     def get_app(self) -> WSGIApp:
         return self._app
 
-    def __enter__(self) -> ProbeServer:
+    def __enter__(self) -> HealthServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -165,8 +165,7 @@ DEFAULT_HEALTH_HOST = "127.0.0.1"
 
 
 def _loop(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
-    field = name.lower()
-    return Option(name, parse, example, help, LoopSettings, field, field, **more)
+    return Option(name, parse, example, help, LoopSettings, name.lower(), name.lower(), **more)
 
 
 def _http(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:

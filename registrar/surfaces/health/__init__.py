@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 
-from .._httpserver import ProbeServer, StartResponse, WSGIApp
+from .._httpserver import HealthServer, StartResponse, WSGIApp
 from ..metrics import RegistrarMetrics, metrics_available
 from ._document import (
     HEALTH_CONTENT_TYPE,
@@ -141,10 +141,6 @@ def health_asgi_app(
     return app
 
 
-HealthServer = ProbeServer
-"""A running health server: `port` is the bound port, `url` its address; `stop()` ends it."""
-
-
 def start_health_server(
     registrar: HealthSource | HealthGroup,
     host: str = "127.0.0.1",
@@ -168,7 +164,7 @@ def start_health_server(
                 registry = chosen.registry if chosen is not None else None
                 attached = RegistrarMetrics(registry, labels=labels).attach(member)  # type: ignore[arg-type]
                 chosen = chosen or attached
-    server = ProbeServer(
+    server = HealthServer(
         health_app(registrar, metrics=chosen, expose_payload=expose_payload), host, port
     )
     logger.info("health endpoints on %s (/livez /readyz /health)", server.url)
