@@ -262,9 +262,5 @@ def cmd_sglang(args: argparse.Namespace) -> int:
     from ...integrations.sglang._report import describe, installed_report  # noqa: PLC0415
 
     report = installed_report()
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(describe(report))
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else describe(report))
     return EXIT_OK
