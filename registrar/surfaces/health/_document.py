@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qs
 
@@ -166,13 +166,11 @@ def described_checks(
             for (_, status), c in zip(members, checks, strict=True)
             if c.reason
         ]
-        merged[name] = Check(
-            name,
-            checks[0].key,
-            verdict,
-            "; ".join(reasons) if reasons and verdict != "pass" else None,
-            checks[0].entry,
-            tuple(c.entry for c in checks[1:]),
+        merged[name] = replace(
+            checks[0],
+            status=verdict,
+            reason="; ".join(reasons) if reasons and verdict != "pass" else None,
+            more=tuple(c.entry for c in checks[1:]),
         )
     urls = ", ".join(status.url for _, status in members)
     return merged, f"registration with {len(members)} registries: {urls}"
