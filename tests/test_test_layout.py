@@ -218,10 +218,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_smg_unit.py", "test_smg_gateway.py"),
         "one part of the smg protocol; its tests are the protocol's",
     ),
-    "registrar.surfaces.cli._parser": (
-        ("test_cli_config.py", "test_options.py"),
-        "the flags come from the options table",
-    ),
     "registrar.surfaces.cli._register": (
         ("test_cli.py", "test_cli_config.py"),
         "one part of the `registrar` command; its tests run the command",
