@@ -167,8 +167,7 @@ examples:
 def _typed(
     parse: Callable[[str], Any], expected: str | None = None, good: str = ""
 ) -> Callable[[str], Any]:
-    """An argparse `type`: `parse`, its error (or `expected`) naming the text given, then
-    `good` (a good value)."""
+    """An argparse `type`: `parse`; its error (or `expected`), the text given, then `good`."""
 
     def typed(text: str) -> Any:
         try:

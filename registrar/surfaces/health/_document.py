@@ -146,10 +146,9 @@ def described_checks(
     members: Sequence[tuple[bool, Status]], *, group: bool, now: float | None = None
 ) -> tuple[dict[str, Check], str]:
     """Every check, by name, of one registrar (alone in `members`) or of a group, and what the
-    document is about. A group's check has one entry per member (its own `status` in it) and
-    one verdict: registration passes when every member is registered, warns when some are (the
-    service is reachable through them), fails when none is; every other check is the worst of
-    its members'."""
+    document is about. A group's check has one entry per member and one verdict: registration
+    passes when every member is registered, warns when some are (the service is reachable
+    through them), fails when none is; every other check is the worst of its members'."""
     taken = time.time() if now is None else now
     per = [health_checks(status, thread_died=died, now=taken) for died, status in members]
     if not group:
