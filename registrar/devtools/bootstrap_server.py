@@ -215,8 +215,7 @@ class BootstrapServer:
         the connection closes unanswered. `body` is the request's (the tests' lab records it);
         `Connection: close` in `headers` closes the connection after the answer."""
         if reply is None:
-            # A request read before a restart and acted on after it: a real server's process
-            # would have died with it, unanswered, and never counted it in the next one's memory.
+            # A request of an ended lifetime: a real server's process would have died with it.
             h.close_connection = True
             return
         status, text, content_type = reply

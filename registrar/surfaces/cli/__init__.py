@@ -1,7 +1,6 @@
-"""The `registrar` command (docs/cli.md), and what its commands share: the exit statuses,
-one-line usage errors, logging, signals, and writing an answer to a reader that may have gone.
-The flags of `registrar register` are drawn from the options table
-(`registrar.surfaces._options.OPTIONS`), each parsed and checked as its variable is."""
+"""The `registrar` command (docs/cli.md): its command line (the `register` flags drawn from the
+options table, each parsed and checked as its variable is) and what its commands share: the exit
+statuses, one-line usage errors, logging, signals, writing to a reader that may have gone."""
 
 from __future__ import annotations
 

@@ -63,8 +63,7 @@ def _fields(chosen: dict[str, Any], settings: type, only: tuple[str, ...] = ()) 
 
 
 def _loop_options(chosen: dict[str, Any]) -> dict[str, Any]:
-    """The loop's `Registrar` keyword arguments that were chosen (others keep the protocol's
-    default: the watch interval differs by protocol)."""
+    """The chosen loop keywords of `Registrar`; the others keep their protocol's default."""
     return registrar_options(
         (o, chosen[o.key])
         for o in OPTIONS
