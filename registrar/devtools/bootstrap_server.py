@@ -183,7 +183,6 @@ class BootstrapServer:
             return self._table.count
 
     def _drop_connections(self) -> None:
-        """Close every open connection, keep-alive ones too."""
         with self._lock:
             connections = list(self._connections)
         for conn in connections:

@@ -191,10 +191,7 @@ class HealthServer:
         sock.close()
 
     def _work_loop(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
+        while (item := self._work.get()) is not None:
             sock, head = item
             try:
                 sock.setblocking(True)

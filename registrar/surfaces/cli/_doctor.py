@@ -234,7 +234,6 @@ def sglang_findings() -> list[Finding]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Every check asked for, in order: bootstrap, gateways, etcd, then SGLang's."""
     gateways = _urls("--gateway", args.gateway)
     etcd = _urls("--etcd", args.etcd)
     if args.url is None and not gateways and not etcd and not args.sglang:
