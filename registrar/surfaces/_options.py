@@ -325,15 +325,13 @@ OPTIONS: tuple[Option, ...] = (
     _etcd("KEY", "key", str, "/services/prefill/rank0", "with ETCD: the key"),
     _etcd("TTL", "ttl", seconds, "10", "with ETCD: the lease TTL, seconds", metavar="S"),
     _etcd("ETCD_USER", "username", str, "registrar", "with ETCD: the etcd user", metavar="NAME"),
-    Option(
+    _etcd(
         "ETCD_PASSWORD",
+        "password",
         str,
         "s3cret",
         "with ETCD_USER: the etcd password (from the environment only: no flag)",
-        EtcdSettings,
-        "password",
         flag=False,
-        plugin=_NO_ETCD,
     ),
     _etcd(
         "ETCD_CERT",
