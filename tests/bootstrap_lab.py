@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from registrar.devtools._route_table import Reply, RouteTable
-from registrar.devtools.bootstrap_server import BootstrapServer, Handler
+from registrar.devtools.bootstrap_server import BootstrapServer, Handler, Reply, RouteTable
 
 __all__ = ["LATEST_RELEASE", "BootstrapLab", "Fault", "RequestRecord"]
 
 LATEST_RELEASE = "0.5.23"
-"""The release registrar's route table copies (registrar/devtools/_route_table.py)."""
+"""The release registrar's route table copies (registrar/devtools/bootstrap_server.py)."""
 
 FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
     "enable_dsa_cache_layer_split": (0, 5, 16),

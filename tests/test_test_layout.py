@@ -98,11 +98,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "registrar.devtools": (("test_layout.py",), "imported only by the commands that need it"),
     "registrar.devtools._demo": (("test_cli.py",), "`registrar demo`"),
-    "registrar.devtools._route_table": (
-        ("test_reference_fidelity.py",),
-        "SGLang's route table, checked against SGLang's server (and in "
-        "tests/sglang_real/test_differential.py)",
-    ),
     "registrar.integrations": (
         ("test_sglang_plugin.py",),
         "the integrations package: the SGLang plugin",
