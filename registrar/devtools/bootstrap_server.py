@@ -1,9 +1,8 @@
 """A reference bootstrap server with SGLang's HTTP semantics, for `registrar bootstrap` and the
-demo (docs/sglang.md, "The reference bootstrap server"): SGLang's route table and its `/route`
-handlers step for step (same reads, checks and order, so the same payload fails the same way), as
-of SGLang 0.5.23, then the HTTP side. The tests' lab (tests/bootstrap_lab.py) copies earlier
-releases (docs/testing.md) and subclasses the server through `_handle`, `_reply`, `_new_table`
-and `_bind`."""
+demo (docs/sglang.md, "The reference bootstrap server"): SGLang 0.5.23's route table and `/route`
+handlers step for step (same reads, checks and order: the same payload fails the same way), then
+the HTTP side. The tests' lab (tests/bootstrap_lab.py) copies earlier releases (docs/testing.md)
+and subclasses the server through `_handle`, `_reply`, `_new_table` and `_bind`."""
 
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ class Option:
     example: str
     help: str
     settings: type | None = None
-    """The settings class whose field this sets (its rule checks the value, its default is
-    the one `--help` shows); None for an option of the command alone."""
+    """Its field's settings class (the rule, the `--help` default); None: the command's alone."""
     field: str | None = None
     kwarg: str | None = None
     """Its `Registrar` keyword for `options_from_env` (`backoff.<field>`: a field of `Backoff`)."""

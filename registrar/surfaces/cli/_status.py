@@ -5,6 +5,7 @@ whole request, the name lookup included, and the answer is read up to a cap."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -48,11 +49,8 @@ def _where(url: str) -> tuple[str, str, str]:
 
 def _fetch(base: str, path: str, timeout: float) -> str:
     """The answer's text, or `OSError` saying what ended it; `ValueError` for one over the cap."""
-    http = HttpTransport(base, timeout=timeout)
-    try:
+    with contextlib.closing(HttpTransport(base, timeout=timeout)) as http:
         result = http.send("GET", path, limit=MAX_HEALTH_BYTES)
-    finally:
-        http.close()
     if result.error is not None:
         raise OSError(http.describe_error(result.error))
     if not result.complete:

@@ -300,8 +300,7 @@ def answer_health(
     probe, _, only = path.lstrip("/").partition("/")
     if probe not in PROBES or (only and only not in PROBES[probe]) or path.endswith("/"):
         # The client's path, escaped and capped: an answer is no place to reflect raw bytes.
-        asked = clean(path, 100)
-        return _text(404, f"404 not found: {asked}; try /readyz, /livez or /health\n")
+        return _text(404, f"404 not found: {clean(path, 100)}; try /readyz, /livez or /health\n")
     if method not in ("GET", "HEAD"):
         return _NOT_ALLOWED
     params = parse_qs(query, keep_blank_values=True)
