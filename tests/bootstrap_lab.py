@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -19,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from registrar.devtools._route_table import Reply, RouteTable
-from registrar.devtools.bootstrap_server import BootstrapServer, Handler
+from registrar.devtools.bootstrap_server import BootstrapServer, Handler, Reply, RouteTable
 
 __all__ = ["LATEST_RELEASE", "BootstrapLab", "Fault", "RequestRecord"]
 
 LATEST_RELEASE = "0.5.23"
-"""The release registrar's route table copies (registrar/devtools/_route_table.py)."""
+"""The release registrar's route table copies (registrar/devtools/bootstrap_server.py)."""
 
 FIELDS_SINCE: dict[str, tuple[int, int, int]] = {
     "enable_dsa_cache_layer_split": (0, 5, 16),
@@ -117,7 +117,8 @@ class Fault:
 
 
 class BootstrapLab(BootstrapServer):
-    """`BootstrapServer` (the same options) copying SGLang `release`, with faults and records."""
+    """`BootstrapServer` (the same options) copying SGLang `release`, with faults and records,
+    speaking TLS with `certfile` and `keyfile`."""
 
     def __init__(
         self,
@@ -125,14 +126,32 @@ class BootstrapLab(BootstrapServer):
         port: int = 0,
         *,
         release: str = LATEST_RELEASE,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        sock: socket.socket | None = None,
         **options: Any,
     ) -> None:
         self._absent = frozenset(FIELDS_SINCE) - release_fields(release)
-        super().__init__(host, port, **options)
+        self._tls: ssl.SSLContext | None = None
+        if certfile is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(certfile, keyfile)
+        super().__init__(host, port, sock=None if sock is None else self._wrap(sock), **options)
         self._faults: deque[Fault] = deque()
         self._records: deque[RequestRecord] = deque(maxlen=200_000)
         self._let_go = threading.Event()  # set: the requests a delay or hang holds must go
         self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return super().url.replace("http://", "https://", 1) if self._tls else super().url
+
+    def _wrap(self, sock: socket.socket) -> socket.socket:
+        """A bound socket, listening in TLS once it listens (with `certfile`)."""
+        return self._tls.wrap_socket(sock, server_side=True) if self._tls else sock
+
+    def _bind(self) -> socket.socket:
+        return self._wrap(super()._bind())
 
     def _new_table(self) -> RouteTable:
         return OlderTable(absent=self._absent) if self._absent else super()._new_table()

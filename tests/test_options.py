@@ -19,7 +19,7 @@ from registrar.core._settings import HttpSettings, LoopSettings, default_of
 from registrar.integrations.sglang._settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
 from registrar.protocols._etcd.settings import EtcdSettings
 from registrar.surfaces._options import ENV_PREFIX, OPTIONS
-from registrar.surfaces.cli._parser import build_parser
+from registrar.surfaces.cli import build_parser
 from registrar.surfaces.env import options_from_env
 
 
@@ -76,7 +76,7 @@ def test_a_row_added_to_the_table_appears_in_all_four() -> None:
             options.Option("NEW_KNOB", options.parse_flag, "true", "a knob added in one row"),
         )
         from registrar.surfaces.env import command_options_from_env
-        from registrar.surfaces.cli._parser import build_parser
+        from registrar.surfaces.cli import build_parser
         from registrar.surfaces.cli._register import resolve
         from registrar.integrations.sglang._settings import HONOURED, plugin_env_table
         from docs.hooks.envdoc import configuration_page
@@ -145,7 +145,7 @@ def test_a_loop_option_is_its_settings_field_and_its_row(tmp_path: Path) -> None
         """
         from registrar import ConfigError, Registrar
         from registrar.integrations.sglang._settings import HONOURED
-        from registrar.surfaces.cli._parser import build_parser
+        from registrar.surfaces.cli import build_parser
         from registrar.surfaces.cli._register import _loop_options, resolve
         from registrar.surfaces.env import options_from_env
         from docs.hooks.envdoc import configuration_page

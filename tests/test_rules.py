@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from support import ScriptedTransport, accepted, sglang_payload
 
 from registrar import ConfigError, HttpSettings, Registrar, State, etcd_registrar
 from registrar.core._settings import LoopSettings, default_of
-from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.protocols._etcd.settings import EtcdSettings
 from registrar.protocols._smg.settings import SmgSettings
 
@@ -128,7 +128,7 @@ def test_a_ca_directory_verifies_a_real_tls_server(
     registrars: list[Registrar], tmp_path: Path
 ) -> None:
     cert, key, folder = _ca_directory(tmp_path)
-    with BootstrapServer(certfile=str(cert), keyfile=str(key)) as server:
+    with BootstrapLab(certfile=str(cert), keyfile=str(key)) as server:
         reg = Registrar(server.url, sglang_payload(), verify=str(folder), watch_interval=None)
         registrars.append(reg)
         reg.start()

@@ -100,11 +100,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "registrar.devtools": (("test_layout.py",), "imported only by the commands that need it"),
     "registrar.devtools._demo": (("test_cli.py",), "`registrar demo`"),
-    "registrar.devtools._route_table": (
-        ("test_reference_fidelity.py",),
-        "SGLang's route table, checked against SGLang's server (and in "
-        "tests/sglang_real/test_differential.py)",
-    ),
     "registrar.integrations": (
         ("test_sglang_plugin.py",),
         "the integrations package: the SGLang plugin",
@@ -220,10 +215,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_smg_unit.py", "test_smg_gateway.py"),
         "one part of the smg protocol; its tests are the protocol's",
     ),
-    "registrar.surfaces.cli._parser": (
-        ("test_cli_config.py", "test_options.py"),
-        "the flags come from the options table",
-    ),
     "registrar.surfaces.cli._register": (
         ("test_cli.py", "test_cli_config.py"),
         "one part of the `registrar` command; its tests run the command",
@@ -235,10 +226,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.surfaces.health._document": (
         ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
         "one part of the health endpoint; its tests are the endpoint's",
-    ),
-    "registrar.surfaces._parsers": (
-        ("test_options.py", "test_cli_config.py"),
-        "text to typed values for the options table",
     ),
 }
 

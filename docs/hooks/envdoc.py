@@ -15,7 +15,7 @@ import sys
 from registrar.integrations.sglang._settings import HONOURED, PLUGIN_ENV_VARS, REFUSED
 from registrar.protocols._sglang import TOKEN_ENV
 from registrar.surfaces._options import ENV_PREFIX, OPTIONS, Option
-from registrar.surfaces.cli._parser import build_parser
+from registrar.surfaces.cli import build_parser
 
 __all__ = ["configuration_page", "main"]
 

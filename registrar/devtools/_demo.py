@@ -21,8 +21,7 @@ from .bootstrap_server import BootstrapServer
 
 
 class _Say(logging.Handler):
-    """Prints the demo's lines and registrar's INFO log, each with the time since the start,
-    and keeps the problems seen."""
+    """Prints the demo's lines and registrar's INFO log, timed from the start; keeps problems."""
 
     def __init__(self, out: TextIO) -> None:
         super().__init__(logging.INFO)

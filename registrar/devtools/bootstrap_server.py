@@ -1,29 +1,168 @@
 """A reference bootstrap server with SGLang's HTTP semantics, for `registrar bootstrap` and the
-demo (docs/sglang.md, "The reference bootstrap server"). The tests' lab (tests/bootstrap_lab.py)
-adds faults, request records and older releases through `_handle`, `_reply` and `_new_table`."""
+demo (docs/sglang.md, "The reference bootstrap server"): SGLang 0.5.23's route table and `/route`
+handlers step for step (same reads, checks and order: the same payload fails the same way), then
+the HTTP side. The tests' lab (tests/bootstrap_lab.py) copies earlier releases (docs/testing.md)
+and subclasses the server through `_handle`, `_reply`, `_new_table` and `_bind`."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
-import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from ..core._diagnosis import hostport
+from ..protocols._sglang import REQUIRED_FIELDS
 from ..surfaces._httpserver import bind
-from ._route_table import CRASH, Reply, RouteTable
-
-_CLOSE = {"Connection": "close"}
 
 __all__ = ["BootstrapServer"]
 
 logger = logging.getLogger(__name__)
+
+_RANK_QUERY = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
+
+CRASH = "500 Internal Server Error\n\nServer got itself in trouble"
+"""aiohttp's answer when a handler raises: the real server lets bad input escape its handlers."""
+
+Reply = tuple[int, str, str]
+"""An answer: its status, text and content type."""
+
+
+@dataclass
+class RouteTable:
+    """`CommonKVBootstrapServer`'s memory. Values are kept as the payload gave them, so a wrongly
+    typed one fails later where it fails on the real server. The server's lock guards it."""
+
+    attn_tp_size: Any = None
+    attn_cp_size: Any = None
+    dp_size: Any = None
+    pp_size: Any = None
+    page_size: Any = None
+    kv_cache_dtype: Any = None
+    kv_layout: Any = None
+    dsv41_spec_layout: Any = None
+    follow_bootstrap_room: bool | None = None
+    enable_dsa_cache_layer_split: bool | None = None
+    enable_kv_cache_sharding: bool | None = None
+    prefill_http_port: int | None = None
+    decode_allocation_policy: Any = "early"
+    ranks: dict[tuple[Any, Any, Any, Any], dict[str, Any]] = field(default_factory=dict)
+    count: int = 0
+
+    def ready(self) -> bool:
+        """The real `_is_ready`: raises TypeError, as it does, on wrongly typed sizes."""
+        sizes = (self.attn_tp_size, self.attn_cp_size, self.pp_size, self.dp_size)
+        return None not in sizes and bool(self.count >= self.expected())
+
+    def expected(self) -> Any:
+        return self.dp_size * self.attn_cp_size * self.attn_tp_size * self.pp_size
+
+    def put(self, body: bytes) -> Reply:
+        """SGLang's `_handle_route_put`: reads first (a null page_size fails before any change)."""
+        data = json.loads(body)
+        fields = {name: data[name] for name in REQUIRED_FIELDS}
+        rank_port = int(fields["rank_port"])
+        int(fields["page_size"])
+        # The layout checks; the last writer's values kept.
+        layout = data.get("dsv41_spec_layout")
+        if self.count and self.dsv41_spec_layout != layout:
+            text = "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
+            return 400, text, "text/plain"
+        policy = data.get("decode_allocation_policy", "early")
+        if self.count and self.decode_allocation_policy != policy:
+            return 400, "Inconsistent prefill allocation policies", "text/plain"
+        self.decode_allocation_policy = policy
+        self.dsv41_spec_layout = layout
+        single = fields["system_dp_size"] == 1
+        # The topology's fields are set by the first registration that carries them, in
+        # SGLang's order of assignments (so that a bad value fails at the same point).
+        port = data.get("prefill_http_port")
+        balance = data.get("load_balance_method", "follow_bootstrap_room")
+        firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("attn_tp_size", lambda: fields["attn_tp_size"]),
+            ("attn_cp_size", lambda: fields["attn_cp_size"]),
+            ("dp_size", lambda: fields["attn_dp_size"] if single else fields["system_dp_size"]),
+            ("pp_size", lambda: fields["pp_size"]),
+            ("page_size", lambda: int(fields["page_size"])),
+            ("kv_cache_dtype", lambda: fields["kv_cache_dtype"]),
+            ("kv_layout", lambda: data.get("kv_layout")),
+            ("prefill_http_port", lambda: None if port is None else int(port)),
+            ("follow_bootstrap_room", lambda: balance == "follow_bootstrap_room"),
+            (
+                "enable_dsa_cache_layer_split",
+                lambda: bool(data.get("enable_dsa_cache_layer_split")),
+            ),
+            ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
+        )
+        for name, value in firsts:
+            if getattr(self, name) is None:
+                chosen = value()
+                if chosen is not None:
+                    setattr(self, name, chosen)
+        dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
+        key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
+        self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}
+        self.count += 1
+        self.expected()  # computed for a log line after the count: a bad size fails here
+        return 200, "OK", "text/plain"
+
+    def get(self, path: str) -> Reply:
+        """SGLang's `_handle_route_get` (a repeated parameter's first; int() where it calls it)."""
+        query = parse_qs(urlsplit(path).query)
+        values = [query[name][0] if name in query else "" for name in _RANK_QUERY]
+        if not all(values):
+            return 400, "Missing inputs for bootstrap server.", "text/plain"
+        dp, cp, tp, pp = values
+        everything = int(dp) == -1 and int(cp) == -1 and int(tp) == -1 and int(pp) == -1
+        if not self.ready():
+            text = f"Prefill server not fully registered yet ({self.count} workers registered)."
+            return 503, text, "text/plain"
+        if everything:
+            return 200, json.dumps(self.info()), "application/json"
+        # Keys are the payload's values; the real nested lookup by int finds the same ones.
+        found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
+        if found is None:
+            text = (
+                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
+            )
+            return 404, text, "text/plain"
+        return 200, json.dumps(found), "application/json"
+
+    def info(self) -> dict[str, Any]:
+        """The answer to the all-`-1` query: `PrefillServerInfo` as the real server sends it."""
+        info: dict[str, Any] = {
+            "attn_tp_size": int(self.attn_tp_size),
+            "attn_cp_size": int(self.attn_cp_size),
+            "dp_size": int(self.dp_size),
+            "pp_size": int(self.pp_size),
+            "page_size": int(self.page_size) if self.page_size is not None else None,
+            "kv_cache_dtype": str(self.kv_cache_dtype) if self.kv_cache_dtype is not None else None,
+            "follow_bootstrap_room": self.follow_bootstrap_room is not False,  # None: True
+            "enable_dsa_cache_layer_split": bool(self.enable_dsa_cache_layer_split),
+            "dsv41_spec_layout": self.dsv41_spec_layout,
+            "kv_layout": self.kv_layout,
+            "decode_allocation_policy": self.decode_allocation_policy,
+            "enable_kv_cache_sharding": bool(self.enable_kv_cache_sharding),
+            "prefill_http_port": self.prefill_http_port,
+            "target_tp_rank": None,
+            "target_tp_ranks": None,
+            "target_cp_ranks": None,
+            "target_pp_ranks": None,
+            "required_dst_info_num": None,
+            "required_prefill_response_num": None,
+        }
+        layouts = ("dsv41_spec_layout", "kv_layout")  # only when set
+        return {k: v for k, v in info.items() if v is not None or k not in layouts}
+
+
+_CLOSE = {"Connection": "close"}
 
 
 class Listener(ThreadingHTTPServer):
@@ -63,45 +202,21 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _dispatch
 
-    def send(self, reply: Reply, headers: Mapping[str, str] | None = None) -> None:
-        """Send `reply` whole (a client that has gone away is not an error); `Connection: close`
-        closes the connection after it (`send_header`)."""
-        status, text, content_type = reply
-        data = text.encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(data)
-            self.wfile.flush()
-        except OSError:
-            self.close_connection = True
-
 
 class BootstrapServer:
-    """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across
-    restarts), or on `sock`, bound and not listening until `start()` (docs/sglang.md). Use as a
-    context manager, or `start()` and `close()`."""
+    """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across restarts),
+    or on `sock`, bound and not listening until `start()` (docs/sglang.md)."""
 
-    def __init__(  # noqa: PLR0913 (the reference server's documented keyword options)
+    def __init__(
         self,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
         token: str | None = None,
         max_body_bytes: int = 1024 * 1024,
-        certfile: str | None = None,
-        keyfile: str | None = None,
         sock: socket.socket | None = None,
     ) -> None:
         self.host = host
-        self._tls: ssl.SSLContext | None = None
-        if certfile is not None:
-            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            self._tls.load_cert_chain(certfile, keyfile)
         self._down = sock  # bound and not listening: holds the port while the server is down
         self.port: int = port if sock is None else sock.getsockname()[1]
         self.token = token
@@ -115,20 +230,18 @@ class BootstrapServer:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self._tls is not None else 'http'}://{hostport(self.host, self.port)}"
+        return f"http://{hostport(self.host, self.port)}"
 
     def start(self) -> BootstrapServer:
         """Listen (again); a no-op when already listening."""
         if self._server is not None:
             return self
-        sock, self._down = self._down or bind(self.host, self.port, reuse_port=True), None
+        sock, self._down = self._down or self._bind(), None
         # The listener takes `sock` over (and closes it in `server_close`).
         server = Listener(sock.getsockname()[:2], Handler, bind_and_activate=False)
         server.socket.close()
         server.socket, server.owner = sock, self
         server.server_activate()
-        if self._tls is not None:
-            server.socket = self._tls.wrap_socket(sock, server_side=True)
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(
@@ -162,21 +275,23 @@ class BootstrapServer:
         # The successor is bound while the listener still holds the port (SO_REUSEPORT).
         if hold:
             with contextlib.suppress(OSError):  # a socket handed in without SO_REUSEPORT
-                self._down = bind(self.host, self.port, reuse_port=True)
+                self._down = self._bind()
         server.server_close()
         # Connections accepted from a socket without SO_REUSEADDR keep the port from a new
         # bind while they are open: they go first.
         self._drop_connections()
         if hold and self._down is None:
-            self._down = bind(self.host, self.port, reuse_port=True)
+            self._down = self._bind()
         if thread is not None:
             thread.join(5)
 
+    def _bind(self) -> socket.socket:
+        return bind(self.host, self.port, reuse_port=True)
+
     def restart(self, down_for: float = 0.0) -> None:
-        """Restart with empty memory: drop every connection, forget, come back after
-        `down_for` seconds (refusing connections meanwhile). `down_for=0` keeps the listening
-        socket, a restart so fast that no client can see the server down. As with a new
-        process, a request read before the restart is never answered nor applied after it."""
+        """Restart with empty memory and every connection dropped, refusing new ones for
+        `down_for` seconds (0: the listening socket kept, too fast to be seen down). As with a
+        new process, a request read before the restart is never answered nor applied after it."""
         if down_for <= 0 and self._server is not None:
             self._next_lifetime()
             self._drop_connections()
@@ -208,7 +323,6 @@ class BootstrapServer:
             return self._table.count
 
     def _drop_connections(self) -> None:
-        """Close every open connection (keep-alive ones too) without forgetting anything."""
         with self._lock:
             connections = list(self._connections)
         for conn in connections:
@@ -236,14 +350,26 @@ class BootstrapServer:
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        """Every request ends here: `reply` is sent, or (None) the connection closes unanswered.
-        `body` is the request's (the tests' lab records it)."""
+        """Every request ends here: `reply` is sent whole (a client gone is no error), or (None)
+        the connection closes unanswered. `body` is the request's (the tests' lab records it);
+        `Connection: close` in `headers` closes the connection after the answer."""
         if reply is None:
-            # A request read before a restart and acted on after it: a real server's process
-            # would have died with it, unanswered, and never counted it in the next one's memory.
+            # A request of an ended lifetime: a real server's process would have died with it.
             h.close_connection = True
-        else:
-            h.send(reply, headers)
+            return
+        status, text, content_type = reply
+        data = text.encode()
+        try:
+            h.send_response(status)
+            h.send_header("Content-Type", f"{content_type}; charset=utf-8")
+            h.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                h.send_header(key, value)
+            h.end_headers()
+            h.wfile.write(data)
+            h.wfile.flush()
+        except OSError:
+            h.close_connection = True
 
     def _read_body(self, h: Handler) -> bytes | None:
         length_text = h.headers.get("Content-Length")
@@ -277,8 +403,7 @@ class BootstrapServer:
             and h.headers.get("Authorization") != f"Bearer {self.token}"
         ):
             return 401, "Unauthorized", "text/plain"
-        # Under the lock, and for the current lifetime only: a restart cannot come between the
-        # check and the use.
+        # Under the lock, for the current lifetime only: no restart between the check and the use.
         with self._lock:
             if h.lifetime != self._lifetime:
                 return None

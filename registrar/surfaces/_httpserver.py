@@ -30,6 +30,7 @@ SEND_TIMEOUT = 2.0
 MAX_PENDING = 512  # connections still sending their head; past it the oldest is closed
 WORKERS = 4
 MAX_HEAD_BYTES = 16 * 1024
+_TOO_LARGE = b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n"
 
 
 def bind(
@@ -51,10 +52,9 @@ def bind(
 
 
 class _Handler(WSGIRequestHandler):
-    """wsgiref's handler, fed the request head the reader already holds: it never waits on
-    the client for input, so a client cannot pin it."""
+    """wsgiref's handler, fed the head the reader holds: no client can pin it by sending slowly."""
 
-    server: ProbeServer  # type: ignore[assignment]
+    server: HealthServer  # type: ignore[assignment]
 
     def setup(self) -> None:
         self.connection, head = self.request
@@ -70,9 +70,9 @@ class _Handler(WSGIRequestHandler):
         logger.debug("%s %s", self.address_string(), format % args)
 
 
-class ProbeServer:
-    """Serve a WSGI app on `host:port` (0: an ephemeral port) until `stop()`. Each connection
-    carries one request (the answer says HTTP/1.0 and closes), as probes use it."""
+class HealthServer:
+    """Serves a WSGI app on `host:port` (0: an ephemeral one; `port`, `url` say which) until
+    `stop()`. One request per connection (the answer says HTTP/1.0 and closes), as probes do."""
 
     def __init__(self, app: WSGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
         self._listener = bind(host, port, backlog=LISTEN_BACKLOG)
@@ -102,7 +102,7 @@ class ProbeServer:
     def get_app(self) -> WSGIApp:
         return self._app
 
-    def __enter__(self) -> ProbeServer:
+    def __enter__(self) -> HealthServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -177,9 +177,7 @@ class ProbeServer:
         if b"\r\n\r\n" not in buffer and b"\n\n" not in buffer:
             if len(buffer) > MAX_HEAD_BYTES:
                 with contextlib.suppress(OSError):
-                    sock.send(
-                        b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n"
-                    )
+                    sock.send(_TOO_LARGE)
                 self._drop(sock)
             return
         self._selector.unregister(sock)
@@ -193,10 +191,7 @@ class ProbeServer:
         sock.close()
 
     def _work_loop(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
+        while (item := self._work.get()) is not None:
             sock, head = item
             try:
                 sock.setblocking(True)

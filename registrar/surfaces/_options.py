@@ -1,12 +1,13 @@
-"""The one table of options, from which the environment reader, the flags and `--help`, the
-SGLang plugin's tables and docs/configuration.md are read (docs/architecture.md, "Settings and
-options"). Defaults are never written here: they are the settings classes'."""
+"""The one table of options (and its parsers), from which the environment reader, the flags and
+`--help`, the SGLang plugin's tables and docs/configuration.md are read (docs/architecture.md,
+"Settings and options"). Defaults are never written here: they are the settings classes'."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core import _rules as rules
 from ..core._backoff import Backoff
@@ -14,18 +15,6 @@ from ..core._settings import HttpSettings, LoopSettings, default_of
 from ..protocols._etcd.settings import EtcdSettings
 from ..protocols._smg.settings import SmgSettings
 from ..protocols._smg.transport import DEFAULT_WATCH_INTERVAL as SMG_WATCH_INTERVAL
-from ._parsers import (
-    int_or_off,
-    integer,
-    number,
-    parse_flag,
-    parse_port,
-    parse_seconds_or_zero,
-    seconds,
-    seconds_or_off,
-    timeout,
-    word,
-)
 
 ENV_PREFIX = "REGISTRAR_"
 
@@ -38,12 +27,10 @@ class Option:
     example: str
     help: str
     settings: type[Any] | None = None
-    """The settings class whose field this sets (its rule checks the value, its default is
-    the one `--help` shows); None for an option of the command alone."""
+    """Its field's settings class (the rule, the `--help` default); None: the command's alone."""
     field: str | None = None
     kwarg: str | None = None
-    """The `Registrar` keyword argument it is (`backoff.<field>` for a field of its `Backoff`),
-    for `options_from_env`."""
+    """Its `Registrar` keyword for `options_from_env` (`backoff.<field>`: a field of `Backoff`)."""
     flag: bool = True
     """False: from the environment only (a secret must not show in `ps`)."""
     plugin: str | None = None
@@ -98,6 +85,75 @@ def _shown(value: object) -> str:
     return str(value)
 
 
+# The parsers turn a variable's or a flag's text into a typed value, nothing more (the value's
+# rule is the settings field's, `registrar.core._rules`); a ValueError says what text is expected.
+
+_T = TypeVar("_T")
+_OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _off_or(parse: Callable[[str], _T], expected: str) -> Callable[[str], _T | None]:
+    """`parse`, or None for a word that means no limit."""
+    read = rules.worded(parse, expected, ValueError)
+    return lambda text: None if text.strip().lower() in _OFF else read(text)
+
+
+seconds = rules.worded(number, "must be a positive number of seconds", ValueError)
+parse_seconds_or_zero = rules.worded(number, "must be a number of seconds >= 0", ValueError)
+seconds_or_off = _off_or(number, "must be a positive number of seconds, or off")
+int_or_off = _off_or(int, "must be an integer >= 1, or unlimited")
+integer = rules.worded(int, "must be an integer", ValueError)
+
+
+def timeout(text: str) -> float | tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) == 1:
+        return seconds(parts[0])
+    if len(parts) == 2:
+        return (seconds(parts[0]), seconds(parts[1]))
+    raise ValueError("must be seconds, or connect,read seconds")
+
+
+def word(*words: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in words:
+            raise ValueError(f"must be {', '.join(words[:-1])} or {words[-1]}")
+        return value
+
+    return parse
+
+
+def parse_flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("must be true or false")
+
+
+def parse_port(text: str) -> int:
+    """A TCP port to listen on, 0: any free one (the health server's rule, no registration's)."""
+    expected = "must be a port number within [0, 65535] (0: any free port)"
+    value = rules.worded(int, expected, ValueError)(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(expected)
+    return value
+
+
 _SGLANG_BUILDS = "SGLang builds each row's bootstrap URL and payload itself"
 _SGLANG_ADDRESS = _SGLANG_BUILDS + " (the rank's address: --host, --dist-init-addr)"
 _NO_ETCD = "the plugin registers with SGLang's bootstrap server, not etcd"
@@ -108,8 +164,11 @@ DEFAULT_HEALTH_HOST = "127.0.0.1"
 
 
 def _loop(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
-    field = name.lower()
-    return Option(name, parse, example, help, LoopSettings, field, field, **more)
+    return Option(name, parse, example, help, LoopSettings, name.lower(), name.lower(), **more)
+
+
+def _http(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
+    return Option(name, parse, example, help, HttpSettings, name.lower(), name.lower(), **more)
 
 
 def _backoff(name: str, field: str, example: str, help: str, **more: Any) -> Option:
@@ -163,14 +222,11 @@ OPTIONS: tuple[Option, ...] = (
         f"with --gateway: {SMG_WATCH_INTERVAL:g}, with --etcd: from --ttl",
         metavar="S",
     ),
-    Option(
+    _http(
         "TIMEOUT",
         timeout,
         "5",
         "each request's deadline in seconds, the whole request, or CONNECT,READ",
-        HttpSettings,
-        "timeout",
-        "timeout",
         rule=rules.each_seconds,
         defaults=(("--etcd", EtcdSettings, "timeout"), ("--gateway", SmgSettings, "timeout")),
         metavar="S",
@@ -190,15 +246,7 @@ OPTIONS: tuple[Option, ...] = (
         "host, scheme) is stated in the log, status, health and metrics; 'off' for none",
         metavar="S",
     ),
-    Option(
-        "VERIFY",
-        parse_flag,
-        "true",
-        "verify the server's TLS certificate",
-        HttpSettings,
-        "verify",
-        "verify",
-    ),
+    _http("VERIFY", parse_flag, "true", "verify the server's TLS certificate"),
     Option(
         "CA_BUNDLE",
         str,
@@ -276,15 +324,13 @@ OPTIONS: tuple[Option, ...] = (
     _etcd("KEY", "key", str, "/services/prefill/rank0", "with ETCD: the key"),
     _etcd("TTL", "ttl", seconds, "10", "with ETCD: the lease TTL, seconds", metavar="S"),
     _etcd("ETCD_USER", "username", str, "registrar", "with ETCD: the etcd user", metavar="NAME"),
-    Option(
+    _etcd(
         "ETCD_PASSWORD",
+        "password",
         str,
         "s3cret",
         "with ETCD_USER: the etcd password (from the environment only: no flag)",
-        EtcdSettings,
-        "password",
         flag=False,
-        plugin=_NO_ETCD,
     ),
     _etcd(
         "ETCD_CERT",

@@ -15,8 +15,7 @@ from ...core._errors import ConfigError
 from ...core._transport import file_token
 from ...protocols._httpvalues import validate_token
 from ...protocols._smg.settings import SmgSettings
-from ...surfaces._options import ENV_PREFIX, OPTIONS, Option
-from ...surfaces._parsers import parse_flag, parse_seconds_or_zero
+from ...surfaces._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_seconds_or_zero
 from ...surfaces.env import command_options_from_env, describe_env, options_from_env
 
 # The plugin's own variables (no other surface reads them), rows like the options table's.

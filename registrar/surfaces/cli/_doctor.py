@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
-from ...core._redact import clean, json_object, load_json
+from ...core._redact import clean, json_object
 from ...protocols._probe import Answer, ProbeOptions, Target, gather, lists_workers
 from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
 from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
@@ -29,8 +29,7 @@ Verdict = Literal["pass", "fail", "skip"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One check of one target: `status` skip when not applicable, figures for scripts in
-    `data`."""
+    """One check of one target: `status` skip when not applicable, figures for scripts in `data`."""
 
     target: str
     url: str
@@ -45,8 +44,7 @@ _WRONG_SERVICE = frozenset({Code.NOT_BOOTSTRAP, Code.GATEWAY, Code.HTTP_PORT})
 
 
 def _reach(kind: str, url: str, evidence: Evidence, protocol: str) -> list[Finding]:
-    """Resolves, listens, speaks: the findings of one probe, the diagnosis on the step that
-    failed, later steps skipped."""
+    """Resolves, listens, speaks: one probe's findings, the diagnosis on the step that failed."""
     diagnosis = diagnose(evidence)
     at = hostport(evidence.host, evidence.port_text)
     if diagnosis is not None and kind != "bootstrap" and diagnosis.code in _WRONG_SERVICE:
@@ -81,10 +79,8 @@ def _failed(findings: Sequence[Finding]) -> bool:
 def bootstrap_findings(
     url: str, expect: int | None, http_port: int | None, options: ProbeOptions
 ) -> list[Finding]:
-    """`expect`: the rows the topology should have (dp * cp * tp * pp), else read from the
-    server; `http_port`: the prefill's, compared with the bootstrap port, knocked on when
-    refused."""
-    url = url.rstrip("/")
+    """`expect`: the rows the topology should have (dp * cp * tp * pp), else the server's;
+    `http_port`: the prefill's, compared with the bootstrap port, knocked on when refused."""
     unfilled = port_problem(url)
     if unfilled is not None:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
@@ -94,14 +90,6 @@ def bootstrap_findings(
         found.append(Finding("bootstrap", url, "rows", "skip", "not checked: unreachable"))
         return found
     return [*found, _rows(url, expect, options)]
-
-
-def _ranks(info: Mapping[str, Any]) -> list[Rank] | None:
-    sizes = [info.get(k) for k in ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")]
-    if not all(isinstance(s, int) and s >= 1 for s in sizes):
-        return None
-    dp, cp, tp, pp = (range(int(s)) for s in sizes)  # type: ignore[arg-type]
-    return [Rank(*r) for r in itertools.product(dp, cp, tp, pp)]
 
 
 def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
@@ -120,10 +108,11 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
             "missing cannot be read before it is (the server answers 503 for every rank)",
             data={"registered": count, "expected": expect, "missing": None},
         )
-    info = load_json(answer.text)
-    ranks = _ranks(info if isinstance(info, dict) else {})
-    if ranks is None:
+    info = json_object(answer.text) or {}
+    sizes = [info.get(k, 0) for k in ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")]
+    if not all(isinstance(s, int) and s >= 1 for s in sizes):
         return row("fail", f"unreadable server info: {answer.text!r}")
+    ranks = [Rank(*r) for r in itertools.product(*(range(s) for s in sizes))]
     expected, asked = len(ranks), ranks[:MAX_RANKS]
     answers = [(r, get("/route?" + urlencode(r.query()))) for r in asked]
     missing = [r for r, a in answers if isinstance(a, Answer) and a.status == 404]
@@ -146,7 +135,6 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
 
 def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:
     """A gateway (smg): reachable and listing workers, none twice, none unhealthy."""
-    url = url.rstrip("/")
     seen = gather(url, "/workers", lists_workers, options=options)
     found = _reach("gateway", url, seen, "smg")
     if _failed(found):
@@ -171,7 +159,6 @@ def _is_etcd(answer: Answer) -> bool:
 
 def etcd_findings(url: str, options: ProbeOptions) -> list[Finding]:
     """An etcd endpoint: reachable and answering `GET /version` as etcd."""
-    url = url.rstrip("/")
     seen = gather(url, "/version", _is_etcd, options=options)
     found = _reach("etcd", url, seen, "etcd")
     if not _failed(found):
@@ -183,14 +170,14 @@ _MARKS = {"pass": "[ok]  ", "fail": "[FAIL]", "skip": "[--]  "}
 
 
 def _urls(flag: str, given: list[str] | None) -> tuple[str, ...]:
-    """Every URL of a repeated flag (each may list several, comma-separated), checked."""
+    """Each URL of a repeated flag (several may be comma-separated), checked, trailing / cut."""
     found = [url for text in given or () for url in rules.comma_list(text)]
     for url in found:
         try:
             rules.url(url)
         except rules.Invalid as exc:
             raise UsageError(f"{flag} {clean(url, 200)!r} {exc.rule}") from None
-    return tuple(found)
+    return tuple(url.rstrip("/") for url in found)
 
 
 def _key(path: str) -> str:
@@ -206,7 +193,7 @@ def _key(path: str) -> str:
 
 
 def human(findings: Sequence[Finding]) -> list[str]:
-    """The report for a person: one block per target, one line per check, then the verdict."""
+    """One block per target, one line per check, then the verdict."""
     lines: list[str] = []
     where: tuple[str, str] | None = None
     for finding in findings:
@@ -246,7 +233,6 @@ def sglang_findings() -> list[Finding]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Every check asked for, in order: bootstrap, gateways, etcd, then SGLang's."""
     gateways = _urls("--gateway", args.gateway)
     etcd = _urls("--etcd", args.etcd)
     if args.url is None and not gateways and not etcd and not args.sglang:
@@ -254,10 +240,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     key = _key(args.gateway_key_file) if args.gateway_key_file else None
     options = ProbeOptions(args.timeout)
     found: list[Finding] = []
-    # The bootstrap URL is not refused above for a port that was never filled in (":None"):
-    # saying so is the first check's job.
+    # A bootstrap URL whose port was never filled in (":None") is the first check's to report.
     if args.url is not None:
-        found += bootstrap_findings(args.url, args.expect, args.http_port, options)
+        found += bootstrap_findings(args.url.rstrip("/"), args.expect, args.http_port, options)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     for url in gateways:
         found += gateway_findings(url, ProbeOptions(args.timeout, headers))
@@ -275,9 +260,5 @@ def cmd_sglang(args: argparse.Namespace) -> int:
     from ...integrations.sglang._report import describe, installed_report  # noqa: PLC0415
 
     report = installed_report()
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(describe(report))
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else describe(report))
     return EXIT_OK

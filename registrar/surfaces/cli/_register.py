@@ -4,16 +4,16 @@ settings values, and the registrations they describe run until SIGTERM/SIGINT.""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._backoff import Backoff
-from ...core._errors import ConfigError, describe_exception
+from ...core._errors import describe_exception
 from ...core._group import RegistrarGroup
 from ...core._machine import State
 from ...core._redact import load_json
@@ -34,9 +34,8 @@ logger = logging.getLogger("registrar")
 
 
 def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The options by key: each flag given, else its variable, else nothing (the settings'
-    default stands); and the flags given. ConfigError names a bad variable; a variable whose
-    flag is given is not even read (the flag wins)."""
+    """The options by key (none: the settings' default stands) and the flags given. A bad
+    variable raises ConfigError; one whose flag is given is not even read (the flag wins)."""
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen: dict[str, Any] = {}
     for option in OPTIONS:
@@ -64,8 +63,7 @@ def _fields(chosen: dict[str, Any], settings: type, only: tuple[str, ...] = ()) 
 
 
 def _loop_options(chosen: dict[str, Any]) -> dict[str, Any]:
-    """The loop's `Registrar` keyword arguments that were chosen (others keep the protocol's
-    default: the watch interval differs by protocol)."""
+    """The chosen loop keywords of `Registrar`; the others keep their protocol's default."""
     return registrar_options(
         (o, chosen[o.key])
         for o in OPTIONS
@@ -106,10 +104,7 @@ def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
     path = flags.get("token_file", chosen.get("token_file"))
     if path is None:
         return chosen.get("token")
-    try:
-        return file_token(path, "--token-file")
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    return file_token(path, "--token-file")
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
@@ -158,8 +153,7 @@ def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
 
 
 def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup:
-    """The registrations the options describe. The gateway's options go with --gateway; a URL
-    and a payload are required otherwise."""
+    """The registrations the options describe (the gateway's options only with --gateway)."""
     from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
 
     gateway = bool(chosen.get("gateway"))
@@ -187,26 +181,21 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
     return RegistrarGroup([Registrar(payload=payload, protocol=protocol, **http, **loop)])
 
 
-def _on_change_of(url: str, several: bool) -> Callable[[State, State, Status], None]:
-    def on_change(old: State, new: State, status: Status) -> None:
-        failed = status.last_error and new is State.FAILED
-        detail = f" ({status.last_error})" if failed else ""
-        where = f"{url}: " if several else ""
-        logger.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
-
-    return on_change
+def _log_change(several: bool, old: State, new: State, status: Status) -> None:
+    detail = f" ({status.last_error})" if status.last_error and new is State.FAILED else ""
+    where = f"{status.url}: " if several else ""
+    logger.info("%sstate %s -> %s%s", where, old.value, new.value, detail)
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    """Run the registrations (and their health server) until SIGTERM/SIGINT, then stop them
-    together, within the longest drain any of them needs."""
+    """Run until SIGTERM/SIGINT, then stop together, within the longest drain any one needs."""
     chosen, flags = resolve(args)
     group = _registrars(chosen, flags)
     verbose = bool(chosen.get("verbose", False))
     log_setup(verbose, quiet=("registrar.surfaces.health",))
     several = len(group) > 1
     for reg in group:
-        reg.add_listener(_on_change_of(reg.status().url, several))
+        reg.add_listener(functools.partial(_log_change, several))
         if verbose:
             reg.add_request_listener(log_request)
     source: Any = group if several else group.members()[0]

@@ -5,6 +5,7 @@ whole request, the name lookup included, and the answer is read up to a cap."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -31,8 +32,8 @@ def _health_check(document: object) -> tuple[dict[str, Any], list[dict[str, Any]
     return document, entries
 
 
-def _where(url: str) -> tuple[str, str]:
-    """The health document's URL (`/health` unless a path is given) and how to show it."""
+def _where(url: str) -> tuple[str, str, str]:
+    """The agent's URL, the document's path (`/health` unless one is given), how to show both."""
     shown = clean(redact_url(url), 200)
     try:
         parts = urlsplit(url)
@@ -41,19 +42,14 @@ def _where(url: str) -> tuple[str, str]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--health-url must be an http(s) URL, got {shown!r}")
     path = parts.path if parts.path not in ("", "/") else "/health"
-    target = f"{parts.scheme}://{parts.netloc}{path}"
-    return target, clean(redact_url(target), 200)
+    base = f"{parts.scheme}://{parts.netloc}"
+    return base, path, clean(redact_url(base + path), 200)
 
 
-def _fetch(target: str, timeout: float) -> str:
-    """The answer's text within `timeout` seconds in all, or `OSError` saying what ended it;
-    `ValueError` for an answer over the cap."""
-    parts = urlsplit(target)
-    http = HttpTransport(f"{parts.scheme}://{parts.netloc}", timeout=timeout)
-    try:
-        result = http.send("GET", parts.path, limit=MAX_HEALTH_BYTES)
-    finally:
-        http.close()
+def _fetch(base: str, path: str, timeout: float) -> str:
+    """The answer's text, or `OSError` saying what ended it; `ValueError` for one over the cap."""
+    with contextlib.closing(HttpTransport(base, timeout=timeout)) as http:
+        result = http.send("GET", path, limit=MAX_HEALTH_BYTES)
     if result.error is not None:
         raise OSError(http.describe_error(result.error))
     if not result.complete:
@@ -62,9 +58,9 @@ def _fetch(target: str, timeout: float) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    target, shown = _where(args.health_url.rstrip("/"))
+    base, path, shown = _where(args.health_url.rstrip("/"))
     try:
-        document, entries = _health_check(load_json(_fetch(target, args.timeout)))
+        document, entries = _health_check(load_json(_fetch(base, path, args.timeout)))
     except OSError as exc:
         print(f"registrar: cannot reach {shown}: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -84,8 +80,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _field(source: dict[str, Any], name: str, default: str = "") -> str:
-    # The agent's text, escaped and capped: a health document is no licence to draw on the
-    # terminal.
+    # The agent's text, escaped and capped: a health document is no licence to draw on screen.
     value = source.get(name)
     return clean(value, 200) if value not in (None, "") else default
 

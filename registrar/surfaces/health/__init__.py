@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 
-from .._httpserver import ProbeServer, StartResponse, WSGIApp
+from .._httpserver import HealthServer, StartResponse, WSGIApp
 from ..metrics import RegistrarMetrics, metrics_available
 from ._document import (
     HEALTH_CONTENT_TYPE,
@@ -123,13 +123,11 @@ def health_asgi_app(
         path: str = scope.get("path", "/").removeprefix(scope.get("root_path", "")) or "/"
         method: str = scope.get("method", "GET")
         environ = {
-            "REQUEST_METHOD": method,
-            "PATH_INFO": path,
-            "QUERY_STRING": scope.get("query_string", b"").decode("latin-1"),
+            "HTTP_" + name.decode("latin-1").upper().replace("-", "_"): value.decode("latin-1")
+            for name, value in scope.get("headers", [])
         }
-        for name, value in scope.get("headers", []):
-            key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
-            environ[key] = value.decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        environ.update(REQUEST_METHOD=method, PATH_INFO=path, QUERY_STRING=query)
         found = answer(environ)
         await send(
             {
@@ -141,10 +139,6 @@ def health_asgi_app(
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else found.body})
 
     return app
-
-
-HealthServer = ProbeServer
-"""A running health server: `port` is the bound port, `url` its address; `stop()` ends it."""
 
 
 def start_health_server(
@@ -170,7 +164,7 @@ def start_health_server(
                 registry = chosen.registry if chosen is not None else None
                 attached = RegistrarMetrics(registry, labels=labels).attach(member)  # type: ignore[arg-type]
                 chosen = chosen or attached
-    server = ProbeServer(
+    server = HealthServer(
         health_app(registrar, metrics=chosen, expose_payload=expose_payload), host, port
     )
     logger.info("health endpoints on %s (/livez /readyz /health)", server.url)

@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qs
 
@@ -53,8 +53,7 @@ def camel_case(name: str) -> str:
 
 @dataclass(frozen=True)
 class _Observed:
-    """What a check observed, as its health+json entry says it (`taken_at` None: no reading
-    yet, so no time)."""
+    """What a check observed, as its health+json entry says it (`taken_at` None: no time yet)."""
 
     component_type: str
     value: Any
@@ -81,11 +80,8 @@ class _Observed:
         return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
 
 
-def health_checks(
-    status: Status, *, thread_died: bool = False, now: float | None = None
-) -> dict[str, Check]:
+def health_checks(status: Status, *, thread_died: bool, now: float) -> dict[str, Check]:
     """Every check, by name, read from one status snapshot taken at `now`."""
-    taken = time.time() if now is None else now
     thread_died = thread_died or status.thread_died
     state = status.state
     # A registrar with no thread (it died, or this is a forked copy) cannot know its route.
@@ -107,7 +103,7 @@ def health_checks(
         reason = status.last_error or "registering"
     if status.diagnosis is not None and not registered:
         reason = f"{reason}; diagnosis {status.diagnosis.code}: {status.diagnosis.sentence}"
-    registration = _Observed("component", state.value, "state", taken, status.url, fields).check(
+    registration = _Observed("component", state.value, "state", now, status.url, fields).check(
         "registration", "registration:state", "pass" if registered else "fail", reason
     )
     reachable = status.server_reachable
@@ -126,14 +122,14 @@ def health_checks(
     route = _Observed("component", found, "finding", status.last_check_at, status.url).check(
         "route", "route:check", "warn" if route_reason else "pass", route_reason
     )
-    thread = _Observed("component", not thread_died, "boolean", taken).check(
+    thread = _Observed("component", not thread_died, "boolean", now).check(
         "thread",
         "registrar:thread",
         "fail" if thread_died else "pass",
         f"the registrar's thread died: {status.last_error}" if thread_died else None,
     )
     gave_up = state is State.FAILED and not status.retrying
-    retrying = _Observed("component", status.retrying, "boolean", taken).check(
+    retrying = _Observed("component", status.retrying, "boolean", now).check(
         "retrying",
         "registration:retrying",
         "fail" if gave_up else "pass",
@@ -147,17 +143,16 @@ def worst(verdicts: Iterable[HealthStatus]) -> HealthStatus:
 
 
 def described_checks(
-    members: Sequence[tuple[Status, bool]], *, group: bool, now: float | None = None
+    members: Sequence[tuple[bool, Status]], *, group: bool, now: float | None = None
 ) -> tuple[dict[str, Check], str]:
     """Every check, by name, of one registrar (alone in `members`) or of a group, and what the
-    document is about. A group's check has one entry per member (its own `status` in it) and
-    one verdict: registration passes when every member is registered, warns when some are (the
-    service is reachable through them), fails when none is; every other check is the worst of
-    its members'."""
+    document is about. A group's check has one entry per member and one verdict: registration
+    passes when every member is registered, warns when some are (the service is reachable
+    through them), fails when none is; every other check is the worst of its members'."""
     taken = time.time() if now is None else now
-    per = [health_checks(status, thread_died=died, now=taken) for status, died in members]
+    per = [health_checks(status, thread_died=died, now=taken) for died, status in members]
     if not group:
-        return per[0], f"registration with the bootstrap server at {members[0][0].url}"
+        return per[0], f"registration with the bootstrap server at {members[0][1].url}"
     merged: dict[str, Check] = {}
     for name in per[0]:
         checks = [p[name] for p in per]
@@ -167,18 +162,16 @@ def described_checks(
             verdict = "warn"
         reasons = [
             f"{status.url}: {c.reason}"
-            for (status, _), c in zip(members, checks, strict=True)
+            for (_, status), c in zip(members, checks, strict=True)
             if c.reason
         ]
-        merged[name] = Check(
-            name,
-            checks[0].key,
-            verdict,
-            "; ".join(reasons) if reasons and verdict != "pass" else None,
-            checks[0].entry,
-            tuple(c.entry for c in checks[1:]),
+        merged[name] = replace(
+            checks[0],
+            status=verdict,
+            reason="; ".join(reasons) if reasons and verdict != "pass" else None,
+            more=tuple(c.entry for c in checks[1:]),
         )
-    urls = ", ".join(status.url for status, _ in members)
+    urls = ", ".join(status.url for _, status in members)
     return merged, f"registration with {len(members)} registries: {urls}"
 
 
@@ -231,7 +224,7 @@ def render_health(  # noqa: PLR0913 - public: the documented keyword options
 ) -> tuple[int, dict[str, Any]]:
     """The HTTP status and the health+json document of `probe` (or of its one check `only`),
     leaving out the checks named in `exclude`: 200 for pass and warn, 503 for fail."""
-    every, description = described_checks([(status, thread_died)], group=False, now=now)
+    every, description = described_checks([(thread_died, status)], group=False, now=now)
     shown = _shown(every, probe, only, exclude)
     return render_probe(shown, description, payload, HealthOptions(True, service_id))
 
@@ -261,21 +254,6 @@ def render_probe(
     if payload is not None and options.expose_payload:
         document["payload"] = dict(payload)
     return (503 if verdict == "fail" else 200), document
-
-
-def verbose_text(
-    checks: Sequence[Check], excluded: Sequence[str], unknown: Sequence[str], probe: str
-) -> tuple[int, str]:
-    """Kubernetes' `?verbose` output (a warning shows as `[+]name warn: reason`)."""
-    said = {"pass": "[+]{} ok", "warn": "[+]{} warn: {}", "fail": "[-]{} failed: {}"}
-    lines = [said[check.status].format(check.name, check.reason) for check in checks]
-    lines.extend(f"[+]{name} excluded: ok" for name in excluded)
-    if unknown:
-        listed = ", ".join(repr(n) for n in unknown)
-        lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
-    failed = any(c.status == "fail" for c in checks)
-    lines.append(f"{probe} check {'failed' if failed else 'passed'}")
-    return (503 if failed else 200), "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -322,25 +300,28 @@ def answer_health(
     probe, _, only = path.lstrip("/").partition("/")
     if probe not in PROBES or (only and only not in PROBES[probe]) or path.endswith("/"):
         # The client's path, escaped and capped: an answer is no place to reflect raw bytes.
-        asked = clean(path, 100)
-        return _text(404, f"404 not found: {asked}; try /readyz, /livez or /health\n")
+        return _text(404, f"404 not found: {clean(path, 100)}; try /readyz, /livez or /health\n")
     if method not in ("GET", "HEAD"):
         return _NOT_ALLOWED
     params = parse_qs(query, keep_blank_values=True)
     exclude = [n for value in params.get("exclude", []) for n in value.split(",") if n]
     members = list(source.members()) if isinstance(source, HealthGroup) else [source]
-    snapshots = []
-    for member in members:
-        # The flag before the snapshot, whose own (read by `health_checks`) comes with its
-        # reason: a reader never sees "died" without the reason that was published with it.
-        flagged = member.thread_died
-        snapshots.append((member.status(), flagged))
+    # The flag before the snapshot, whose own (read by `health_checks`) comes with its reason:
+    # a reader never sees "died" without the reason that was published with it.
+    snapshots = [(member.thread_died, member.status()) for member in members]
     every, description = described_checks(snapshots, group=isinstance(source, HealthGroup))
     shown = _shown(every, probe, only, exclude)
-    if "verbose" in params:
+    if "verbose" in params:  # Kubernetes' text (a warning shows as `[+]name warn: reason`)
+        said = {"pass": "[+]{} ok", "warn": "[+]{} warn: {}", "fail": "[-]{} failed: {}"}
+        lines = [said[check.status].format(check.name, check.reason) for check in shown]
         excluded = [n for n in ([only] if only else PROBES[probe]) if n in exclude]
+        lines.extend(f"[+]{name} excluded: ok" for name in excluded)
         unknown = [n for n in exclude if n not in every]
-        code, text = verbose_text(shown, excluded, unknown, probe)
-        return _text(code, text)
+        if unknown:
+            listed = ", ".join(repr(n) for n in unknown)
+            lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
+        failed = any(c.status == "fail" for c in shown)
+        lines.append(f"{probe} check {'failed' if failed else 'passed'}")
+        return _text(503 if failed else 200, "\n".join(lines) + "\n")
     code, document = render_probe(shown, description, members[0].payload, options)
     return _answer(code, HEALTH_CONTENT_TYPE, json.dumps(document, indent=2).encode() + b"\n")
