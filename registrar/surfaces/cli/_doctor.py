@@ -1,6 +1,6 @@
 """`registrar doctor` and `registrar sglang` (docs/cli.md): the same probe and diagnoses as a
-running registrar's, from outside. Nothing here registers anything, sends a credential or
-verifies a certificate: it looks."""
+running registrar's, from outside. Nothing here registers anything, sends a credential (but a
+gateway key it is given) or verifies a certificate: it looks."""
 
 from __future__ import annotations
 
