@@ -70,17 +70,13 @@ class SourceProbe:
         found = self._find(path)
         return None if found is None else ast.get_source_segment(*found)
 
-    def _module(self, dotted: str) -> tuple[str, ast.Module] | None:
-        parts = dotted.split(".")
-        if parts[0] != "sglang":
-            return None
-        base = self.root.joinpath(*parts[1:])
-        return _parse(str(base.with_suffix(".py"))) or _parse(str(base / "__init__.py"))
-
     def _find(self, path: str, depth: int = 0) -> tuple[str, ast.AST] | None:
         parts = path.split(".")
+        if parts[0] != "sglang":
+            return None
         for end in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module file
-            module = self._module(".".join(parts[:end]))
+            base = self.root.joinpath(*parts[1:end])
+            module = _parse(str(base.with_suffix(".py"))) or _parse(str(base / "__init__.py"))
             if module is not None:
                 return self._walk(module, ".".join(parts[:end]), parts[end:], depth)
         return None

@@ -33,10 +33,6 @@ def installed_version() -> str | None:
         return None
 
 
-def installed_release() -> Release | None:
-    return parse_release(installed_version())
-
-
 def release_text(release: Release) -> str:
     return ".".join(str(part) for part in release)
 
