@@ -49,9 +49,8 @@ def sglang_root() -> Path | None:
 
 
 class SourceProbe:
-    """Reads SGLang's source files under `root` with `ast`: a class's methods (its bases that
-    are imported from another SGLang module followed), module-level functions, assignments and
-    imports. Nothing is imported or run."""
+    """Reads SGLang's source under `root` with `ast`, importing nothing: a class's methods (through
+    its bases, those imported from SGLang too), module-level functions, assignments, imports."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
