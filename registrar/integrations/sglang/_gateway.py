@@ -1,6 +1,5 @@
-"""Node 0's HTTP process keeps the server listed by the smg gateways of `REGISTRAR_GATEWAY`
-while /ready holds, and drains from them at SIGTERM while uvicorn still serves (docs/sglang.md
-"The smg gateway")."""
+"""Node 0's HTTP process keeps the server listed by `REGISTRAR_GATEWAY`'s smg gateways while /ready
+holds, and drains from them at SIGTERM, uvicorn still serving (docs/sglang.md "The smg gateway")."""
 
 from __future__ import annotations
 

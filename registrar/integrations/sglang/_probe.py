@@ -1,6 +1,5 @@
-"""What the installed SGLang has (targets.Probe): by importing it, inside SGLang's processes, or
-by reading its source without running any of it (`registrar sglang`, which must work where
-SGLang's own dependencies are missing or heavy)."""
+"""What the installed SGLang has (targets.Probe): imported, in SGLang's processes, or read from its
+source (`registrar sglang`, which must work where SGLang's dependencies are missing or heavy)."""
 
 from __future__ import annotations
 

@@ -167,9 +167,8 @@ _users: dict[int, int] = {}  # threads capturing per namespace: the last one put
 
 @contextmanager
 def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
-    """While inside, `namespace["requests"]` (SGLang's module globals) records this thread's
-    PUTs in the list yielded and answers them 200, so SGLang's blocking loop ends at its first
-    try; other threads are not affected."""
+    """While inside, `namespace["requests"]` (SGLang's module globals) records this thread's PUTs in
+    the list yielded and answers them 200, so SGLang's blocking loop ends at its first try."""
     key = id(namespace)
     with _capture_lock:
         proxy = namespace.get("requests")
@@ -197,9 +196,8 @@ def capture_registration(
     register: Callable[[Any, str, dict[str, Any]], None] = register_row,
     **kwargs: Any,
 ) -> Any:
-    """AROUND `register_to_bootstrap`: each captured row starts a registrar (`register`). A row
-    whose registrar cannot start is sent once as SGLang would, so the plugin never leaves the
-    rank unregistered."""
+    """AROUND `register_to_bootstrap`: each captured row starts a registrar (`register`); one whose
+    registrar cannot start is sent once as SGLang would, never leaving the rank unregistered."""
     namespace = inspect.unwrap(original).__globals__
     with capturing(namespace) as rows:
         result = original(manager, *args, **kwargs)

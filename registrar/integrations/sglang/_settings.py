@@ -40,9 +40,8 @@ PLUGIN_ENV_VARS: tuple[Option, ...] = (
     ),
 )
 
-# The options table's rows the plugin honours (those that give no reason to refuse them); of
-# those, the ones that are no `Registrar` keyword (the token, VERBOSE, the gateway's), and the
-# gateway's, GATEWAY first. The others are refused, with the reason.
+# The options table's rows the plugin honours (no reason to refuse them); of those, the ones no
+# `Registrar` keyword takes (the token, VERBOSE, the gateway's), and the gateway's, GATEWAY first.
 HONOURED: tuple[str, ...] = tuple(v.name for v in OPTIONS if v.plugin is None)
 _COMMAND_ONLY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.kwarg is None)
 _GATEWAY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.settings is SmgSettings)

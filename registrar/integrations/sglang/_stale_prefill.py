@@ -88,10 +88,9 @@ def decide(
 def cached_rows(
     addr: str, pool: Mapping[str, Sequence[Mapping[str, Any]]], info: Any
 ) -> list[CachedRow]:
-    """The rows cached for the prefill at `addr`. SGLang lists one entry per (target tp, pp)
-    under each `{addr}_{dp}_{cp}_{tp}` key, tp outer and pp inner in reverse (the order of
-    `_setup_bootstrap_infos`, the same in every release from 0.5.10). An entry carries its pp
-    rank from 0.5.18; before, its pp is derived from its position in that order."""
+    """The rows cached for the prefill at `addr`: one entry per (target tp, pp) under each
+    `{addr}_{dp}_{cp}_{tp}` key, tp outer, pp inner reversed (`_setup_bootstrap_infos`'s order since
+    0.5.10); an entry's pp is its own from 0.5.18, else its place in that order."""
     tps = list(getattr(info, "target_tp_ranks", None) or [])
     pps = list(reversed(getattr(info, "target_pp_ranks", None) or []))
     prefix = f"{addr}_"
