@@ -33,6 +33,8 @@ _RANK = ("dp", "cp", "tp", "pp")
 _config: PluginConfig | None = None
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _live_lock = threading.Lock()
+_capture_lock = threading.Lock()
+_users: dict[int, int] = {}  # threads capturing per namespace: the last one puts `requests` back
 
 
 def configure(config: PluginConfig | None) -> None:
@@ -159,10 +161,6 @@ class CapturingRequests:
         rows.append((url, dict(payload)))
         # A 200, as `requests.Response` shows one.
         return SimpleNamespace(**_ACCEPTED, json=dict, raise_for_status=lambda: None)
-
-
-_capture_lock = threading.Lock()
-_users: dict[int, int] = {}  # threads capturing per namespace: the last one puts `requests` back
 
 
 @contextmanager

@@ -20,6 +20,7 @@ logger = logging.getLogger("registrar.integrations.sglang.stale_prefill")
 
 _STATE = "_registrar_prefill_checks"  # a decode KV manager's `_Watch`es, by prefill address
 _TIMEOUT = (2.0, 3.0)  # as SGLang's heartbeat: (connect, read) seconds
+_lock = threading.Lock()  # guards each manager's `_STATE`
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,6 @@ class _Watch:
             except (ValueError, KeyError, TypeError):  # a 200 that names no address: no answer
                 return RowAnswer(None, reconnected=result.reconnected)
         return RowAnswer(result.status_code, ip, port, result.reconnected)
-
-
-_lock = threading.Lock()
 
 
 def check_prefill(manager: Any, addr: str) -> str | None:
