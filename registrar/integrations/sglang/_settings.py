@@ -81,8 +81,7 @@ class PluginConfig:
 
 
 def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
-    """The settings from `REGISTRAR_*` variables, or `ConfigError` naming the variable (a bad
-    value, or one the plugin cannot honour)."""
+    """The `REGISTRAR_*` settings, or `ConfigError` naming a bad or refused variable."""
     env = os.environ if environ is None else environ
     for name, reason in REFUSED.items():
         key = ENV_PREFIX + name
@@ -104,8 +103,7 @@ def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
 
 
 def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayConfig | None:
-    """The gateway settings, or None without `REGISTRAR_GATEWAY` (its companions alone are one
-    line naming the missing variable)."""
+    """None without `REGISTRAR_GATEWAY` (its companions alone are a `ConfigError`)."""
     gateways = command.get("gateway")
     if not gateways:
         stray = [ENV_PREFIX + n for n in _GATEWAY_HONOURED[1:] if n.lower() in command]

@@ -139,8 +139,7 @@ class _Watch:
 
 
 def check_prefill(manager: Any, addr: str) -> str | None:
-    """Check the rows `manager` cached for the prefill at `addr`; drop them through SGLang's
-    `_handle_node_failure` if they are stale. Why they were dropped, or None."""
+    """Drop the stale rows `manager` cached for `addr` via `_handle_node_failure`: why, or None."""
     with manager.connection_lock:
         info = manager.prefill_info_table.get(addr)
         pool = {k: list(v) for k, v in manager.connection_pool.items() if k.startswith(addr + "_")}

@@ -90,8 +90,7 @@ def readiness(manager: Any) -> Callable[[], bool]:
 
 
 def add_ready_route(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE `_setup_and_run_http_server` where SGLang has no `/ready` (before 0.5.20): add the
-    route to SGLang's FastAPI `app`, 200 when `readiness` holds, 503 otherwise (as 0.5.20's)."""
+    """BEFORE `_setup_and_run_http_server` (< 0.5.20): 0.5.20's `/ready` on SGLang's FastAPI app."""
     app = getattr(sys.modules.get(HTTP_SERVER), "app", None)
     if app is None or tokenizer_manager is None:
         return
