@@ -26,10 +26,11 @@ from registrar.integrations.sglang._targets import (
     FEATURES,
     NEWEST_KNOWN,
     expected,
-    installed_release,
+    installed_version,
+    parse_release,
 )
 
-RELEASE = installed_release() or NEWEST_KNOWN
+RELEASE = parse_release(installed_version()) or NEWEST_KNOWN
 """This environment's SGLang (collected without one, every test here is skipped: conftest.py)."""
 TAKEN = sum(target is not None for target in expected(RELEASE))
 """How many targets the table says this release has (8 on 0.5.22+, 5 to 7 before)."""

@@ -18,11 +18,15 @@ import pytest
 from sglang_support.harness import HERE, child_env, import_quietly, wait_for
 from support import process_port
 
-from registrar.integrations.sglang._targets import NEWEST_KNOWN, installed_release
+from registrar.integrations.sglang._targets import (
+    NEWEST_KNOWN,
+    installed_version,
+    parse_release,
+)
 
 pytestmark = pytest.mark.timeout(400)
 
-RELEASE = installed_release() or NEWEST_KNOWN
+RELEASE = parse_release(installed_version()) or NEWEST_KNOWN
 """This environment's SGLang (collected without one, every test here is skipped: conftest.py)."""
 
 # A prefill manager as register_to_bootstrap reads it, then the call; the runtime-context

@@ -1,6 +1,5 @@
-"""Node 0's HTTP process keeps the server listed by the smg gateways of `REGISTRAR_GATEWAY`
-while /ready holds, and drains from them at SIGTERM while uvicorn still serves (docs/sglang.md
-"The smg gateway")."""
+"""Node 0's HTTP process keeps the server listed by `REGISTRAR_GATEWAY`'s smg gateways while /ready
+holds, and drains from them at SIGTERM, uvicorn still serving (docs/sglang.md "The smg gateway")."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ _lock = threading.Lock()
 
 
 def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]:
-    """`url`, `worker_type` and (a prefill) `bootstrap_port` from SGLang's server args, or
-    `ConfigError` naming what to set."""
+    """The smg worker spec from SGLang's server args, or `ConfigError` naming what to set."""
     mode = getattr(server_args, "disaggregation_mode", None)
     if mode not in WORKER_TYPES:
         raise ConfigError(f"--disaggregation-mode {mode!r} has no smg worker type")
@@ -161,9 +159,8 @@ def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs
 async def around_sigterm_watchdog(
     original: Callable[..., Any], manager: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    """AROUND `TokenizerManager.sigterm_watchdog`: once SIGTERM set `gracefully_exit`, drain
-    from the gateways first (off the event loop: uvicorn keeps serving meanwhile), then let
-    SGLang's watchdog finish the requests in flight and stop the server."""
+    """AROUND `TokenizerManager.sigterm_watchdog`: once SIGTERM set `gracefully_exit`, drain off the
+    event loop (uvicorn serves meanwhile); SGLang's watchdog then waits out requests and stops."""
     with _lock:
         active = _group is not None
     if active:

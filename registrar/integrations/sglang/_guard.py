@@ -1,9 +1,8 @@
 """No hook may raise into SGLang's code: an unexpected exception is logged once per hook and
-target, with its traceback, and SGLang's own behaviour goes on as if the plugin were not there.
-BEFORE/AFTER skip the hook's effect; REPLACE calls SGLang's original; AROUND calls SGLang's
-function if the hook failed before calling it, else returns its result, and lets SGLang's own
-exception through. `SystemExit` passes: it is the plugin refusing a bad setting on purpose,
-with one line."""
+target, with its traceback, and SGLang's own behaviour goes on: BEFORE/AFTER skip the hook's
+effect; REPLACE calls SGLang's original; AROUND calls SGLang's function if the hook failed before
+calling it, else returns its result, and lets SGLang's own exception through. `SystemExit`
+passes: the plugin refusing a bad setting on purpose, with one line."""
 
 from __future__ import annotations
 

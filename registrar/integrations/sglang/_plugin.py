@@ -51,8 +51,7 @@ TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
 
 
 def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
-    """AFTER `get_internal_state` of the internal-state controller (0.5.22+, which holds the
-    scheduler) or of the scheduler itself (before)."""
+    """AFTER `get_internal_state`: the scheduler's, or (0.5.22+) its internal-state controller's."""
     state = getattr(result, "internal_state", None)
     scheduler = getattr(owner, "scheduler", owner)
     queue = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
@@ -170,14 +169,12 @@ def verify(strict: bool | None = None) -> list[str]:
         )
     lacking = [c for c in current.unexpected() if not c.feature.required]
     if lacking:
+        which = ""
         if current.release is None:
             which = " (a release the plugin cannot read)"
         elif current.newer():
-            which = (
-                f" (newer than {release_text(NEWEST_KNOWN)}, the newest release the plugin knows)"
-            )
-        else:
-            which = ""
+            newest = release_text(NEWEST_KNOWN)
+            which = f" (newer than {newest}, the newest release the plugin knows)"
         logger.warning(
             "%s %s: sglang %s%s lacks targets the plugin looks for: %s; the rest is applied",
             DISTRIBUTION,

@@ -1,6 +1,5 @@
-"""What the installed SGLang has (targets.Probe): by importing it, inside SGLang's processes, or
-by reading its source without running any of it (`registrar sglang`, which must work where
-SGLang's own dependencies are missing or heavy)."""
+"""What the installed SGLang has (targets.Probe): imported, in SGLang's processes, or read from its
+source (`registrar sglang`, which must work where SGLang's dependencies are missing or heavy)."""
 
 from __future__ import annotations
 
@@ -49,9 +48,8 @@ def sglang_root() -> Path | None:
 
 
 class SourceProbe:
-    """Reads SGLang's source files under `root` with `ast`: a class's methods (its bases that
-    are imported from another SGLang module followed), module-level functions, assignments and
-    imports. Nothing is imported or run."""
+    """Reads SGLang's source under `root` with `ast`, importing nothing: a class's methods (through
+    its bases, those imported from SGLang too), module-level functions, assignments, imports."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -70,17 +68,13 @@ class SourceProbe:
         found = self._find(path)
         return None if found is None else ast.get_source_segment(*found)
 
-    def _module(self, dotted: str) -> tuple[str, ast.Module] | None:
-        parts = dotted.split(".")
-        if parts[0] != "sglang":
-            return None
-        base = self.root.joinpath(*parts[1:])
-        return _parse(str(base.with_suffix(".py"))) or _parse(str(base / "__init__.py"))
-
     def _find(self, path: str, depth: int = 0) -> tuple[str, ast.AST] | None:
         parts = path.split(".")
+        if parts[0] != "sglang":
+            return None
         for end in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module file
-            module = self._module(".".join(parts[:end]))
+            base = self.root.joinpath(*parts[1:end])
+            module = _parse(str(base.with_suffix(".py"))) or _parse(str(base / "__init__.py"))
             if module is not None:
                 return self._walk(module, ".".join(parts[:end]), parts[end:], depth)
         return None

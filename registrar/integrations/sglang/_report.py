@@ -1,6 +1,5 @@
 """What the plugin will do in this environment's SGLang, read without starting any of it, behind
-`registrar sglang`: below 0.5.11 SGLang never loads the plugin, so it cannot speak for itself.
-"""
+`registrar sglang`: below 0.5.11 SGLang never loads the plugin, so it cannot speak for itself."""
 
 from __future__ import annotations
 

@@ -33,6 +33,8 @@ _RANK = ("dp", "cp", "tp", "pp")
 _config: PluginConfig | None = None
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _live_lock = threading.Lock()
+_capture_lock = threading.Lock()
+_users: dict[int, int] = {}  # threads capturing per namespace: the last one puts `requests` back
 
 
 def configure(config: PluginConfig | None) -> None:
@@ -161,15 +163,10 @@ class CapturingRequests:
         return SimpleNamespace(**_ACCEPTED, json=dict, raise_for_status=lambda: None)
 
 
-_capture_lock = threading.Lock()
-_users: dict[int, int] = {}  # threads capturing per namespace: the last one puts `requests` back
-
-
 @contextmanager
 def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
-    """While inside, `namespace["requests"]` (SGLang's module globals) records this thread's
-    PUTs in the list yielded and answers them 200, so SGLang's blocking loop ends at its first
-    try; other threads are not affected."""
+    """While inside, `namespace["requests"]` (SGLang's module globals) records this thread's PUTs in
+    the list yielded and answers them 200, so SGLang's blocking loop ends at its first try."""
     key = id(namespace)
     with _capture_lock:
         proxy = namespace.get("requests")
@@ -197,9 +194,8 @@ def capture_registration(
     register: Callable[[Any, str, dict[str, Any]], None] = register_row,
     **kwargs: Any,
 ) -> Any:
-    """AROUND `register_to_bootstrap`: each captured row starts a registrar (`register`). A row
-    whose registrar cannot start is sent once as SGLang would, so the plugin never leaves the
-    rank unregistered."""
+    """AROUND `register_to_bootstrap`: each captured row starts a registrar (`register`); one whose
+    registrar cannot start is sent once as SGLang would, never leaving the rank unregistered."""
     namespace = inspect.unwrap(original).__globals__
     with capturing(namespace) as rows:
         result = original(manager, *args, **kwargs)

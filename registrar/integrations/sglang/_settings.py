@@ -39,9 +39,8 @@ PLUGIN_ENV_VARS: tuple[Option, ...] = (
     ),
 )
 
-# The options table's rows the plugin honours (those that give no reason to refuse them); of
-# those, the ones that are no `Registrar` keyword (the token, VERBOSE, the gateway's), and the
-# gateway's, GATEWAY first. The others are refused, with the reason.
+# The options table's rows the plugin honours (no reason to refuse them); of those, the ones no
+# `Registrar` keyword takes (the token, VERBOSE, the gateway's), and the gateway's, GATEWAY first.
 HONOURED: tuple[str, ...] = tuple(v.name for v in OPTIONS if v.plugin is None)
 _COMMAND_ONLY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.kwarg is None)
 _GATEWAY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.settings is SmgSettings)
@@ -81,8 +80,7 @@ class PluginConfig:
 
 
 def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
-    """The settings from `REGISTRAR_*` variables, or `ConfigError` naming the variable (a bad
-    value, or one the plugin cannot honour)."""
+    """The `REGISTRAR_*` settings, or `ConfigError` naming a bad or refused variable."""
     env = os.environ if environ is None else environ
     for name, reason in REFUSED.items():
         key = ENV_PREFIX + name
@@ -104,8 +102,7 @@ def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
 
 
 def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayConfig | None:
-    """The gateway settings, or None without `REGISTRAR_GATEWAY` (its companions alone are one
-    line naming the missing variable)."""
+    """None without `REGISTRAR_GATEWAY` (its companions alone are a `ConfigError`)."""
     gateways = command.get("gateway")
     if not gateways:
         stray = [ENV_PREFIX + n for n in _GATEWAY_HONOURED[1:] if n.lower() in command]

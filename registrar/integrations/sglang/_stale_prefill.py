@@ -19,6 +19,7 @@ logger = logging.getLogger("registrar.integrations.sglang.stale_prefill")
 
 _STATE = "_registrar_prefill_checks"  # a decode KV manager's `_Watch`es, by prefill address
 _TIMEOUT = (2.0, 3.0)  # as SGLang's heartbeat: (connect, read) seconds
+_lock = threading.Lock()  # guards each manager's `_STATE`
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,9 @@ def decide(
 def cached_rows(
     addr: str, pool: Mapping[str, Sequence[Mapping[str, Any]]], info: Any
 ) -> list[CachedRow]:
-    """The rows cached for the prefill at `addr`. SGLang lists one entry per (target tp, pp)
-    under each `{addr}_{dp}_{cp}_{tp}` key, tp outer and pp inner in reverse (the order of
-    `_setup_bootstrap_infos`, the same in every release from 0.5.10). An entry carries its pp
-    rank from 0.5.18; before, its pp is derived from its position in that order."""
+    """The rows cached for the prefill at `addr`: one entry per (target tp, pp) under each
+    `{addr}_{dp}_{cp}_{tp}` key, tp outer, pp inner reversed (`_setup_bootstrap_infos`'s order since
+    0.5.10); an entry's pp is its own from 0.5.18, else its place in that order."""
     tps = list(getattr(info, "target_tp_ranks", None) or [])
     pps = list(reversed(getattr(info, "target_pp_ranks", None) or []))
     prefix = f"{addr}_"
@@ -137,12 +137,8 @@ class _Watch:
         return RowAnswer(result.status_code, ip, port, result.reconnected)
 
 
-_lock = threading.Lock()
-
-
 def check_prefill(manager: Any, addr: str) -> str | None:
-    """Check the rows `manager` cached for the prefill at `addr`; drop them through SGLang's
-    `_handle_node_failure` if they are stale. Why they were dropped, or None."""
+    """Drop the stale rows `manager` cached for `addr` via `_handle_node_failure`: why, or None."""
     with manager.connection_lock:
         info = manager.prefill_info_table.get(addr)
         pool = {k: list(v) for k, v in manager.connection_pool.items() if k.startswith(addr + "_")}

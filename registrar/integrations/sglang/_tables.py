@@ -71,14 +71,12 @@ def _table_ready(manager: Any) -> bool:
 
 
 def around_is_ready(original: Callable[..., bool], manager: Any, *args: Any, **kwargs: Any) -> bool:
-    """AROUND `TokenizerManager.is_ready` (0.5.20+): also false until the node-0 bootstrap
-    server that this process holds has every row of its topology registered."""
+    """AROUND `TokenizerManager.is_ready` (0.5.20+): also false until the table is complete."""
     return bool(original(manager, *args, **kwargs)) and _table_ready(manager)
 
 
 def server_ready(manager: Any) -> bool:
-    """Readiness where SGLang has no `is_ready` (before 0.5.20), computed as 0.5.20 does (not
-    paused, not exiting, status Up), and the table complete."""
+    """Readiness where SGLang has no `is_ready` (before 0.5.20), computed as 0.5.20 computes it."""
     status = getattr(manager, "server_status", None)
     if getattr(manager, "is_pause", False) or getattr(manager, "gracefully_exit", False):
         return False
@@ -86,15 +84,13 @@ def server_ready(manager: Any) -> bool:
 
 
 def readiness(manager: Any) -> Callable[[], bool]:
-    """The server's readiness as the gateway reads it: SGLang's `is_ready` (gated by the AROUND
-    hook) where it has one, `server_ready` otherwise."""
+    """The server's readiness: SGLang's `is_ready` (gated by the AROUND hook), or `server_ready`."""
     own = getattr(manager, "is_ready", None)
     return own if callable(own) else lambda: server_ready(manager)
 
 
 def add_ready_route(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE `_setup_and_run_http_server` where SGLang has no `/ready` (before 0.5.20): add the
-    route to SGLang's FastAPI `app`, 200 when `readiness` holds, 503 otherwise (as 0.5.20's)."""
+    """BEFORE `_setup_and_run_http_server` (< 0.5.20): 0.5.20's `/ready` on SGLang's FastAPI app."""
     app = getattr(sys.modules.get(HTTP_SERVER), "app", None)
     if app is None or tokenizer_manager is None:
         return

@@ -33,10 +33,6 @@ def installed_version() -> str | None:
         return None
 
 
-def installed_release() -> Release | None:
-    return parse_release(installed_version())
-
-
 def release_text(release: Release) -> str:
     return ".".join(str(part) for part in release)
 
@@ -106,6 +102,8 @@ _KV = "sglang.srt.disaggregation.common.conn.CommonKVManager"
 _MOONCAKE = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 _HTTP_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
+_ROLE_SWITCH = "sglang.srt.disaggregation.role_switch.teardown_disaggregation"
+_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
@@ -137,14 +135,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "role switch",
         "a PD role switch stops the rank's registrars first",
-        (
-            Target(
-                "sglang.srt.disaggregation.role_switch.teardown_disaggregation",
-                "BEFORE",
-                "before_teardown",
-                (0, 5, 21),
-            ),
-        ),
+        (Target(_ROLE_SWITCH, "BEFORE", "before_teardown", (0, 5, 21)),),
         "nothing to do: this release has no PD role switch",
         loss=False,
     ),
@@ -172,14 +163,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "server status",
         "/server_info carries `registrar_bootstrap` (missing rows) and `registrar_gateway`",
-        (
-            Target(
-                "sglang.srt.utils.common.build_server_info",
-                "AFTER",
-                "after_server_info",
-                (0, 5, 22),
-            ),
-        ),
+        (Target(_SERVER_INFO, "AFTER", "after_server_info", (0, 5, 22)),),
         "no `registrar_bootstrap`/`registrar_gateway` in /server_info: before 0.5.22 SGLang "
         "builds it inside its route, which no hook reaches (/ready and the ranks' internal "
         "states still tell)",

@@ -7,7 +7,13 @@ from __future__ import annotations
 from functools import cache
 
 from registrar.integrations.sglang._probe import SourceProbe, sglang_root
-from registrar.integrations.sglang._targets import Plan, Target, installed_release, plan
+from registrar.integrations.sglang._targets import (
+    Plan,
+    Target,
+    installed_version,
+    parse_release,
+    plan,
+)
 
 __all__ = ["has_feature", "hidden_by_override", "installed_targets", "release_plan"]
 
@@ -17,7 +23,7 @@ def release_plan() -> Plan:
     root = sglang_root()
     if root is None:
         raise AssertionError("no SGLang installed beside this interpreter")
-    return plan(SourceProbe(root), installed_release())
+    return plan(SourceProbe(root), parse_release(installed_version()))
 
 
 def installed_targets() -> list[Target]:
