@@ -162,8 +162,10 @@ class Link:
             conn.connect()
         except ConnectTimeout:
             raise
+        except TimeoutError as exc:
+            raise ConnectTimeout(f"TLS handshake timed out after {connect_timeout:g} s") from exc
         except OSError as exc:
-            raise _connect_error(exc, connect_timeout) from exc
+            raise _named(exc) from exc
         finally:
             _HANDSHAKING.watch = None
         if conn.sock is not None:
@@ -226,15 +228,15 @@ class Link:
             conn.close()
 
 
-def _connect_error(exc: OSError, connect_timeout: float) -> OSError:
-    """What a failed TLS handshake was: too slow, a closed connection, or a TLS verdict."""
-    if isinstance(exc, TimeoutError):
-        return ConnectTimeout(f"TLS handshake timed out after {connect_timeout:g} s")
-    if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
-        return exc  # the server closed the connection: broken, not a TLS verdict
-    if isinstance(exc, ssl.SSLError | ssl.CertificateError | Urllib3SSLError):
+def _named(exc: Exception) -> Exception:
+    """What a failed handshake or exchange was: the server closing the connection (broken, not a
+    TLS verdict), TLS's verdict, or what urllib3 wrapped (a reset, a short body)."""
+    cause = exc.__cause__ if isinstance(exc, HTTPError) else exc
+    if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return cause
+    if isinstance(exc, ssl.SSLError | Urllib3SSLError):
         return TlsError(describe_exception(exc))
-    return exc
+    return cause if isinstance(cause, Exception) else exc
 
 
 def exchange(
@@ -257,22 +259,10 @@ def exchange(
         return response, body, complete
     except (TimeoutError, ReadTimeoutError) as exc:
         raise ReadTimeout(f"no answer within the read timeout of {read_timeout:g} s") from exc
-    except HTTPError as exc:  # ProtocolError, SSLError, InvalidHeader: what it wrapped
-        raise _cause(exc) from exc
     except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
         raise  # the server closed the connection
-    except ssl.SSLError as exc:
-        raise TlsError(describe_exception(exc)) from exc
-
-
-def _cause(exc: HTTPError) -> Exception:
-    """The error urllib3 wrapped while reading (a reset, a short body), or TLS's verdict."""
-    cause = exc.__cause__
-    if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
-        return cause
-    if isinstance(exc, Urllib3SSLError):
-        return TlsError(describe_exception(exc))
-    return cause if isinstance(cause, Exception) else exc
+    except (HTTPError, ssl.SSLError) as exc:  # HTTPError: ProtocolError, SSLError, InvalidHeader
+        raise _named(exc) from exc
 
 
 def _read_capped(response: urllib3.BaseHTTPResponse, limit: int) -> tuple[bytes, bool]:
