@@ -80,12 +80,6 @@ class TokenUnavailable(RuntimeError):
     """The token provider failed: the request is not sent, and is retried like a network one."""
 
 
-def validate_token(token: object, source: str = "token") -> str | None:
-    """`token` (None or empty: none), or `ConfigError` naming its source, never its value."""
-    kept: str | None = rules.applied(source, token, rules.header_token)
-    return kept
-
-
 def with_query(path: str, params: Mapping[str, str | int] | None) -> str:
     return f"{path}?{urlencode(params)}" if params else path
 
@@ -125,8 +119,7 @@ class Credentials:
         if not token:
             return None
         # The same rule as a fixed token; the error names the provider, never the token.
-        token = validate_token(token, f"the token from {self.source}")
-        assert token is not None
+        token = rules.applied(f"the token from {self.source}", token, rules.header_token)
         if token not in self._seen:
             self._seen.add(token)
             self.secrets = Secrets.of(self._seen, basic=self._basic)

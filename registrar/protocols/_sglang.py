@@ -9,34 +9,17 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import _rules as rules
 from ..core._errors import ConfigError
 from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean
 from ..core._transport import Token
 from ..core._untrusted import json_object, load_json
 from ._http import HttpTransport
-from ._httpvalues import HttpResult, validate_token, with_query
+from ._httpvalues import HttpResult, with_query
 from ._probe import Answer
 
 TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
-
-# Fields the real server reads; a missing one makes it answer a bare 500.
-REQUIRED_FIELDS: Mapping[str, type] = {
-    "attn_tp_size": int,
-    "attn_tp_rank": int,
-    "attn_cp_size": int,
-    "attn_cp_rank": int,
-    "attn_dp_size": int,
-    "attn_dp_rank": int,
-    "pp_size": int,
-    "pp_rank": int,
-    "system_dp_size": int,
-    "system_dp_rank": int,
-    "rank_ip": str,
-    "rank_port": int,
-    "page_size": int,
-    "kv_cache_dtype": str,
-}
 
 _SIZE_RANK = (
     ("attn_tp_size", "attn_tp_rank"),
@@ -45,6 +28,14 @@ _SIZE_RANK = (
     ("pp_size", "pp_rank"),
     ("system_dp_size", "system_dp_rank"),
 )
+# Fields the real server reads; a missing one makes it answer a bare 500.
+REQUIRED_FIELDS: Mapping[str, type] = {
+    **{name: int for pair in _SIZE_RANK for name in pair},
+    "rank_ip": str,
+    "rank_port": int,
+    "page_size": int,
+    "kv_cache_dtype": str,
+}
 # ASCII digits, and few enough that int() stays cheap and within its digit limit.
 _COUNT = re.compile(r"\(([0-9]{1,9}) workers? registered\)")
 
@@ -173,7 +164,7 @@ def token_from_env(token: Token | None) -> tuple[Token | None, str]:
     """The explicit token (or provider), else SGLang's from its environment; and its source."""
     if token is not None:
         return token or None, "token" if token else TOKEN_ENV
-    return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV), TOKEN_ENV
+    return rules.applied(TOKEN_ENV, os.environ.get(TOKEN_ENV), rules.header_token), TOKEN_ENV
 
 
 @dataclass
