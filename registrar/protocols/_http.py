@@ -30,6 +30,7 @@ from ._httpconn import (
     Link,
     LocalError,
     ReadTimeout,
+    Request,
     TlsError,
     TlsFiles,
     exchange,
@@ -157,36 +158,27 @@ class HttpTransport:
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One request within the deadline, its body read up to `limit` bytes (by default as
-        `_cap` says); failures are returned, never raised."""
+        """One request within its deadline, the body capped; failures are returned, never raised."""
         if self._refused:
             refusal = self._link.probe_port(self._connect_timeout)
             if refusal is not None:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
         try:
-            return self._send(method, path, json, limit, headers)
+            was_alive = (
+                self._kept_alive
+                and self._last_end is not None
+                and time.monotonic() - self._last_end < KEEPALIVE_WINDOW
+            )
+            request = self._prepare(method, path, json, headers)
+            if isinstance(request, HttpResult):
+                return request
+            return self._exchange(request, limit, was_alive)
         finally:
             self._link.discard_probe()
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        limit: int | None,
-        headers: Mapping[str, str] | None,
-    ) -> HttpResult:
+    def _exchange(self, request: Request, limit: int | None, was_alive: bool) -> HttpResult:
         opened_before, moves_before = self._link.opened_count, self._link.moves
-        started = time.monotonic()
-        was_alive = (
-            self._kept_alive
-            and self._last_end is not None
-            and started - self._last_end < KEEPALIVE_WINDOW
-        )
-        request = self._prepare(method, path, json, headers)
-        if isinstance(request, HttpResult):
-            return request
         response: urllib3.BaseHTTPResponse | None = None
         error: BaseException | None = None
         body, complete, kept = b"", False, False
@@ -194,8 +186,9 @@ class HttpTransport:
         try:
             conn = self._link.ensure(self._connect_timeout)
             response, body, complete = exchange(conn, request, self._read_timeout, self._cap(limit))
-            # An HTTP/1.1 answer read whole that did not close it (`http.client` closes the
-            # connection of a `Connection: close` or HTTP/1.0 answer).
+            # Only an HTTP/1.1 answer read whole that did not close it leaves it reusable
+            # (`http.client` closes the connection of a `Connection: close` or HTTP/1.0 answer;
+            # re-opening one cut at the cap is our doing, not evidence).
             kept = complete and response.version == 11 and conn.sock is not None
         except _EXCHANGE_ERRORS as exc:
             error = exc
@@ -211,8 +204,6 @@ class HttpTransport:
         unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
         timed_out = isinstance(error, TimeoutError) and self._last_end >= due
         abandoned = not unresolved and (fired or timed_out)
-        # Only an answer read whole leaves its connection reusable (re-opening one cut at the
-        # cap is our doing, not evidence).
         self._kept_alive = kept and not abandoned
         if not self._kept_alive:
             self._link.close()
@@ -241,7 +232,7 @@ class HttpTransport:
 
     def _prepare(
         self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
-    ) -> tuple[str, str, bytes | None, dict[str, str]] | HttpResult:
+    ) -> Request | HttpResult:
         """The request (method, target, body, headers), or the result of one that cannot be made."""
         try:
             auth = self._auth.asked()

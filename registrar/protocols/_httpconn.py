@@ -44,6 +44,7 @@ class LocalError(OSError):
     """A CA bundle or client certificate is unreadable: retried (it may be mid-rotation)."""
 
 
+Request = tuple[str, str, bytes | None, Mapping[str, str]]  # method, target, body, headers
 _HANDSHAKING = threading.local()  # the watch of the connection this thread is opening
 
 
@@ -240,13 +241,9 @@ def _named(exc: Exception) -> Exception:
 
 
 def exchange(
-    conn: HTTPConnection,
-    request: tuple[str, str, bytes | None, Mapping[str, str]],
-    read_timeout: float,
-    limit: Callable[[int], int],
+    conn: HTTPConnection, request: Request, read_timeout: float, limit: Callable[[int], int]
 ) -> tuple[urllib3.BaseHTTPResponse, bytes, bool]:
-    """Send one request on `conn` and read the answer, its body up to `limit(status)` decoded
-    bytes; a timeout, a TLS alert or a broken connection named for what it is."""
+    """One request on `conn`, the body up to `limit(status)` decoded bytes; errors named."""
     method, target, data, headers = request
     conn.timeout = read_timeout
     try:
