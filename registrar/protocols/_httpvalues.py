@@ -23,9 +23,8 @@ DEFAULT_MAX_ANSWER_BYTES = 64 * 1024  # of a successful answer (SGLang's are und
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds a `Retry-After` asks to wait (ASCII digits or an HTTP-date), at most
-    `RETRY_AFTER_CEILING`, else None. Never raises: `str.isdigit()` accepts `²`, which `float()`
-    refuses, and a date may overflow."""
+    """Seconds a `Retry-After` asks to wait (ASCII digits or an HTTP-date), else None; never raises
+    (`str.isdigit()` accepts `²`, which `float()` refuses; a date may overflow)."""
     if value is None:
         return None
     text = value.strip(" \t")
@@ -34,7 +33,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     date = parsedate_tz(text)
     if date is None:
         return None
-    try:  # a date may overflow
+    try:
         seconds = float(mktime_tz(date)) - now
     except (ValueError, OverflowError, IndexError):
         return None
@@ -50,7 +49,6 @@ class Endpoint:
 
     @classmethod
     def of(cls, url: str) -> Endpoint:
-        """`url`'s host, port (the scheme's by default), path and scheme."""
         parts = urlsplit(url)
         host, tls = parts.hostname or "", parts.scheme == "https"
         return cls(host, parts.port or (443 if tls else 80), parts.path.rstrip("/"), tls)
@@ -111,8 +109,7 @@ class Credentials:
             self.fixed["Authorization"] = f"Basic {basic}"
 
     def asked(self) -> dict[str, str] | None:
-        """The provider's Authorization header (it may raise: that request fails); every token
-        it answers joins the secrets."""
+        """The provider's header (if it raises, that request fails); its tokens join the secrets."""
         if self._provider is None:
             return None
         token = self._provider()

@@ -101,8 +101,7 @@ class Resolver:
         self._reset()
 
     def _reset(self) -> None:
-        """Fresh locks and no lookup in flight (after a fork: the parent's workers are not in
-        the child); the answers already had are kept."""
+        """After a fork: a new lock, and no lookup in flight (the parent's workers are not here)."""
         self._lock = threading.Lock()
         names: dict[str, _Name] = getattr(self, "_names", {})
         for name in names.values():

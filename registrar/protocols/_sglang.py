@@ -149,8 +149,7 @@ def _problems(payload: Mapping[str, Any]) -> Iterator[str]:
 
 
 def rank_of(payload: Mapping[str, Any]) -> Rank:
-    """The rank the server files this payload under: dp is `system_dp_rank` when
-    `system_dp_size > 1`, else `attn_dp_rank`."""
+    """The rank the server files this payload under."""
     dp = payload["system_dp_rank"] if payload["system_dp_size"] > 1 else payload["attn_dp_rank"]
     return Rank(
         dp=int(dp),
