@@ -136,8 +136,7 @@ class Link:
     def ensure(self, connect_timeout: float) -> HTTPConnection:
         """A usable connection: the kept one, unless the server closed it meanwhile (or wrote
         on it unasked: it cannot be reused either way) or its name moved, else a new one."""
-        # Resolved within the request's deadline: an answer without the address in use closes
-        # the kept connection (and a probe's) and counts a move.
+        # Resolved within the request's deadline; an answer without the address in use is a move.
         self._resolved = RESOLVER.resolve(self.host, self.port, connect_timeout, self.watchdog)
         if self.address is not None and self.address not in self._resolved.hosts:
             self.moves += 1

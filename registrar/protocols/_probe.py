@@ -30,11 +30,6 @@ class Answer:
     content_type: str
     text: str  # the start of the body
 
-    def describe(self, request: str) -> str:
-        shown = clean(" ".join(self.text.split()), 80)
-        kind = self.content_type or "no content type"
-        return f"{request} answered {self.status} {kind}" + (f": {shown}" if shown else "")
-
 
 Recognise = Callable[[Answer], bool]  # whether an answer to the probe's GET is the server's own
 
@@ -120,7 +115,10 @@ def _what_answers(target: Target, path: str, recognise: Recognise) -> tuple[Seen
     answer = target.get(path)
     if isinstance(answer, str):
         return _not_http(target, answer)
-    described = answer.describe(f"GET {path.partition('?')[0]}")
+    shown = clean(" ".join(answer.text.split()), 80)
+    kind = answer.content_type or "no content type"
+    described = f"GET {path.partition('?')[0]} answered {answer.status} {kind}"
+    described += f": {shown}" if shown else ""
     if recognise(answer):
         return Seen.BOOTSTRAP, described
     if answer.status in (401, 403):

@@ -47,8 +47,7 @@ def count_in(text: str) -> int | None:
 
 
 def is_bootstrap_answer(answer: Answer) -> bool:
-    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's: its info (200, with the
-    topology's sizes), or 503 "(N workers registered)"."""
+    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's (its info, or its 503)."""
     if answer.status == 503:
         return count_in(answer.text) is not None
     return answer.status == 200 and "attn_tp_size" in (json_object(answer.text) or {})
@@ -252,11 +251,8 @@ class SGLangTransport(HttpTransport):
         ip = found.get("rank_ip") if isinstance(found, dict) else None
         port = found.get("rank_port") if isinstance(found, dict) else None
         if not isinstance(ip, str) or not _is_int(port):
-            return RouteCheck(
-                Route.UNDETERMINED,
-                200,
-                f"200 answer without a string rank_ip and an integer rank_port: {body}",
-            )
+            text = f"200 answer without a string rank_ip and an integer rank_port: {body}"
+            return RouteCheck(Route.UNDETERMINED, 200, text)
         self._evidence.seen_ready = True
         ours = f"{payload['rank_ip']}:{payload['rank_port']}"
         if ip == payload["rank_ip"] and port == payload["rank_port"]:
