@@ -96,7 +96,7 @@ class HttpTransport:
             "Accept-Encoding": "gzip, deflate",  # only what httpconn decodes, with a cap
             **self._auth.fixed,
         }
-        self._last_end: float | None = None
+        self._last_end = 0.0  # when the last exchange ended (monotonic)
         self._kept_alive = False
         self._refused = False  # the last exchange was refused: probe before the next
         self._closes = IdleCloses()
@@ -119,14 +119,13 @@ class HttpTransport:
         return RESOLVER.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait on the idle kept-alive connection: True when the server closed it (a sign the
-        route may be gone), unless `IdleCloses` takes it for the server's own idle timeout."""
+        """True if the server closed the idle connection (unless `IdleCloses` finds it harmless)."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
         if not wait_readable(sock, timeout, waker):
             return False
         # Readable while idle: closed, reset or written on; not reusable either way.
-        age = time.monotonic() - (self._last_end if self._last_end is not None else 0.0)
+        age = time.monotonic() - self._last_end
         self._link.close()
         if self._closes.is_sign(age):
             return True
@@ -165,11 +164,7 @@ class HttpTransport:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
         try:
-            was_alive = (
-                self._kept_alive
-                and self._last_end is not None
-                and time.monotonic() - self._last_end < KEEPALIVE_WINDOW
-            )
+            was_alive = self._kept_alive and time.monotonic() - self._last_end < KEEPALIVE_WINDOW
             request = self._prepare(method, path, json, headers)
             if isinstance(request, HttpResult):
                 return request

@@ -1,5 +1,4 @@
-"""One kept-alive connection on urllib3's connection classes (no pool: the transport must see
-every re-opening), one exchange on it read up to a cap, urllib3's exceptions mapped to ours."""
+"""One connection on urllib3's classes, one exchange on it read up to a cap, errors named."""
 
 from __future__ import annotations
 
@@ -134,8 +133,7 @@ class Link:
         return sock if isinstance(sock, socket.socket) and sock.fileno() >= 0 else None
 
     def ensure(self, connect_timeout: float) -> HTTPConnection:
-        """A usable connection: the kept one, unless the server closed it meanwhile (or wrote
-        on it unasked: it cannot be reused either way) or its name moved, else a new one."""
+        """The kept connection if usable (not closed, written on, or moved), else a new one."""
         # Resolved within the request's deadline; an answer without the address in use is a move.
         self._resolved = RESOLVER.resolve(self.host, self.port, connect_timeout, self.watchdog)
         if self.address is not None and self.address not in self._resolved.hosts:
@@ -229,8 +227,7 @@ class Link:
 
 
 def _named(exc: Exception) -> Exception:
-    """What a failed handshake or exchange was: the server closing the connection (broken, not a
-    TLS verdict), TLS's verdict, or what urllib3 wrapped (a reset, a short body)."""
+    """Name a failure: the peer's close (no TLS verdict), TLS's verdict, or what urllib3 wrapped."""
     cause = exc.__cause__ if isinstance(exc, HTTPError) else exc
     if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
         return cause

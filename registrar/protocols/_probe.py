@@ -168,8 +168,7 @@ def gather(
     http_port: int | None = None,
     options: ProbeOptions = ProbeOptions(),
 ) -> Evidence:
-    """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
-    listens, knock on `http_port` (the rank's own HTTP port) on the same host."""
+    """Probe `url` (`GET {url}{path}`, read by `recognise`); `http_port` is the rank's own."""
     timeout = options.timeout
     parts = urlsplit(url)
     host = parts.hostname or ""

@@ -143,17 +143,15 @@ class Resolver:
         self, name: _Name, host: str, port: int, timeout: float, pending: _Pending | None = None
     ) -> Resolved:
         """What the caller gets from what is known now (the lock held)."""
-        answered = name.error is None and name.good is not None
-        if answered and (pending is None or pending.done):
-            assert name.good is not None
-            return Resolved(_with_port(name.good, port))
+        in_flight = pending is not None and not pending.done
         if name.good is not None:
-            in_flight = pending is not None and not pending.done
+            stale = in_flight or name.error is not None
             started = pending.started if pending is not None else 0.0
-            if not in_flight or self._monotonic() - started >= STALLED_AFTER:  # not merely slow
+            # Said once a lookup fails, or stalls (not while it is merely slow).
+            if stale and (not in_flight or self._monotonic() - started >= STALLED_AFTER):
                 self._say_stale(name, host, "no answer" if in_flight else name.error)
-            return Resolved(_with_port(name.good, port), stale=True)
-        if pending is None or pending.done:
+            return Resolved(_with_port(name.good, port), stale=stale)
+        if not in_flight:
             raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")
         raise Unresolved(f"could not resolve {clean(host, 200)} within {seconds(timeout)} s")
 
