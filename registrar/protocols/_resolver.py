@@ -82,10 +82,6 @@ def _numeric(host: str, port: int) -> Resolved:
     return Resolved(tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer))
 
 
-def _with_port(addresses: tuple[Address, ...], port: int) -> tuple[Address, ...]:
-    return tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in addresses)
-
-
 def _shown(addresses: tuple[Address, ...]) -> str:
     return ", ".join(dict.fromkeys(str(a[3][0]) for a in addresses))
 
@@ -150,7 +146,8 @@ class Resolver:
             # Said once a lookup fails, or stalls (not while it is merely slow).
             if stale and (not in_flight or self._monotonic() - started >= STALLED_AFTER):
                 self._say_stale(name, host, "no answer" if in_flight else name.error)
-            return Resolved(_with_port(name.good, port), stale=stale)
+            found = tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in name.good)
+            return Resolved(found, stale=stale)
         if not in_flight:
             raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")
         raise Unresolved(f"could not resolve {clean(host, 200)} within {seconds(timeout)} s")
