@@ -4,9 +4,13 @@ two to five times the CPU: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json as _json
 import logging
+import math
+import select
+import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -43,7 +47,6 @@ from ._httpvalues import (
     TokenUnavailable,
     parse_retry_after,
 )
-from ._idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
 from ._probe import Answer, gather
 from ._resolver import RESOLVER, Unresolved
 
@@ -54,6 +57,10 @@ _RETRY_AFTER_CODES = frozenset({429, 503})
 EXCERPT_BYTES = 1024  # an error answer is read up to this many bytes
 # How an exchange fails rather than answers; anything else is a bug, left to the loop's log.
 _EXCHANGE_ERRORS = (HTTPError, http.client.HTTPException, OSError, ValueError)
+# A connection idle longer may have met the server's own idle timeout (aiohttp: 75 s): re-opening
+# it proves nothing about a restart.
+KEEPALIVE_WINDOW = 60.0
+MAX_HARMLESS_CLOSES = 2  # closes a check showed harmless, after which closes are no sign
 
 
 class HttpTransport:
@@ -119,7 +126,8 @@ class HttpTransport:
         return RESOLVER.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """True if the server closed the idle connection (unless `IdleCloses` finds it harmless)."""
+        """True if the server closed the idle connection, as an exiting server process does at once:
+        a sign the route may be gone long before the next check (docs/sglang.md)."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
         if not wait_readable(sock, timeout, waker):
@@ -340,3 +348,55 @@ class HttpTransport:
         else:
             hint = f"check the payload ({body})" if body else "check the payload"
         return RegisterOutcome(Verdict.FATAL, status_code=code, error=f"{label}: {hint}")
+
+
+def wait_readable(sock: socket.socket | None, timeout: float, waker: Waker) -> bool:
+    """Wait up to `timeout` for `sock` to turn readable (closed, reset or written on unasked) or
+    for `waker`; True only for the socket. Without either it is a plain wait, never a spin."""
+    deadline = time.monotonic() + timeout
+    try:
+        wake = waker.fileno()
+    except ValueError:
+        sock = None
+    if sock is not None:
+        # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
+        with contextlib.suppress(OSError, ValueError):
+            poller = select.poll()
+            for fd in (sock.fileno(), wake):
+                poller.register(fd, select.POLLIN)
+            return bool(poller.poll(max(0, math.ceil(timeout * 1000)))) and not waker.is_set()
+    waker.wait(max(0.0, deadline - time.monotonic()))
+    return False
+
+
+class IdleCloses:
+    """Which closes of the idle connection are signs of a restart: not those after the idle time
+    of a close a check showed harmless (the server's idle timeout), nor after KEEPALIVE_WINDOW,
+    nor any once MAX_HARMLESS_CLOSES proved harmless (idle times too short to tell apart)."""
+
+    def __init__(self) -> None:
+        self._signal_age: float | None = None  # idle seconds of the close a check is to settle
+        self._closes_idle_after: float | None = None  # this server's own idle timeout, learned
+        self._harmless = 0
+
+    def is_sign(self, age: float) -> bool:
+        """Whether a close after `age` idle seconds is a sign (for a check to settle)."""
+        if (
+            age < KEEPALIVE_WINDOW
+            and self._harmless < MAX_HARMLESS_CLOSES
+            and (self._closes_idle_after is None or age < 0.5 * self._closes_idle_after)
+        ):
+            self._signal_age = age
+            return True
+        return False
+
+    def settle(self, route_survived: bool) -> float | None:
+        """What the check after a sign found; the server's idle timeout, if newly learned."""
+        age, self._signal_age = self._signal_age, None
+        if age is None or not route_survived:
+            return None
+        self._harmless += 1
+        if self._closes_idle_after is None or age < self._closes_idle_after:
+            self._closes_idle_after = age
+            return age
+        return None
