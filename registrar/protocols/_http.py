@@ -10,7 +10,6 @@ import json as _json
 import logging
 import math
 import select
-import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -130,15 +129,24 @@ class HttpTransport:
         a sign the route may be gone long before the next check (docs/sglang.md)."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
-        if not wait_readable(sock, timeout, waker):
-            return False
-        # Readable while idle: closed, reset or written on; not reusable either way.
-        age = time.monotonic() - self._last_end
-        self._link.close()
-        if self._closes.is_sign(age):
-            return True
-        # The server's own idle timeout: opening the connection again proves nothing.
-        self._kept_alive = False
+        polled = None  # without a socket to poll (or a waker's), a plain wait, never a spin
+        with contextlib.suppress(OSError, ValueError):
+            if sock is not None:
+                # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
+                poller = select.poll()
+                for fd in (sock.fileno(), waker.fileno()):
+                    poller.register(fd, select.POLLIN)
+                polled = poller.poll(max(0, math.ceil(timeout * 1000)))
+        if polled is not None:
+            if not polled or waker.is_set():
+                return False
+            # Readable while idle: closed, reset or written on unasked; not reusable either way.
+            age = time.monotonic() - self._last_end
+            self._link.close()
+            if self._closes.is_sign(age):
+                return True
+            # The server's own idle timeout: opening the connection again proves nothing.
+            self._kept_alive = False
         waker.wait(max(0.0, deadline - time.monotonic()))
         return False
 
@@ -348,25 +356,6 @@ class HttpTransport:
         else:
             hint = f"check the payload ({body})" if body else "check the payload"
         return RegisterOutcome(Verdict.FATAL, status_code=code, error=f"{label}: {hint}")
-
-
-def wait_readable(sock: socket.socket | None, timeout: float, waker: Waker) -> bool:
-    """Wait up to `timeout` for `sock` to turn readable (closed, reset or written on unasked) or
-    for `waker`; True only for the socket. Without either it is a plain wait, never a spin."""
-    deadline = time.monotonic() + timeout
-    try:
-        wake = waker.fileno()
-    except ValueError:
-        sock = None
-    if sock is not None:
-        # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
-        with contextlib.suppress(OSError, ValueError):
-            poller = select.poll()
-            for fd in (sock.fileno(), wake):
-                poller.register(fd, select.POLLIN)
-            return bool(poller.poll(max(0, math.ceil(timeout * 1000)))) and not waker.is_set()
-    waker.wait(max(0.0, deadline - time.monotonic()))
-    return False
 
 
 class IdleCloses:
