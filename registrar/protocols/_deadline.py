@@ -72,8 +72,8 @@ class Watchdog:
         self.at: float | None = None  # when the request in flight is due; None between requests
         self._fired = False
         self.by_abort = False  # the request's end came from `fire()` (a stop), not its deadline
-        self._sockets: set[socket.socket] = set()
-        self._wakes: set[threading.Event] = set()  # its waits not on a socket (a name lookup)
+        # Its sockets, and its waits not on a socket (a name lookup's event).
+        self._tracked: set[socket.socket | threading.Event] = set()
 
     def begin(self, seconds: float) -> float:
         """Arm for a request of at most `seconds`; when it is due."""
@@ -103,36 +103,27 @@ class Watchdog:
         """The deadline passed (called by the deadline thread, its lock held)."""
         self._fired = True
         self.at = None
-        for sock in self._sockets:
-            shutdown(sock)
-        for wake in self._wakes:
-            wake.set()
+        for tracked in self._tracked:
+            _end(tracked)
 
-    def track(self, sock: socket.socket) -> None:
+    def track(self, tracked: socket.socket | threading.Event) -> None:
+        """Shut `tracked` down (a socket) or set it (an event) when the request in flight ends."""
         with DEADLINES.cond:
-            self._sockets.add(sock)
-            if self._fired:  # opened after the deadline passed, within the same request
-                shutdown(sock)
+            self._tracked.add(tracked)
+            if self._fired:  # tracked after the deadline passed, within the same request
+                _end(tracked)
 
-    def untrack(self, sock: socket.socket) -> None:
+    def untrack(self, tracked: socket.socket | threading.Event) -> None:
         with DEADLINES.cond:
-            self._sockets.discard(sock)
-
-    def attach(self, wake: threading.Event) -> bool:
-        """Set `wake` when the request in flight ends (its deadline, or a stop); False if it has."""
-        with DEADLINES.cond:
-            if self._fired:
-                return False
-            self._wakes.add(wake)
-            return True
-
-    def detach(self, wake: threading.Event) -> None:
-        with DEADLINES.cond:
-            self._wakes.discard(wake)
+            self._tracked.discard(tracked)
 
 
-def shutdown(sock: socket.socket) -> None:
-    """End a connection now, from any thread, without closing its descriptor."""
+def _end(tracked: socket.socket | threading.Event) -> None:
+    """End a connection now, from any thread, without closing its descriptor; or end a wait."""
+    if isinstance(tracked, threading.Event):
+        tracked.set()
+        return
+    sock = tracked
     with contextlib.suppress(OSError):
         # Reset when closed, not closed gracefully: a request given up at its deadline must not
         # reach the server later from the send queue (a PUT counted after a look found nothing).

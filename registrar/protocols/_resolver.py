@@ -124,12 +124,14 @@ class Resolver:
                 wait = min(timeout, max(0.0, STALE_WAIT - (now - pending.started)))
             wake = threading.Event()
             pending.waiters.add(wake)
+        if abandon is not None:
+            abandon.track(wake)  # set at once if that request has ended
         try:
-            if wait > 0 and (abandon is None or abandon.attach(wake)):
+            if wait > 0:
                 wake.wait(wait)
         finally:
             if abandon is not None:
-                abandon.detach(wake)
+                abandon.untrack(wake)
             with self._lock:
                 pending.waiters.discard(wake)
         with self._lock:
