@@ -1,6 +1,5 @@
-"""The generic HTTP transport: the payload sent as JSON, classified by status, on one kept-alive
-connection of its own (a pool would hide the re-opening that is evidence of a restart, and costs
-two to five times the CPU: docs/benchmarks.md)."""
+"""The generic HTTP transport: the payload as JSON on one kept-alive connection (a pool would hide
+the re-opening that is evidence of a restart, and cost 2-5 times the CPU: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -267,15 +266,13 @@ class HttpTransport:
         return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
-        result = self.send(self._method, self._path, json=dict(payload))
-        return self.classify_registration(result)
+        return self.classify_registration(self.send(self._method, self._path, json=dict(payload)))
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
         """What a fresh probe sees, the rank's own HTTP port knocked on too when it has one."""
         port = payload.get("prefill_http_port")
         http_port = port if isinstance(port, int) and not isinstance(port, bool) else None
-        path = self.probe_path or self._path
-        return gather(self._url, path, self.recognise, http_port=http_port)
+        return gather(self._url, self.probe_path or self._path, self.recognise, http_port=http_port)
 
     probe_path: str | None = None  # what the probe GETs (None: the registration path)
 
@@ -290,7 +287,7 @@ class HttpTransport:
         elif isinstance(exc, TokenUnavailable):
             text = f"no bearer token: {exc}"
         elif isinstance(exc, TlsError):
-            if isinstance(root_cause(exc), ssl.SSLCertVerificationError | ssl.CertificateError):
+            if isinstance(root_cause(exc), ssl.SSLCertVerificationError):
                 text = (
                     f"TLS certificate verification failed for {self.endpoint}: "
                     f"{describe_exception(exc)}; pass the server's CA bundle (ca_bundle=...)"

@@ -20,7 +20,6 @@ from ..core._untrusted import json_object
 from ._httpvalues import Endpoint
 from ._resolver import RESOLVER, Unresolved, is_ip_literal
 
-PROBE_TIMEOUT = 2.0  # seconds for each step (resolve, connect, one answer)
 _HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
 
 
@@ -59,7 +58,7 @@ def _tls_context() -> ssl.SSLContext:
 class ProbeOptions:
     """Each step's timeout, and headers for every GET (a gateway's key)."""
 
-    timeout: float = PROBE_TIMEOUT
+    timeout: float = 2.0  # seconds for each step (resolve, connect, one answer)
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
