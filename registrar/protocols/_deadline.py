@@ -49,15 +49,14 @@ class _Deadlines:
                     self.cond.wait()
                     continue
                 at, _, watchdog = self._heap[0]
-                if watchdog.at != at:  # that request ended (or was re-armed) meanwhile
-                    heapq.heappop(self._heap)
-                    continue
+                live = watchdog.at == at  # else that request ended (or was re-armed) meanwhile
                 left = at - time.monotonic()
-                if left > 0:
+                if live and left > 0:
                     self.cond.wait(left)
                     continue
                 heapq.heappop(self._heap)
-                watchdog.expire()
+                if live:
+                    watchdog.expire()
 
 
 DEADLINES = _Deadlines()
@@ -72,15 +71,13 @@ class Watchdog:
         self.at: float | None = None  # when the request in flight is due; None between requests
         self._fired = False
         self.by_abort = False  # the request's end came from `fire()` (a stop), not its deadline
-        # Its sockets, and its waits not on a socket (a name lookup's event).
-        self._tracked: set[socket.socket | threading.Event] = set()
+        self._tracked: set[socket.socket | threading.Event] = set()  # its sockets; a lookup's wait
 
     def begin(self, seconds: float) -> float:
         """Arm for a request of at most `seconds`; when it is due."""
         with DEADLINES.cond:
             self.at = due = time.monotonic() + seconds
-            self.by_abort = False
-            self._fired = False
+            self.by_abort = self._fired = False
             DEADLINES.arm(self, due)
             return due
 
@@ -119,16 +116,15 @@ class Watchdog:
 
 
 def _end(tracked: socket.socket | threading.Event) -> None:
-    """End a connection now, from any thread, without closing its descriptor; or end a wait."""
+    """End a wait, or a connection now (from any thread) without closing its descriptor."""
     if isinstance(tracked, threading.Event):
         tracked.set()
         return
-    sock = tracked
     with contextlib.suppress(OSError):
         # Reset when closed, not closed gracefully: a request given up at its deadline must not
         # reach the server later from the send queue (a PUT counted after a look found nothing).
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        tracked.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):  # already closed by its peer or its connection
         # The plain socket's shutdown, on a TLS socket too: `SSLSocket.shutdown` would also
         # unwrap it under the thread that is reading it.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        socket.socket.shutdown(tracked, socket.SHUT_RDWR)
