@@ -211,13 +211,12 @@ class Resolver:
         name.error = error
         if error is not None:
             return
-        shown = clean(host, 200)
         if name.good is not None and {a[3][0] for a in found} != {a[3][0] for a in name.good}:
             was = _shown(name.good)
-            logger.warning("%s now resolves to %s (was %s)", shown, _shown(found), was)
+            logger.warning("%s now resolves to %s (was %s)", clean(host, 200), _shown(found), was)
         elif name.stale_said:
             level = logging.INFO if name.stale_said == logging.WARNING else logging.DEBUG
-            logger.log(level, "%s resolves again: %s", shown, _shown(found))
+            logger.log(level, "%s resolves again: %s", clean(host, 200), _shown(found))
         name.stale_said = 0
         name.good = found
 
