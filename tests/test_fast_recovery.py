@@ -33,7 +33,7 @@ from support import (
 from registrar import Backoff, RegisterOutcome, Registrar, Route, RouteCheck, State, Verdict
 from registrar.core._backoff import PROBE_PERIOD, probe_period
 from registrar.core._decide import MAX_BROKEN_CHECKS
-from registrar.protocols._idle import MAX_HARMLESS_CLOSES
+from registrar.protocols._http import MAX_HARMLESS_CLOSES
 from registrar.protocols._sglang import SGLangTransport
 
 REFUSED = RegisterOutcome(Verdict.RETRY, error="[Errno 111] Connection refused", refused=True)

@@ -144,9 +144,10 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
             "test_hostile_answers.py",
             "test_token_provider.py",
             "test_fast_recovery.py",
+            "test_many_descriptors.py",
             "test_security.py",
         ),
-        "HTTP: deadlines, hostile servers, tokens, the idle connection, TLS",
+        "HTTP: deadlines, hostile servers, tokens, the idle connection and its poll, TLS",
     ),
     "registrar.surfaces": (("test_layout.py",), "the surfaces package: what it may import"),
     "registrar.surfaces.env": (
@@ -202,10 +203,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.protocols._httpvalues": (
         ("test_hostile_answers.py", "test_token_provider.py", "test_security.py"),
         "the HTTP transport's values: Retry-After, results, the token, its provider, basic auth",
-    ),
-    "registrar.protocols._idle": (
-        ("test_fast_recovery.py", "test_many_descriptors.py"),
-        "the idle-connection watch and the connect probe",
     ),
     "registrar.protocols._smg.spec": (
         ("test_smg_unit.py",),

@@ -49,15 +49,14 @@ class _Deadlines:
                     self.cond.wait()
                     continue
                 at, _, watchdog = self._heap[0]
-                if watchdog.at != at:  # that request ended (or was re-armed) meanwhile
-                    heapq.heappop(self._heap)
-                    continue
+                live = watchdog.at == at  # else that request ended (or was re-armed) meanwhile
                 left = at - time.monotonic()
-                if left > 0:
+                if live and left > 0:
                     self.cond.wait(left)
                     continue
                 heapq.heappop(self._heap)
-                watchdog.expire()
+                if live:
+                    watchdog.expire()
 
 
 DEADLINES = _Deadlines()
@@ -72,15 +71,13 @@ class Watchdog:
         self.at: float | None = None  # when the request in flight is due; None between requests
         self._fired = False
         self.by_abort = False  # the request's end came from `fire()` (a stop), not its deadline
-        self._sockets: set[socket.socket] = set()
-        self._wakes: set[threading.Event] = set()  # its waits not on a socket (a name lookup)
+        self._tracked: set[socket.socket | threading.Event] = set()  # its sockets; a lookup's wait
 
     def begin(self, seconds: float) -> float:
         """Arm for a request of at most `seconds`; when it is due."""
         with DEADLINES.cond:
             self.at = due = time.monotonic() + seconds
-            self.by_abort = False
-            self._fired = False
+            self.by_abort = self._fired = False
             DEADLINES.arm(self, due)
             return due
 
@@ -103,41 +100,31 @@ class Watchdog:
         """The deadline passed (called by the deadline thread, its lock held)."""
         self._fired = True
         self.at = None
-        for sock in self._sockets:
-            shutdown(sock)
-        for wake in self._wakes:
-            wake.set()
+        for tracked in self._tracked:
+            _end(tracked)
 
-    def track(self, sock: socket.socket) -> None:
+    def track(self, tracked: socket.socket | threading.Event) -> None:
+        """Shut `tracked` down (a socket) or set it (an event) when the request in flight ends."""
         with DEADLINES.cond:
-            self._sockets.add(sock)
-            if self._fired:  # opened after the deadline passed, within the same request
-                shutdown(sock)
+            self._tracked.add(tracked)
+            if self._fired:  # tracked after the deadline passed, within the same request
+                _end(tracked)
 
-    def untrack(self, sock: socket.socket) -> None:
+    def untrack(self, tracked: socket.socket | threading.Event) -> None:
         with DEADLINES.cond:
-            self._sockets.discard(sock)
-
-    def attach(self, wake: threading.Event) -> bool:
-        """Set `wake` when the request in flight ends (its deadline, or a stop); False if it has."""
-        with DEADLINES.cond:
-            if self._fired:
-                return False
-            self._wakes.add(wake)
-            return True
-
-    def detach(self, wake: threading.Event) -> None:
-        with DEADLINES.cond:
-            self._wakes.discard(wake)
+            self._tracked.discard(tracked)
 
 
-def shutdown(sock: socket.socket) -> None:
-    """End a connection now, from any thread, without closing its descriptor."""
+def _end(tracked: socket.socket | threading.Event) -> None:
+    """End a wait, or a connection now (from any thread) without closing its descriptor."""
+    if isinstance(tracked, threading.Event):
+        tracked.set()
+        return
     with contextlib.suppress(OSError):
         # Reset when closed, not closed gracefully: a request given up at its deadline must not
         # reach the server later from the send queue (a PUT counted after a look found nothing).
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        tracked.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):  # already closed by its peer or its connection
         # The plain socket's shutdown, on a TLS socket too: `SSLSocket.shutdown` would also
         # unwrap it under the thread that is reading it.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        socket.socket.shutdown(tracked, socket.SHUT_RDWR)

@@ -1,12 +1,14 @@
-"""The generic HTTP transport: the payload sent as JSON, classified by status, on one kept-alive
-connection of its own (a pool would hide the re-opening that is evidence of a restart, and costs
-two to five times the CPU: docs/benchmarks.md)."""
+"""The generic HTTP transport: the payload as JSON on one kept-alive connection (a pool would hide
+the re-opening that is evidence of a restart, and cost 2-5 times the CPU: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json as _json
 import logging
+import math
+import select
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +32,7 @@ from ._httpconn import (
     Link,
     LocalError,
     ReadTimeout,
+    Request,
     TlsError,
     TlsFiles,
     exchange,
@@ -42,7 +45,6 @@ from ._httpvalues import (
     TokenUnavailable,
     parse_retry_after,
 )
-from ._idle import KEEPALIVE_WINDOW, IdleCloses, wait_readable
 from ._probe import Answer, gather
 from ._resolver import RESOLVER, Unresolved
 
@@ -53,6 +55,10 @@ _RETRY_AFTER_CODES = frozenset({429, 503})
 EXCERPT_BYTES = 1024  # an error answer is read up to this many bytes
 # How an exchange fails rather than answers; anything else is a bug, left to the loop's log.
 _EXCHANGE_ERRORS = (HTTPError, http.client.HTTPException, OSError, ValueError)
+# A connection idle longer may have met the server's own idle timeout (aiohttp: 75 s): re-opening
+# it proves nothing about a restart.
+KEEPALIVE_WINDOW = 60.0
+MAX_HARMLESS_CLOSES = 2  # closes a check showed harmless, after which closes are no sign
 
 
 class HttpTransport:
@@ -95,7 +101,7 @@ class HttpTransport:
             "Accept-Encoding": "gzip, deflate",  # only what httpconn decodes, with a cap
             **self._auth.fixed,
         }
-        self._last_end: float | None = None
+        self._last_end = 0.0  # when the last exchange ended (monotonic)
         self._kept_alive = False
         self._refused = False  # the last exchange was refused: probe before the next
         self._closes = IdleCloses()
@@ -118,19 +124,28 @@ class HttpTransport:
         return RESOLVER.describe(self._link.host)
 
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
-        """Wait on the idle kept-alive connection: True when the server closed it (a sign the
-        route may be gone), unless `IdleCloses` takes it for the server's own idle timeout."""
+        """True if the server closed the idle connection, as an exiting server process does at once:
+        a sign the route may be gone long before the next check (docs/sglang.md)."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
-        if not wait_readable(sock, timeout, waker):
-            return False
-        # Readable while idle: closed, reset or written on; not reusable either way.
-        age = time.monotonic() - (self._last_end if self._last_end is not None else 0.0)
-        self._link.close()
-        if self._closes.is_sign(age):
-            return True
-        # The server's own idle timeout: opening the connection again proves nothing.
-        self._kept_alive = False
+        polled = None  # without a socket to poll (or a waker's), a plain wait, never a spin
+        with contextlib.suppress(OSError, ValueError):
+            if sock is not None:
+                # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
+                poller = select.poll()
+                for fd in (sock.fileno(), waker.fileno()):
+                    poller.register(fd, select.POLLIN)
+                polled = poller.poll(max(0, math.ceil(timeout * 1000)))
+        if polled is not None:
+            if not polled or waker.is_set():
+                return False
+            # Readable while idle: closed, reset or written on unasked; not reusable either way.
+            age = time.monotonic() - self._last_end
+            self._link.close()
+            if self._closes.is_sign(age):
+                return True
+            # The server's own idle timeout: opening the connection again proves nothing.
+            self._kept_alive = False
         waker.wait(max(0.0, deadline - time.monotonic()))
         return False
 
@@ -157,36 +172,23 @@ class HttpTransport:
         limit: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One request within the deadline, its body read up to `limit` bytes (by default as
-        `_cap` says); failures are returned, never raised."""
+        """One request within its deadline, the body capped; failures are returned, never raised."""
         if self._refused:
             refusal = self._link.probe_port(self._connect_timeout)
             if refusal is not None:
                 self._last_end = time.monotonic()
                 return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
         try:
-            return self._send(method, path, json, limit, headers)
+            was_alive = self._kept_alive and time.monotonic() - self._last_end < KEEPALIVE_WINDOW
+            request = self._prepare(method, path, json, headers)
+            if isinstance(request, HttpResult):
+                return request
+            return self._exchange(request, limit, was_alive)
         finally:
             self._link.discard_probe()
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        limit: int | None,
-        headers: Mapping[str, str] | None,
-    ) -> HttpResult:
+    def _exchange(self, request: Request, limit: int | None, was_alive: bool) -> HttpResult:
         opened_before, moves_before = self._link.opened_count, self._link.moves
-        started = time.monotonic()
-        was_alive = (
-            self._kept_alive
-            and self._last_end is not None
-            and started - self._last_end < KEEPALIVE_WINDOW
-        )
-        request = self._prepare(method, path, json, headers)
-        if isinstance(request, HttpResult):
-            return request
         response: urllib3.BaseHTTPResponse | None = None
         error: BaseException | None = None
         body, complete, kept = b"", False, False
@@ -194,8 +196,9 @@ class HttpTransport:
         try:
             conn = self._link.ensure(self._connect_timeout)
             response, body, complete = exchange(conn, request, self._read_timeout, self._cap(limit))
-            # An HTTP/1.1 answer read whole that did not close it (`http.client` closes the
-            # connection of a `Connection: close` or HTTP/1.0 answer).
+            # Only an HTTP/1.1 answer read whole that did not close it leaves it reusable
+            # (`http.client` closes the connection of a `Connection: close` or HTTP/1.0 answer;
+            # re-opening one cut at the cap is our doing, not evidence).
             kept = complete and response.version == 11 and conn.sock is not None
         except _EXCHANGE_ERRORS as exc:
             error = exc
@@ -211,8 +214,6 @@ class HttpTransport:
         unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
         timed_out = isinstance(error, TimeoutError) and self._last_end >= due
         abandoned = not unresolved and (fired or timed_out)
-        # Only an answer read whole leaves its connection reusable (re-opening one cut at the
-        # cap is our doing, not evidence).
         self._kept_alive = kept and not abandoned
         if not self._kept_alive:
             self._link.close()
@@ -241,7 +242,7 @@ class HttpTransport:
 
     def _prepare(
         self, method: str, path: str, json: Any, headers: Mapping[str, str] | None
-    ) -> tuple[str, str, bytes | None, dict[str, str]] | HttpResult:
+    ) -> Request | HttpResult:
         """The request (method, target, body, headers), or the result of one that cannot be made."""
         try:
             auth = self._auth.asked()
@@ -265,15 +266,13 @@ class HttpTransport:
         return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
-        result = self.send(self._method, self._path, json=dict(payload))
-        return self.classify_registration(result)
+        return self.classify_registration(self.send(self._method, self._path, json=dict(payload)))
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
         """What a fresh probe sees, the rank's own HTTP port knocked on too when it has one."""
         port = payload.get("prefill_http_port")
         http_port = port if isinstance(port, int) and not isinstance(port, bool) else None
-        path = self.probe_path or self._path
-        return gather(self._url, path, self.recognise, http_port=http_port)
+        return gather(self._url, self.probe_path or self._path, self.recognise, http_port=http_port)
 
     probe_path: str | None = None  # what the probe GETs (None: the registration path)
 
@@ -288,7 +287,7 @@ class HttpTransport:
         elif isinstance(exc, TokenUnavailable):
             text = f"no bearer token: {exc}"
         elif isinstance(exc, TlsError):
-            if isinstance(root_cause(exc), ssl.SSLCertVerificationError | ssl.CertificateError):
+            if isinstance(root_cause(exc), ssl.SSLCertVerificationError):
                 text = (
                     f"TLS certificate verification failed for {self.endpoint}: "
                     f"{describe_exception(exc)}; pass the server's CA bundle (ca_bundle=...)"
@@ -354,3 +353,36 @@ class HttpTransport:
         else:
             hint = f"check the payload ({body})" if body else "check the payload"
         return RegisterOutcome(Verdict.FATAL, status_code=code, error=f"{label}: {hint}")
+
+
+class IdleCloses:
+    """Which closes of the idle connection are signs of a restart: not those after the idle time
+    of a close a check showed harmless (the server's idle timeout), nor after KEEPALIVE_WINDOW,
+    nor any once MAX_HARMLESS_CLOSES proved harmless (idle times too short to tell apart)."""
+
+    def __init__(self) -> None:
+        self._signal_age: float | None = None  # idle seconds of the close a check is to settle
+        self._closes_idle_after: float | None = None  # this server's own idle timeout, learned
+        self._harmless = 0
+
+    def is_sign(self, age: float) -> bool:
+        """Whether a close after `age` idle seconds is a sign (for a check to settle)."""
+        if (
+            age < KEEPALIVE_WINDOW
+            and self._harmless < MAX_HARMLESS_CLOSES
+            and (self._closes_idle_after is None or age < 0.5 * self._closes_idle_after)
+        ):
+            self._signal_age = age
+            return True
+        return False
+
+    def settle(self, route_survived: bool) -> float | None:
+        """What the check after a sign found; the server's idle timeout, if newly learned."""
+        age, self._signal_age = self._signal_age, None
+        if age is None or not route_survived:
+            return None
+        self._harmless += 1
+        if self._closes_idle_after is None or age < self._closes_idle_after:
+            self._closes_idle_after = age
+            return age
+        return None

@@ -1,5 +1,4 @@
-"""One kept-alive connection on urllib3's connection classes (no pool: the transport must see
-every re-opening), one exchange on it read up to a cap, urllib3's exceptions mapped to ours."""
+"""One connection on urllib3's classes, one exchange on it read up to a cap, errors named."""
 
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ class LocalError(OSError):
     """A CA bundle or client certificate is unreadable: retried (it may be mid-rotation)."""
 
 
+Request = tuple[str, str, bytes | None, Mapping[str, str]]  # method, target, body, headers
 _HANDSHAKING = threading.local()  # the watch of the connection this thread is opening
 
 
@@ -133,10 +133,8 @@ class Link:
         return sock if isinstance(sock, socket.socket) and sock.fileno() >= 0 else None
 
     def ensure(self, connect_timeout: float) -> HTTPConnection:
-        """A usable connection: the kept one, unless the server closed it meanwhile (or wrote
-        on it unasked: it cannot be reused either way) or its name moved, else a new one."""
-        # Resolved within the request's deadline: an answer without the address in use closes
-        # the kept connection (and a probe's) and counts a move.
+        """The kept connection if usable (not closed, written on, or moved), else a new one."""
+        # Resolved within the request's deadline; an answer without the address in use is a move.
         self._resolved = RESOLVER.resolve(self.host, self.port, connect_timeout, self.watchdog)
         if self.address is not None and self.address not in self._resolved.hosts:
             self.moves += 1
@@ -162,8 +160,10 @@ class Link:
             conn.connect()
         except ConnectTimeout:
             raise
+        except TimeoutError as exc:
+            raise ConnectTimeout(f"TLS handshake timed out after {connect_timeout:g} s") from exc
         except OSError as exc:
-            raise _connect_error(exc, connect_timeout) from exc
+            raise _named(exc) from exc
         finally:
             _HANDSHAKING.watch = None
         if conn.sock is not None:
@@ -226,25 +226,20 @@ class Link:
             conn.close()
 
 
-def _connect_error(exc: OSError, connect_timeout: float) -> OSError:
-    """What a failed TLS handshake was: too slow, a closed connection, or a TLS verdict."""
-    if isinstance(exc, TimeoutError):
-        return ConnectTimeout(f"TLS handshake timed out after {connect_timeout:g} s")
-    if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
-        return exc  # the server closed the connection: broken, not a TLS verdict
-    if isinstance(exc, ssl.SSLError | ssl.CertificateError | Urllib3SSLError):
+def _named(exc: Exception) -> Exception:
+    """Name a failure: the peer's close (no TLS verdict), TLS's verdict, or what urllib3 wrapped."""
+    cause = exc.__cause__ if isinstance(exc, HTTPError) else exc
+    if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return cause
+    if isinstance(exc, ssl.SSLError | Urllib3SSLError):
         return TlsError(describe_exception(exc))
-    return exc
+    return cause if isinstance(cause, Exception) else exc
 
 
 def exchange(
-    conn: HTTPConnection,
-    request: tuple[str, str, bytes | None, Mapping[str, str]],
-    read_timeout: float,
-    limit: Callable[[int], int],
+    conn: HTTPConnection, request: Request, read_timeout: float, limit: Callable[[int], int]
 ) -> tuple[urllib3.BaseHTTPResponse, bytes, bool]:
-    """Send one request on `conn` and read the answer, its body up to `limit(status)` decoded
-    bytes; a timeout, a TLS alert or a broken connection named for what it is."""
+    """One request on `conn`, the body up to `limit(status)` decoded bytes; errors named."""
     method, target, data, headers = request
     conn.timeout = read_timeout
     try:
@@ -257,22 +252,10 @@ def exchange(
         return response, body, complete
     except (TimeoutError, ReadTimeoutError) as exc:
         raise ReadTimeout(f"no answer within the read timeout of {read_timeout:g} s") from exc
-    except HTTPError as exc:  # ProtocolError, SSLError, InvalidHeader: what it wrapped
-        raise _cause(exc) from exc
     except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
         raise  # the server closed the connection
-    except ssl.SSLError as exc:
-        raise TlsError(describe_exception(exc)) from exc
-
-
-def _cause(exc: HTTPError) -> Exception:
-    """The error urllib3 wrapped while reading (a reset, a short body), or TLS's verdict."""
-    cause = exc.__cause__
-    if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
-        return cause
-    if isinstance(exc, Urllib3SSLError):
-        return TlsError(describe_exception(exc))
-    return cause if isinstance(cause, Exception) else exc
+    except (HTTPError, ssl.SSLError) as exc:  # HTTPError: ProtocolError, SSLError, InvalidHeader
+        raise _named(exc) from exc
 
 
 def _read_capped(response: urllib3.BaseHTTPResponse, limit: int) -> tuple[bytes, bool]:

@@ -22,9 +22,8 @@ DEFAULT_MAX_ANSWER_BYTES = 64 * 1024  # of a successful answer (SGLang's are und
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds a `Retry-After` asks to wait (ASCII digits or an HTTP-date), at most
-    `RETRY_AFTER_CEILING`, else None. Never raises: `str.isdigit()` accepts `²`, which `float()`
-    refuses, and a date may overflow."""
+    """Seconds a `Retry-After` asks to wait (ASCII digits or an HTTP-date), else None; never raises
+    (`str.isdigit()` accepts `²`, which `float()` refuses; a date may overflow)."""
     if value is None:
         return None
     text = value.strip(" \t")
@@ -33,7 +32,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     date = parsedate_tz(text)
     if date is None:
         return None
-    try:  # a date may overflow
+    try:
         seconds = float(mktime_tz(date)) - now
     except (ValueError, OverflowError, IndexError):
         return None
@@ -49,7 +48,6 @@ class Endpoint:
 
     @classmethod
     def of(cls, url: str) -> Endpoint:
-        """`url`'s host, port (the scheme's by default), path and scheme."""
         parts = urlsplit(url)
         host, tls = parts.hostname or "", parts.scheme == "https"
         return cls(host, parts.port or (443 if tls else 80), parts.path.rstrip("/"), tls)
@@ -77,12 +75,6 @@ class HttpResult:
 
 class TokenUnavailable(RuntimeError):
     """The token provider failed: the request is not sent, and is retried like a network one."""
-
-
-def validate_token(token: object, source: str = "token") -> str | None:
-    """`token` (None or empty: none), or `ConfigError` naming its source, never its value."""
-    kept: str | None = rules.applied(source, token, rules.header_token)
-    return kept
 
 
 def with_query(path: str, params: Mapping[str, str | int] | None) -> str:
@@ -116,16 +108,14 @@ class Credentials:
             self.fixed["Authorization"] = f"Basic {basic}"
 
     def asked(self) -> dict[str, str] | None:
-        """The provider's Authorization header (it may raise: that request fails); every token
-        it answers joins the secrets."""
+        """The provider's header (if it raises, that request fails); its tokens join the secrets."""
         if self._provider is None:
             return None
         token = self._provider()
         if not token:
             return None
         # The same rule as a fixed token; the error names the provider, never the token.
-        token = validate_token(token, f"the token from {self.source}")
-        assert token is not None
+        token = rules.applied(f"the token from {self.source}", token, rules.header_token)
         if token not in self._seen:
             self._seen.add(token)
             self.secrets = Secrets.of(self._seen, basic=self._basic)

@@ -19,7 +19,6 @@ from ..core._redact import clean, json_object, redact_url
 from ._httpvalues import Endpoint
 from ._resolver import RESOLVER, Unresolved, is_ip_literal
 
-PROBE_TIMEOUT = 2.0  # seconds for each step (resolve, connect, one answer)
 _HEADERS = {"User-Agent": f"registrar/{__version__} (probe)", "Accept": "*/*"}
 
 
@@ -28,11 +27,6 @@ class Answer:
     status: int
     content_type: str
     text: str  # the start of the body
-
-    def describe(self, request: str) -> str:
-        shown = clean(" ".join(self.text.split()), 80)
-        kind = self.content_type or "no content type"
-        return f"{request} answered {self.status} {kind}" + (f": {shown}" if shown else "")
 
 
 Recognise = Callable[[Answer], bool]  # whether an answer to the probe's GET is the server's own
@@ -63,7 +57,7 @@ def _tls_context() -> ssl.SSLContext:
 class ProbeOptions:
     """Each step's timeout, and headers for every GET (a gateway's key)."""
 
-    timeout: float = PROBE_TIMEOUT
+    timeout: float = 2.0  # seconds for each step (resolve, connect, one answer)
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -119,7 +113,10 @@ def _what_answers(target: Target, path: str, recognise: Recognise) -> tuple[Seen
     answer = target.get(path)
     if isinstance(answer, str):
         return _not_http(target, answer)
-    described = answer.describe(f"GET {path.partition('?')[0]}")
+    shown = clean(" ".join(answer.text.split()), 80)
+    kind = answer.content_type or "no content type"
+    described = f"GET {path.partition('?')[0]} answered {answer.status} {kind}"
+    described += f": {shown}" if shown else ""
     if recognise(answer):
         return Seen.BOOTSTRAP, described
     if answer.status in (401, 403):
@@ -169,8 +166,7 @@ def gather(
     http_port: int | None = None,
     options: ProbeOptions = ProbeOptions(),
 ) -> Evidence:
-    """Probe `url`: resolve, connect, `GET {url}{path}` (read by `recognise`); when nothing
-    listens, knock on `http_port` (the rank's own HTTP port) on the same host."""
+    """Probe `url` (`GET {url}{path}`, read by `recognise`); `http_port` is the rank's own."""
     timeout = options.timeout
     parts = urlsplit(url)
     host = parts.hostname or ""

@@ -82,10 +82,6 @@ def _numeric(host: str, port: int) -> Resolved:
     return Resolved(tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer))
 
 
-def _with_port(addresses: tuple[Address, ...], port: int) -> tuple[Address, ...]:
-    return tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in addresses)
-
-
 def _shown(addresses: tuple[Address, ...]) -> str:
     return ", ".join(dict.fromkeys(str(a[3][0]) for a in addresses))
 
@@ -101,8 +97,7 @@ class Resolver:
         self._reset()
 
     def _reset(self) -> None:
-        """Fresh locks and no lookup in flight (after a fork: the parent's workers are not in
-        the child); the answers already had are kept."""
+        """After a fork: a new lock, and no lookup in flight (the parent's workers are not here)."""
         self._lock = threading.Lock()
         names: dict[str, _Name] = getattr(self, "_names", {})
         for name in names.values():
@@ -129,12 +124,14 @@ class Resolver:
                 wait = min(timeout, max(0.0, STALE_WAIT - (now - pending.started)))
             wake = threading.Event()
             pending.waiters.add(wake)
+        if abandon is not None:
+            abandon.track(wake)  # set at once if that request has ended
         try:
-            if wait > 0 and (abandon is None or abandon.attach(wake)):
+            if wait > 0:
                 wake.wait(wait)
         finally:
             if abandon is not None:
-                abandon.detach(wake)
+                abandon.untrack(wake)
             with self._lock:
                 pending.waiters.discard(wake)
         with self._lock:
@@ -144,17 +141,16 @@ class Resolver:
         self, name: _Name, host: str, port: int, timeout: float, pending: _Pending | None = None
     ) -> Resolved:
         """What the caller gets from what is known now (the lock held)."""
-        answered = name.error is None and name.good is not None
-        if answered and (pending is None or pending.done):
-            assert name.good is not None
-            return Resolved(_with_port(name.good, port))
+        in_flight = pending is not None and not pending.done
         if name.good is not None:
-            in_flight = pending is not None and not pending.done
+            stale = in_flight or name.error is not None
             started = pending.started if pending is not None else 0.0
-            if not in_flight or self._monotonic() - started >= STALLED_AFTER:  # not merely slow
+            # Said once a lookup fails, or stalls (not while it is merely slow).
+            if stale and (not in_flight or self._monotonic() - started >= STALLED_AFTER):
                 self._say_stale(name, host, "no answer" if in_flight else name.error)
-            return Resolved(_with_port(name.good, port), stale=True)
-        if pending is None or pending.done:
+            found = tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in name.good)
+            return Resolved(found, stale=stale)
+        if not in_flight:
             raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")
         raise Unresolved(f"could not resolve {clean(host, 200)} within {seconds(timeout)} s")
 
@@ -215,13 +211,12 @@ class Resolver:
         name.error = error
         if error is not None:
             return
-        shown = clean(host, 200)
         if name.good is not None and {a[3][0] for a in found} != {a[3][0] for a in name.good}:
             was = _shown(name.good)
-            logger.warning("%s now resolves to %s (was %s)", shown, _shown(found), was)
+            logger.warning("%s now resolves to %s (was %s)", clean(host, 200), _shown(found), was)
         elif name.stale_said:
             level = logging.INFO if name.stale_said == logging.WARNING else logging.DEBUG
-            logger.log(level, "%s resolves again: %s", shown, _shown(found))
+            logger.log(level, "%s resolves again: %s", clean(host, 200), _shown(found))
         name.stale_said = 0
         name.good = found
 

@@ -9,33 +9,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import _rules as rules
 from ..core._errors import ConfigError
 from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, json_object, load_json
 from ..core._transport import Token
 from ._http import HttpTransport
-from ._httpvalues import HttpResult, validate_token, with_query
+from ._httpvalues import HttpResult, with_query
 from ._probe import Answer
 
 TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
-
-# Fields the real server reads; a missing one makes it answer a bare 500.
-REQUIRED_FIELDS: Mapping[str, type] = {
-    "attn_tp_size": int,
-    "attn_tp_rank": int,
-    "attn_cp_size": int,
-    "attn_cp_rank": int,
-    "attn_dp_size": int,
-    "attn_dp_rank": int,
-    "pp_size": int,
-    "pp_rank": int,
-    "system_dp_size": int,
-    "system_dp_rank": int,
-    "rank_ip": str,
-    "rank_port": int,
-    "page_size": int,
-    "kv_cache_dtype": str,
-}
 
 _SIZE_RANK = (
     ("attn_tp_size", "attn_tp_rank"),
@@ -44,6 +27,14 @@ _SIZE_RANK = (
     ("pp_size", "pp_rank"),
     ("system_dp_size", "system_dp_rank"),
 )
+# Fields the real server reads; a missing one makes it answer a bare 500.
+REQUIRED_FIELDS: Mapping[str, type] = {
+    **{name: int for pair in _SIZE_RANK for name in pair},
+    "rank_ip": str,
+    "rank_port": int,
+    "page_size": int,
+    "kv_cache_dtype": str,
+}
 # ASCII digits, and few enough that int() stays cheap and within its digit limit.
 _COUNT = re.compile(r"\(([0-9]{1,9}) workers? registered\)")
 
@@ -55,8 +46,7 @@ def count_in(text: str) -> int | None:
 
 
 def is_bootstrap_answer(answer: Answer) -> bool:
-    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's: its info (200, with the
-    topology's sizes), or 503 "(N workers registered)"."""
+    """Whether the answer to `PROBE_PATH` is an SGLang bootstrap server's (its info, or its 503)."""
     if answer.status == 503:
         return count_in(answer.text) is not None
     return answer.status == 200 and "attn_tp_size" in (json_object(answer.text) or {})
@@ -157,8 +147,7 @@ def _problems(payload: Mapping[str, Any]) -> Iterator[str]:
 
 
 def rank_of(payload: Mapping[str, Any]) -> Rank:
-    """The rank the server files this payload under: dp is `system_dp_rank` when
-    `system_dp_size > 1`, else `attn_dp_rank`."""
+    """The rank the server files this payload under."""
     dp = payload["system_dp_rank"] if payload["system_dp_size"] > 1 else payload["attn_dp_rank"]
     return Rank(
         dp=int(dp),
@@ -172,7 +161,7 @@ def token_from_env(token: Token | None) -> tuple[Token | None, str]:
     """The explicit token (or provider), else SGLang's from its environment; and its source."""
     if token is not None:
         return token or None, "token" if token else TOKEN_ENV
-    return validate_token(os.environ.get(TOKEN_ENV), TOKEN_ENV), TOKEN_ENV
+    return rules.applied(TOKEN_ENV, os.environ.get(TOKEN_ENV), rules.header_token), TOKEN_ENV
 
 
 @dataclass
@@ -261,11 +250,8 @@ class SGLangTransport(HttpTransport):
         ip = found.get("rank_ip") if isinstance(found, dict) else None
         port = found.get("rank_port") if isinstance(found, dict) else None
         if not isinstance(ip, str) or not _is_int(port):
-            return RouteCheck(
-                Route.UNDETERMINED,
-                200,
-                f"200 answer without a string rank_ip and an integer rank_port: {body}",
-            )
+            text = f"200 answer without a string rank_ip and an integer rank_port: {body}"
+            return RouteCheck(Route.UNDETERMINED, 200, text)
         self._evidence.seen_ready = True
         ours = f"{payload['rank_ip']}:{payload['rank_port']}"
         if ip == payload["rank_ip"] and port == payload["rank_port"]:

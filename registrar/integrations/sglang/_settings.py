@@ -13,7 +13,6 @@ from typing import Any
 from ...core import _rules as rules
 from ...core._errors import ConfigError
 from ...core._transport import file_token
-from ...protocols._httpvalues import validate_token
 from ...protocols._smg.settings import SmgSettings
 from ...surfaces._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_seconds_or_zero
 from ...surfaces.env import command_options_from_env, describe_env, options_from_env
@@ -129,7 +128,9 @@ def _token(command: Mapping[str, Any]) -> str | Callable[[], str | None] | None:
     path = command.get("token_file")
     if path is not None:
         return file_token(path, f"{ENV_PREFIX}TOKEN_FILE")
-    return validate_token(command.get("token"), f"{ENV_PREFIX}TOKEN")  # checked now, not per rank
+    name = f"{ENV_PREFIX}TOKEN"
+    token: str | None = rules.applied(name, command.get("token"), rules.header_token)
+    return token  # checked now, not per rank
 
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:
