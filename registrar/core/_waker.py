@@ -5,8 +5,12 @@ connections (`IdleWatcher`) is woken at once by a stop or a report. Its descript
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import select
+import socket
 import threading
+import time
 
 
 class Waker:
@@ -53,3 +57,18 @@ class Waker:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def wait_readable(sock: socket.socket | None, timeout: float, waker: Waker) -> bool:
+    """Wait up to `timeout` for `sock` to turn readable (closed, reset or written on unasked) or
+    for `waker`; True only for the socket. Without either it is a plain wait, never a spin."""
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(OSError, ValueError):
+        if sock is not None:
+            # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
+            poller = select.poll()
+            for fd in (sock.fileno(), waker.fileno()):
+                poller.register(fd, select.POLLIN)
+            return bool(poller.poll(max(0, math.ceil(timeout * 1000)))) and not waker.is_set()
+    waker.wait(max(0.0, deadline - time.monotonic()))
+    return False

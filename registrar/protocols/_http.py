@@ -3,12 +3,9 @@ the re-opening that is evidence of a restart, and cost 2-5 times the CPU: docs/b
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json as _json
 import logging
-import math
-import select
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -25,7 +22,7 @@ from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, redact_url
 from ..core._settings import HttpSettings
 from ..core._transport import Timeout, Token, connect_read, deadline_seconds
-from ..core._waker import Waker
+from ..core._waker import Waker, wait_readable
 from ._deadline import DeadlineExceeded, Watchdog
 from ._httpconn import (
     ConnectTimeout,
@@ -128,24 +125,15 @@ class HttpTransport:
         a sign the route may be gone long before the next check (docs/sglang.md)."""
         deadline = time.monotonic() + timeout
         sock = self._link.sock if self._kept_alive else None
-        polled = None  # without a socket to poll (or a waker's), a plain wait, never a spin
-        with contextlib.suppress(OSError, ValueError):
-            if sock is not None:
-                # `poll()`: `select()` refuses descriptors numbered 1024 and above (a fleet's).
-                poller = select.poll()
-                for fd in (sock.fileno(), waker.fileno()):
-                    poller.register(fd, select.POLLIN)
-                polled = poller.poll(max(0, math.ceil(timeout * 1000)))
-        if polled is not None:
-            if not polled or waker.is_set():
-                return False
-            # Readable while idle: closed, reset or written on unasked; not reusable either way.
-            age = time.monotonic() - self._last_end
-            self._link.close()
-            if self._closes.is_sign(age):
-                return True
-            # The server's own idle timeout: opening the connection again proves nothing.
-            self._kept_alive = False
+        if not wait_readable(sock, timeout, waker):
+            return False
+        # Readable while idle: closed, reset or written on unasked; not reusable either way.
+        age = time.monotonic() - self._last_end
+        self._link.close()
+        if self._closes.is_sign(age):
+            return True
+        # The server's own idle timeout: opening the connection again proves nothing.
+        self._kept_alive = False
         waker.wait(max(0.0, deadline - time.monotonic()))
         return False
 

@@ -19,9 +19,8 @@ from ..._version import __version__
 from ...core._errors import ConfigError, describe_exception
 from ...core._redact import clean, load_json
 from ...core._transport import connect_read
-from ...core._waker import Waker
+from ...core._waker import Waker, wait_readable
 from .._httpvalues import Endpoint
-from .._idle import wait_readable
 from .._resolver import RESOLVER, connect
 from .client import EtcdClient, b64, int64, unb64
 
