@@ -169,7 +169,7 @@ def encode_payload(payload: object, limit: int) -> dict[str, Any]:
     if not isinstance(payload, Mapping):
         kind = type(payload).__name__
         raise ConfigError(f"payload must be a mapping (a JSON object), got {kind}")
-    # Counted without recursion first: json.dumps would raise RecursionError, not a ConfigError.
+    # Counted first, without recursion, to say what is wrong (json.dumps would only recurse).
     if _too_deep(dict(payload)):
         raise ConfigError(
             f"payload is nested more than {MAX_DEPTH} levels deep (or contains itself); "
