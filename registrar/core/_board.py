@@ -39,8 +39,8 @@ RequestListener = Callable[[RequestEvent], None]
 class StatusBoard:
     def __init__(self, status: Status, clock: Clock) -> None:
         self._clock = clock
-        self.listeners: list[Listener] = []
-        self.request_listeners: list[RequestListener] = []
+        self._listeners: list[Listener] = []
+        self._request_listeners: list[RequestListener] = []
         self._pending: deque[tuple[State, State, Status]] = deque()
         self.after_fork(status)
 
@@ -57,12 +57,17 @@ class StatusBoard:
         self.deliverer: threading.Thread | None = None
         self._draining = False  # the deliverer's alone
 
-    def add(self, listeners: list[Any], listener: object) -> None:
-        """Add `listener` to `listeners` (this board's `listeners` or `request_listeners`)."""
+    def add_listener(self, listener: Listener) -> None:
         if not callable(listener):
             raise ConfigError(f"listener must be callable, got {listener!r}")
         with self.lock:
-            listeners.append(listener)
+            self._listeners.append(listener)
+
+    def add_request_listener(self, listener: RequestListener) -> None:
+        if not callable(listener):
+            raise ConfigError(f"listener must be callable, got {listener!r}")
+        with self.lock:
+            self._request_listeners.append(listener)
 
     def publish(self, status: Status) -> None:
         """Replace the snapshot (the lock held). The one rule every snapshot obeys whoever
@@ -95,7 +100,7 @@ class StatusBoard:
 
     def apply(self, trigger: Trigger | None, changes: Mapping[str, Any]) -> bool:
         """Fire `trigger` with `changes`, or publish `changes` alone; False when the trigger is
-        refused (stopped). The deliverer (when it calls this) hears it at once."""
+        refused (stopped). Listeners hear it at once when the caller is the deliverer."""
         with self.changed:
             if trigger is None:
                 self.publish(replace(self.status, **changes))
@@ -118,7 +123,7 @@ class StatusBoard:
                     if not self._pending:
                         return
                     old, new, status = self._pending.popleft()
-                    listeners = list(self.listeners)
+                    listeners = list(self._listeners)
                 for listener in listeners:
                     try:
                         listener(old, new, status)
@@ -141,7 +146,7 @@ class StatusBoard:
 
     def emit(self, event: RequestEvent) -> None:
         with self.lock:
-            listeners = list(self.request_listeners)
+            listeners = list(self._request_listeners)
         for listener in listeners:
             try:
                 listener(event)

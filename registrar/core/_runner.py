@@ -15,6 +15,7 @@ from ._actions import (
     Answered,
     Check,
     Checked,
+    Decision,
     Fail,
     Held,
     Look,
@@ -107,17 +108,21 @@ class Runner:
             decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
-            changes, action = decision.changes, decision.action
-            if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-                # Published as when the next attempt is due, in the decision's one snapshot.
-                changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
-                changes["retrying"] = True
-            if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
-                self.controls.take_reports()  # a report from before this PUT says nothing about it
-            if not self.board.apply(decision.trigger, changes):
+            if not self._apply(decision, seen):
                 return  # its trigger was refused: stopped
             state = decision.state
-            seen = self._perform(action)
+            seen = self._perform(decision.action)
+
+    def _apply(self, decision: Decision, seen: Observation) -> bool:
+        """Publish the decision's status change in one snapshot; False when its trigger was
+        refused. A backoff wait is published as when the next attempt is due."""
+        changes, action = decision.changes, decision.action
+        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+            changes["retrying"] = True
+        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+            self.controls.take_reports()  # a report from before this PUT says nothing about it
+        return self.board.apply(decision.trigger, changes)
 
     def _perform(self, action: Action) -> Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
