@@ -3,6 +3,7 @@ its own name on the index, one version, a license and a changelog."""
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -70,3 +71,55 @@ def test_docs_name_the_distribution_not_the_import_package() -> None:
         text = path.read_text()
         assert not re.search(r"pip install [^\n`]*(?<![-\w])registrar\[", text), path
         assert not re.search(r"pip install (-\w+ )*registrar\b", text), path
+
+
+def _marked(node: ast.expr) -> bool:
+    return "same_on_every_release" in ast.unparse(node)
+
+
+def _sglang_real_tests() -> dict[str, bool]:
+    """Each test of tests/sglang_real -> whether it runs on the matrix's ends only. A test with
+    a parameter marked on its own is one entry per parameter, `name[value]`."""
+    found: dict[str, bool] = {}
+    for path in sorted(ROOT.joinpath("tests", "sglang_real").glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            name = f"{path.name}::{node.name}"
+            decorators = node.decorator_list
+            marked = any(_marked(d) and "parametrize" not in ast.unparse(d) for d in decorators)
+            params = [
+                d.args[1]
+                for d in node.decorator_list
+                if isinstance(d, ast.Call) and "parametrize" in ast.unparse(d.func)
+            ]
+            values = params[0].elts if params and isinstance(params[0], ast.List) else []
+            if any(_marked(v) for v in values):
+                for value in values:
+                    shown = value.args[0] if isinstance(value, ast.Call) else value
+                    found[f"{name}[{ast.unparse(shown)}]"] = marked or _marked(value)
+            else:
+                found[name] = marked
+    return found
+
+
+def test_the_matrix_table_says_where_each_sglang_test_runs() -> None:
+    text = ROOT.joinpath("docs", "testing.md").read_text()
+    section = text.split("### Which test runs where", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", section, re.M)
+    conftest = ast.parse(ROOT.joinpath("tests", "sglang_real", "conftest.py").read_text())
+    [ends] = [
+        ast.literal_eval(node.value)
+        for node in conftest.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "MATRIX_ENDS"
+    ]
+    said = {test: where.strip() for test, where in rows}
+    expected = {
+        test: ", ".join(ends) if ends_only else "every release"
+        for test, ends_only in _sglang_real_tests().items()
+    }
+    assert said == expected
+    releases = re.search(r'^RELEASES="([^"]+)"$', ROOT.joinpath(".ci", "run").read_text(), re.M)
+    assert releases is not None
+    matrix = sorted(releases.group(1).split(), key=lambda v: tuple(map(int, v.split("."))))
+    assert (matrix[0], matrix[-1]) == ends, "MATRIX_ENDS must be .ci/run's oldest and newest"

@@ -60,6 +60,7 @@ def test_doctor_names_the_rank_a_double_count_left_out(bootstrap: Any, capsys: A
     assert _rows(report)["data"]["missing"] == [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}]
 
 
+@pytest.mark.same_on_every_release
 def test_a_real_rank_on_a_wrong_port_states_a_diagnosis_that_clears(
     spawn_rank: Any, bootstrap: Any
 ) -> None:

@@ -110,6 +110,7 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
     assert "ERROR:registrar" not in loading
 
 
+@pytest.mark.same_on_every_release
 def test_importing_registrar_imports_no_sglang() -> None:
     done = run_python(
         "import sys\n"
@@ -219,6 +220,7 @@ def test_a_patch_whose_module_cannot_import_names_the_import_error() -> None:
     assert ACTIVE in done.stderr  # the rest is applied
 
 
+@pytest.mark.same_on_every_release
 def test_a_bad_variable_stops_the_rank_with_one_line_naming_it(spawn_rank) -> None:
     rank = spawn_rank(process_port(), REGISTRAR_MAX_ATTEMPTS="many")
     assert rank.proc.wait(120) != 0
@@ -227,6 +229,7 @@ def test_a_bad_variable_stops_the_rank_with_one_line_naming_it(spawn_rank) -> No
     assert "Traceback" not in text
 
 
+@pytest.mark.same_on_every_release
 def test_a_variable_the_plugin_cannot_honour_stops_the_rank_in_one_line(spawn_rank) -> None:
     rank = spawn_rank(process_port(), REGISTRAR_HEALTH_PORT="8081")
     assert rank.proc.wait(120) != 0
@@ -282,7 +285,8 @@ def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank,
     assert (row["state"], row["registrations"], row["reregistrations"]) == ("registered", 2, 1)
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+# Four ranks is the same path as two at a larger scale: two runs on every release.
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.same_on_every_release)])
 def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
     spawn_rank, bootstrap, ranks: int
 ) -> None:
