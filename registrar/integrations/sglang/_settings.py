@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
-from ...core._transport import file_token
+from ...core._transport import Token, file_token
+from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
 from ...surfaces._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_seconds_or_zero
 from ...surfaces.env import command_options_from_env, describe_env, options_from_env
@@ -122,15 +123,13 @@ def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayC
     )
 
 
-def _token(command: Mapping[str, Any]) -> str | Callable[[], str | None] | None:
-    """As `registrar register` reads them: the file (read before each request, for rotation)
-    wins over the fixed token; neither leaves SGLang's own variable to the registrar."""
-    path = command.get("token_file")
-    if path is not None:
-        return file_token(path, f"{ENV_PREFIX}TOKEN_FILE")
-    name = f"{ENV_PREFIX}TOKEN"
-    token: str | None = rules.applied(name, command.get("token"), rules.header_token)
-    return token  # checked now, not per rank
+def _token(command: Mapping[str, Any]) -> Token | None:
+    """As `registrar register` reads them (`bootstrap_token`'s order), checked now, not per rank;
+    neither leaves SGLang's own variable to the registrar."""
+    token, _ = bootstrap_token(
+        variable_file=command.get("token_file"), variable=command.get("token"), env={}
+    )
+    return token
 
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:

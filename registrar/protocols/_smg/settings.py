@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
@@ -16,6 +16,21 @@ KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 """A stand-in worker is listed in about 0.1 s; one whose /health fails is dropped in about 2 s."""
 _seconds = rules.number_within(lambda v: 0 < v < 1e9, "must be a positive number of seconds")
+
+
+class SmgOptions(TypedDict, total=False):
+    """The fields of `SmgSettings` after the gateways and the worker, as keywords."""
+
+    bootstrap_port: int | None
+    ready: str | Callable[[], bool] | None
+    grace: float
+    ready_interval: float
+    confirm_timeout: float
+    drain_timeout: float
+    key: Token | None
+    key_file: str | None
+    timeout: Timeout
+    verify: bool | str
 
 
 @dataclass(frozen=True)

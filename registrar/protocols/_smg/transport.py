@@ -14,6 +14,7 @@ from typing import Any
 from ...core._clock import Clock, SystemClock
 from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core._redact import clean
+from ...core._settings import HttpSettings
 from ...core._waker import Waker
 from .._http import HttpTransport
 from .._httpvalues import HttpResult
@@ -62,14 +63,11 @@ class SmgTransport:
         clock: Clock | None = None,
         sender: Any = None,
     ) -> None:
-        token, source = settings.token()
+        url = gateway if gateway is not None else settings.gateways[0]
         self._http = HttpTransport(
-            gateway if gateway is not None else settings.gateways[0],
+            HttpSettings(url, timeout=settings.timeout, verify=settings.verify),
             path="/workers",  # the endpoint its messages name
-            token=token,
-            token_source=source,
-            timeout=settings.timeout,
-            verify=settings.verify,
+            auth=settings.token(),
         )
         self._http.token_hint = "check the gateway's control-plane key"
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
@@ -80,7 +78,7 @@ class SmgTransport:
         self._ready_http: HttpTransport | None = None
         if ready is None and isinstance(settings.ready, str):
             parts = settings.ready.split("/", 3)
-            self._ready_http = HttpTransport("/".join(parts[:3]), timeout=2.0)
+            self._ready_http = HttpTransport(HttpSettings("/".join(parts[:3]), timeout=2.0))
             path = "/" + parts[3] if len(parts) > 3 else "/"
             ready = partial(_got, settings.ready, self._ready_http, path)
         elif ready is None and callable(settings.ready):
@@ -97,6 +95,10 @@ class SmgTransport:
         self._url: str | None = None
         self._posted = False  # a POST was sent whose answer (and worker id) may be lost
         self._draining_seen = False  # the worker followed was draining (a withdrawal, a DELETE)
+
+    def fit_watch_interval(self, given: float | None, chosen: bool) -> float | None:
+        """The caller's interval, else smg's own (`DEFAULT_WATCH_INTERVAL`), at every front door."""
+        return given if chosen else DEFAULT_WATCH_INTERVAL
 
     def not_ready(self) -> str | None:
         if self._ready is None:

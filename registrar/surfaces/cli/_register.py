@@ -4,6 +4,7 @@ settings values, and the registrations they describe run until SIGTERM/SIGINT.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import os
@@ -18,12 +19,13 @@ from ...core._group import RegistrarGroup
 from ...core._machine import State
 from ...core._redact import load_json
 from ...core._registrar import Registrar
-from ...core._settings import HttpSettings, LoopSettings
+from ...core._registry import protocol_factory
+from ...core._settings import HttpSettings, LoopSettings, required_of
 from ...core._status import Status
-from ...core._transport import file_token
 from ...protocols._etcd.settings import EtcdSettings
+from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
-from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS
+from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
 from .._verbose import log_request
 from ..env import UNSET, read_variable, registrar_options
 from ..health import start_health_server
@@ -95,16 +97,18 @@ def _payload(text: str, source: str = "--payload") -> dict[str, Any]:
 
 
 def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
-    """A fixed token, a provider reading the token file before each request, or None."""
+    """A fixed token, a provider reading the token file before each request, or None: a flag
+    before a variable, in `bootstrap_token`'s order (SGLang's own variable left to the protocol)."""
     if "token" in flags and "token_file" in flags:
         raise UsageError("give --token or --token-file, not both")
-    # A flag wins over both variables; between the variables, the file (not visible in ps).
-    if "token" in flags:
-        return flags["token"]
-    path = flags.get("token_file", chosen.get("token_file"))
-    if path is None:
-        return chosen.get("token")
-    return file_token(path, "--token-file")
+    token, _ = bootstrap_token(
+        flags.get("token"),
+        flags.get("token_file"),
+        variable_file=None if "token_file" in flags else chosen.get("token_file"),
+        variable=None if "token" in flags else chosen.get("token"),
+        env={},
+    )
+    return token
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
@@ -114,6 +118,15 @@ def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
         if not rank_ip:
             raise UsageError(f"--rank-ip-env {name}: the variable {name} is not set")
     return payload if rank_ip is None else {**payload, "rank_ip": rank_ip}
+
+
+def _cert(chosen: dict[str, Any]) -> tuple[str, str] | None:
+    cert, cert_key = chosen.get("etcd_cert"), chosen.get("etcd_cert_key")
+    if cert is None or cert_key is None:
+        if (cert is None) != (cert_key is None):
+            raise UsageError("--etcd-cert and --etcd-cert-key go together")
+        return None
+    return (cert, cert_key)
 
 
 def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
@@ -127,12 +140,44 @@ def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
         fields.pop("password", None)
     elif not chosen.get("etcd_password"):
         raise UsageError(f"--etcd-user needs the password in ${ENV_PREFIX}ETCD_PASSWORD")
-    cert, cert_key = chosen.get("etcd_cert"), chosen.get("etcd_cert_key")
-    if (cert is None) != (cert_key is None):
-        raise UsageError("--etcd-cert and --etcd-cert-key go together")
+    cert = _cert(chosen)
     if cert is not None:
-        fields["cert"] = (cert, cert_key)
+        fields["cert"] = cert
     return {**fields, **_fields(chosen, HttpSettings, _SHARED)}
+
+
+def _shown(option: Option, flags: dict[str, Any]) -> str:
+    """How the user gave the option: its flag, or its variable."""
+    return str(option.flag_name) if option.key in flags else f"{ENV_PREFIX}{option.name}"
+
+
+def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: str) -> Any:
+    """`--protocol NAME` (any registered protocol): its settings value, of `--url` and the
+    options that are its fields; one it has no field for is refused in one line naming both."""
+    kind = protocol_factory(protocol).settings
+    names = [f.name for f in dataclasses.fields(kind)][1:]
+    given: dict[str, Any] = {}
+    for option in OPTIONS:
+        field = "token" if option.key == "token_file" else option.field
+        if option.key in ("url", "protocol") or option.key not in chosen or field is None:
+            continue
+        if option.settings in (LoopSettings, Backoff):
+            continue
+        if field not in names:
+            raise UsageError(
+                f"{_shown(option, flags)} is not an option of protocol {protocol!r} "
+                f"(it takes {', '.join(names) or 'none'}, and the loop's)"
+            )
+        given[field] = chosen[option.key]
+    missing = [name for name in required_of(kind) if name not in given]
+    if missing:
+        needed = [str(o.flag_name or o.name) for o in OPTIONS if o.field in missing]
+        raise UsageError(f"protocol {protocol!r} needs {', '.join(needed or missing)}")
+    if "token" in given:
+        given["token"] = _token(chosen, flags)
+    if "cert" in given:
+        given["cert"] = _cert(chosen)
+    return kind(chosen["url"], **given)
 
 
 def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
@@ -157,12 +202,13 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
     from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
 
     gateway = bool(chosen.get("gateway"))
-    if not gateway:
+    etcd = chosen.get("etcd") is not None
+    protocol = chosen.get("protocol")
+    if not gateway and (etcd or protocol is None):  # else the protocol's own refusals
         gateway_rows = [o for o in OPTIONS if o.settings is SmgSettings]
         stray = [str(o.flag_name) for o in gateway_rows if chosen.get(o.key) is not None]
         if stray:
             raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
-    etcd = chosen.get("etcd") is not None
     for required in () if gateway else ("payload",) if etcd else ("url", "payload"):
         if chosen.get(required) is None:
             variable = f"{ENV_PREFIX}{required.upper()}"
@@ -171,14 +217,15 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
         return assembly.smg_registrars(**_smg_options(chosen), **_loop_options(chosen))
     source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
     payload = _rank_ip(_payload(chosen["payload"], source), chosen)
-    token = _token(chosen, flags)
     loop = _loop_options(chosen)
     if etcd:
-        options = _etcd_options(chosen, token)
+        options = _etcd_options(chosen, _token(chosen, flags))
         return RegistrarGroup([assembly.etcd_registrar(**options, payload=payload, **loop)])
-    http = {**_fields(chosen, HttpSettings), "token": token}
-    protocol = chosen.get("protocol", "sglang")
-    return RegistrarGroup([Registrar(payload=payload, protocol=protocol, **http, **loop)])
+    protocol = protocol or "sglang"
+    settings = _protocol_settings(chosen, flags, protocol)
+    return RegistrarGroup(
+        [Registrar(payload=payload, protocol=protocol, settings=settings, **loop)]
+    )
 
 
 def _log_change(several: bool, old: State, new: State, status: Status) -> None:
