@@ -10,7 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any, Unpack
 
@@ -26,8 +26,8 @@ from ._settings import (
     Hooks,
     LoopSettings,
     Options,
+    options_of,
     refuse_unknown,
-    required_of,
     split_options,
 )
 from ._status import Status
@@ -75,13 +75,13 @@ def _built(
     factory = protocol_factory(protocol)
     kind = factory.settings
     if settings is None:
-        names = [f.name for f in fields(kind)][1:]
+        names = options_of(kind)
         refuse_unknown(
             {k: v for k, v in options.items() if k not in names},
             "Registrar",
             f"protocol {protocol!r} takes {', '.join(names)} ({kind.__name__}) and the loop's",
         )
-        missing = [name for name in required_of(kind) if name not in options]
+        missing = [name for name in options_of(kind, required=True) if name not in options]
         if missing:
             raise ConfigError(
                 f"protocol {protocol!r} needs {', '.join(missing)} (fields of {kind.__name__})"

@@ -86,12 +86,13 @@ def refuse_unknown(options: Mapping[str, Any], takes: str, fix: str) -> None:
         raise ConfigError(f"{takes} got unexpected options {', '.join(sorted(options))}: {fix}")
 
 
-def required_of(settings: type[Any]) -> list[str]:
-    """The fields of a settings class after its first (the URL) that have no default."""
+def options_of(settings: type[Any], required: bool = False) -> list[str]:
+    """The fields a settings class is made of after its first (the URL); `required`: those
+    without a default."""
     return [
         f.name
         for f in fields(settings)[1:]
-        if f.default is MISSING and f.default_factory is MISSING
+        if f.init and not (required and (f.default, f.default_factory) != (MISSING, MISSING))
     ]
 
 

@@ -59,12 +59,11 @@ def describe_plugin_env(prefix: str = ENV_PREFIX) -> str:
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    gateways: tuple[str, ...]
-    worker_url: str | None = None  # else built from `--host`/`--port`
-    key_file: str | None = None
-    grace: float | None = None
-    drain_timeout: float | None = None
-    options: Mapping[str, Any] | None = None  # the bootstrap registrations' (_gateway picks)
+    """`REGISTRAR_GATEWAY` and its companions: the `SmgSettings` fields they set (the worker is
+    SGLang's, known at start) and the `Registrar` options the gateway registrations share."""
+
+    smg: Mapping[str, Any]
+    loop: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -113,14 +112,20 @@ def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayC
         return None
     if command.get("gateway_key_file") is not None:
         file_token(command["gateway_key_file"], f"{ENV_PREFIX}GATEWAY_KEY_FILE")  # checked now
+    smg = {
+        str(o.field): command[o.key]
+        for o in OPTIONS
+        if o.settings is SmgSettings and o.key in command
+    }
+    # The bootstrap token and the failure policy are a prefill rank's, not the gateway's.
     return GatewayConfig(
-        gateways=tuple(gateways),
-        worker_url=command.get("worker_url"),
-        key_file=command.get("gateway_key_file"),
-        grace=command.get("ready_grace"),
-        drain_timeout=command.get("drain_timeout"),
-        options=dict(options),
+        smg={**smg, "gateways": tuple(gateways), **_picked(options, ("timeout", "verify"))},
+        loop=_picked(options, ("backoff", "max_retry_after", "watch_interval")),
     )
+
+
+def _picked(options: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: options[name] for name in names if name in options}
 
 
 def _token(command: Mapping[str, Any]) -> Token | None:

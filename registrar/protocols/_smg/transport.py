@@ -67,7 +67,7 @@ class SmgTransport:
         self._http = HttpTransport(
             HttpSettings(url, timeout=settings.timeout, verify=settings.verify),
             path="/workers",  # the endpoint its messages name
-            auth=settings.token(),
+            auth=settings.auth,
         )
         self._http.token_hint = "check the gateway's control-plane key"
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"

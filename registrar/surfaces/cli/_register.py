@@ -4,7 +4,6 @@ settings values, and the registrations they describe run until SIGTERM/SIGINT.""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import logging
 import os
@@ -20,7 +19,7 @@ from ...core._machine import State
 from ...core._redact import load_json
 from ...core._registrar import Registrar
 from ...core._registry import protocol_factory
-from ...core._settings import HttpSettings, LoopSettings, required_of
+from ...core._settings import HttpSettings, LoopSettings, options_of
 from ...core._status import Status
 from ...protocols._etcd.settings import EtcdSettings
 from ...protocols._sglang import bootstrap_token
@@ -155,7 +154,7 @@ def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: 
     """`--protocol NAME` (any registered protocol): its settings value, of `--url` and the
     options that are its fields; one it has no field for is refused in one line naming both."""
     kind = protocol_factory(protocol).settings
-    names = [f.name for f in dataclasses.fields(kind)][1:]
+    names = options_of(kind)
     given: dict[str, Any] = {}
     for option in OPTIONS:
         field = "token" if option.key == "token_file" else option.field
@@ -169,7 +168,7 @@ def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: 
                 f"(it takes {', '.join(names) or 'none'}, and the loop's)"
             )
         given[field] = chosen[option.key]
-    missing = [name for name in required_of(kind) if name not in given]
+    missing = [name for name in options_of(kind, required=True) if name not in given]
     if missing:
         needed = [str(o.flag_name or o.name) for o in OPTIONS if o.field in missing]
         raise UsageError(f"protocol {protocol!r} needs {', '.join(needed or missing)}")
