@@ -30,7 +30,7 @@ from ._settings import (
     refuse_unknown,
     split_options,
 )
-from ._status import Status
+from ._status import Changes, Status
 from ._transport import Abortable, Diagnosable, FleetSized, Resolving, Transport, WatchBounded
 
 logger = logging.getLogger("registrar")
@@ -222,7 +222,7 @@ class Registrar:
             # Created, handed the delivery and started under the lock: stop() never sees a
             # thread that exists but cannot be joined yet.
             self._thread = board.deliverer = thread
-            board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
+            board.fire(Trigger.START, Changes())  # the lock held: the thread cannot run before it
             thread.start()
         return self
 
@@ -241,7 +241,7 @@ class Registrar:
         if self._forked_from is None and isinstance(self._transport, Abortable):
             # A request in flight need not run to its deadline: its answer no longer matters.
             self._transport.abort()
-        board.apply(Trigger.STOP, {})
+        board.apply(Trigger.STOP, Changes())
         ended = True
         if thread is not None and thread is not me:
             # Once the gate is ours, the thread is not inside a request and will see the flag.
