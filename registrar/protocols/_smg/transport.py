@@ -51,17 +51,10 @@ def _got(url: str, http: HttpTransport, path: str) -> str | None:
 
 
 class SmgTransport:
-    """`ready` (None when the served process is ready, else why not) replaces the settings' check;
-    `clock` and `sender` (whose `send` answers like `HttpTransport.send`) are for tests."""
+    """One gateway of `settings` (the first by default); `clock` is the registrar's."""
 
     def __init__(
-        self,
-        settings: SmgSettings,
-        gateway: str | None = None,
-        *,
-        ready: Callable[[], str | None] | None = None,
-        clock: Clock | None = None,
-        sender: Any = None,
+        self, settings: SmgSettings, gateway: str | None = None, *, clock: Clock | None = None
     ) -> None:
         url = gateway if gateway is not None else settings.gateways[0]
         self._http = HttpTransport(
@@ -74,19 +67,18 @@ class SmgTransport:
         self.display_url = self._http.display_url
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
-        # Else the settings': a URL is ready while it answers 2xx (one kept-alive connection).
+        # A URL is ready while it answers 2xx (one kept-alive connection); a callable, while True.
         self._ready_http: HttpTransport | None = None
-        if ready is None and isinstance(settings.ready, str):
+        self._ready: Callable[[], str | None] | None = None
+        if isinstance(settings.ready, str):
             parts = settings.ready.split("/", 3)
             self._ready_http = HttpTransport(HttpSettings("/".join(parts[:3]), timeout=2.0))
             path = "/" + parts[3] if len(parts) > 3 else "/"
-            ready = partial(_got, settings.ready, self._ready_http, path)
-        elif ready is None and callable(settings.ready):
-            ready = partial(_called, settings.ready)
-        self._ready = ready
+            self._ready = partial(_got, settings.ready, self._ready_http, path)
+        elif callable(settings.ready):
+            self._ready = partial(_called, settings.ready)
         self.ready_interval = settings.ready_interval
         self._unready_since: float | None = None  # withdrawn only after `grace` seconds of it
-        self._sender = sender.send if sender is not None else self._http.send
         self.requests_sent = 0  # a refused connection is not counted
         self._stopping = threading.Event()
         self._abort_lock = threading.Lock()
@@ -191,7 +183,7 @@ class SmgTransport:
             delay = min(delay * 2, _POLL_MAX)
 
     def _send(self, method: str, path: str, **kw: Any) -> HttpResult:
-        result: HttpResult = self._sender(method, path, **kw)
+        result = self._http.send(method, path, **kw)
         if not result.refused:
             self.requests_sent += 1
         return result
