@@ -19,9 +19,8 @@ from ...core._machine import State
 from ...core._redact import load_json
 from ...core._registrar import Registrar
 from ...core._registry import protocol_factory
-from ...core._settings import HttpSettings, LoopSettings, options_of
+from ...core._settings import LoopSettings, options_of
 from ...core._status import Status
-from ...protocols._etcd.settings import EtcdSettings
 from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
 from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
@@ -30,7 +29,6 @@ from ..env import UNSET, read_variable, registrar_options
 from ..health import start_health_server
 from . import EXIT_OK, Signals, UsageError, log_setup
 
-_SHARED = ("timeout", "verify")  # the HTTP settings every protocol takes
 logger = logging.getLogger("registrar")
 
 
@@ -52,15 +50,6 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         if value is not UNSET:
             chosen[option.key] = value
     return chosen, flags
-
-
-def _fields(chosen: dict[str, Any], settings: type, only: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The chosen values of the rows that set a field of `settings` (`only` those fields)."""
-    return {
-        str(o.field): chosen[o.key]
-        for o in OPTIONS
-        if o.settings is settings and o.key in chosen and (not only or o.field in only)
-    }
 
 
 def _loop_options(chosen: dict[str, Any]) -> dict[str, Any]:
@@ -128,37 +117,21 @@ def _cert(chosen: dict[str, Any]) -> tuple[str, str] | None:
     return (cert, cert_key)
 
 
-def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
-    """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
-    if chosen.get("url") or chosen.get("protocol") or token is not None:
-        raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
-    if not chosen.get("key"):
-        raise UsageError("--etcd needs --key, e.g. --key /services/prefill/rank0")
-    fields = {k: v for k, v in _fields(chosen, EtcdSettings).items() if k != "cert"}
-    if not chosen.get("etcd_user"):
-        fields.pop("password", None)
-    elif not chosen.get("etcd_password"):
-        raise UsageError(f"--etcd-user needs the password in ${ENV_PREFIX}ETCD_PASSWORD")
-    cert = _cert(chosen)
-    if cert is not None:
-        fields["cert"] = cert
-    return {**fields, **_fields(chosen, HttpSettings, _SHARED)}
-
-
 def _shown(option: Option, flags: dict[str, Any]) -> str:
     """How the user gave the option: its flag, or its variable."""
     return str(option.flag_name) if option.key in flags else f"{ENV_PREFIX}{option.name}"
 
 
 def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: str) -> Any:
-    """`--protocol NAME` (any registered protocol): its settings value, of `--url` and the
-    options that are its fields; one it has no field for is refused in one line naming both."""
+    """`--protocol NAME` (any registered protocol; `--etcd` and `--gateway` name theirs): its
+    settings value, of the URL and the options that are its fields; one it has no field for is
+    refused in one line naming both."""
     kind = protocol_factory(protocol).settings
     names = options_of(kind)
     given: dict[str, Any] = {}
     for option in OPTIONS:
         field = "token" if option.key == "token_file" else option.field
-        if option.key in ("url", "protocol") or option.key not in chosen or field is None:
+        if option.key in _MODES or option.key not in chosen or field is None:
             continue
         if option.settings in (LoopSettings, Backoff):
             continue
@@ -176,10 +149,26 @@ def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: 
         given["token"] = _token(chosen, flags)
     if "cert" in given:
         given["cert"] = _cert(chosen)
-    return kind(chosen["url"], **given)
+    url = chosen.get("gateway") or chosen.get("etcd") or chosen["url"]
+    return kind(tuple(url) if isinstance(url, list) else url, **given)
 
 
-def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
+_MODES = ("url", "protocol", "etcd", "gateway")  # where to register: the settings' first field
+
+
+def _etcd(chosen: dict[str, Any]) -> None:
+    """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
+    if chosen.get("url") or chosen.get("protocol"):
+        raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
+    if not chosen.get("key"):
+        raise UsageError("--etcd needs --key, e.g. --key /services/prefill/rank0")
+    if not chosen.get("etcd_user"):
+        chosen.pop("etcd_password", None)
+    elif not chosen.get("etcd_password"):
+        raise UsageError(f"--etcd-user needs the password in ${ENV_PREFIX}ETCD_PASSWORD")
+
+
+def _gateway(chosen: dict[str, Any]) -> None:
     """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
     clash = [
         f"--{name.replace('_', '-')}"
@@ -193,13 +182,10 @@ def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
         )
     if not chosen.get("worker_url"):
         raise UsageError(f"--gateway needs --worker-url (or set {ENV_PREFIX}WORKER_URL)")
-    return {**_fields(chosen, SmgSettings), **_fields(chosen, HttpSettings, _SHARED)}
 
 
 def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup:
     """The registrations the options describe (the gateway's options only with --gateway)."""
-    from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
-
     gateway = bool(chosen.get("gateway"))
     etcd = chosen.get("etcd") is not None
     protocol = chosen.get("protocol")
@@ -212,15 +198,17 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
         if chosen.get(required) is None:
             variable = f"{ENV_PREFIX}{required.upper()}"
             raise UsageError(f"--{required} is required (or set {variable})")
+    loop = _loop_options(chosen)
     if gateway:
-        return assembly.smg_registrars(**_smg_options(chosen), **_loop_options(chosen))
+        from ..._assembly import smg_group  # noqa: PLC0415 - only --gateway needs it
+
+        _gateway(chosen)
+        return smg_group(_protocol_settings(chosen, flags, "smg"), None, loop)
+    if etcd:
+        _etcd(chosen)
     source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
     payload = _rank_ip(_payload(chosen["payload"], source), chosen)
-    loop = _loop_options(chosen)
-    if etcd:
-        options = _etcd_options(chosen, _token(chosen, flags))
-        return RegistrarGroup([assembly.etcd_registrar(**options, payload=payload, **loop)])
-    protocol = protocol or "sglang"
+    protocol = "etcd" if etcd else protocol or "sglang"
     settings = _protocol_settings(chosen, flags, protocol)
     return RegistrarGroup(
         [Registrar(payload=payload, protocol=protocol, settings=settings, **loop)]
