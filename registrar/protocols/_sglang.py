@@ -168,9 +168,9 @@ def bootstrap_token(
 ) -> tuple[Token | None, str]:
     """The bootstrap server's bearer token and where it came from: the one place deciding its
     precedence, first found wins. Given directly (a flag, `token=`), then `--token-file`, then
-    `REGISTRAR_TOKEN_FILE` (not visible in ps), then `REGISTRAR_TOKEN` (both read and checked
-    by the caller's options table), then SGLang's own variable from `env` (the process's when
-    None; `{}` leaves it to the protocol). A file is read before each request (rotation)."""
+    `REGISTRAR_TOKEN_FILE` (not visible in ps), then `REGISTRAR_TOKEN` (each checked where it
+    was read: the options table, `HttpSettings`), then SGLang's own variable from `env` (the
+    process's when None; `{}` leaves it to the protocol). A file is read before each request."""
     if token is not None:
         return token or None, "token" if token else TOKEN_ENV
     if token_file is not None:
@@ -178,7 +178,7 @@ def bootstrap_token(
     if variable_file is not None:
         return file_token(variable_file, "REGISTRAR_TOKEN_FILE"), "token"
     if variable is not None:
-        return rules.applied("REGISTRAR_TOKEN", variable, rules.header_token), "token"
+        return variable or None, "token"
     found = (os.environ if env is None else env).get(TOKEN_ENV)
     return rules.applied(TOKEN_ENV, found, rules.header_token), TOKEN_ENV
 
