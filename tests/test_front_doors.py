@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from support import CLI_ENV, ScriptedTransport, accepted
 
 from registrar import ConfigError, Registrar, register_protocol, smg_registrar
 from registrar._assembly import EtcdRegistrarOptions, SmgRegistrarOptions
+from registrar.core import _registry as registry
 from registrar.core._backoff import Backoff
 from registrar.core._registry import protocol_factory, protocol_names
 from registrar.core._settings import (
@@ -32,7 +34,8 @@ from registrar.protocols._etcd.settings import EtcdOptions, EtcdSettings
 from registrar.protocols._smg.settings import SmgOptions, SmgSettings
 from registrar.protocols._smg.transport import DEFAULT_WATCH_INTERVAL
 from registrar.surfaces._options import OPTIONS
-from registrar.surfaces.cli import EXIT_USAGE, main
+from registrar.surfaces.cli import EXIT_USAGE, UsageError, build_parser, main
+from registrar.surfaces.cli._register import _registrars, resolve
 
 
 def _names(settings: type[Any], skip: int = 0) -> set[str]:
@@ -168,6 +171,9 @@ def entry_point_protocol(monkeypatch: pytest.MonkeyPatch) -> str:
         return ScriptedTransport([accepted()]), dict(payload)
 
     register_protocol("test-queue-cli", build, QueueSettings)
+    # And one declared by another distribution's entry point (settings: `HttpSettings`).
+    point = EntryPoint("test-entry", "support:scripted_protocol", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [point])
     for name in list(os.environ):
         if name.startswith("REGISTRAR_") or name == "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN":
             monkeypatch.delenv(name)
@@ -178,7 +184,7 @@ def test_register_refuses_each_flag_a_protocol_does_not_take_in_one_line(
     entry_point_protocol: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     names = protocol_names()
-    assert {"etcd", "http", "sglang", "smg", entry_point_protocol} <= set(names)
+    assert {"etcd", "http", "sglang", "smg", "test-entry", entry_point_protocol} <= set(names)
     refused = 0
     for protocol in names:
         for row in _refused_rows(protocol):
@@ -191,6 +197,16 @@ def test_register_refuses_each_flag_a_protocol_does_not_take_in_one_line(
             assert f"protocol {protocol!r}" in lines[0], lines
             refused += 1
     assert refused > 20  # every protocol refuses some: the loop above did run
+    said: list[str] = []
+    for protocol in names:  # and the plain command makes its registration, or says why in a line
+        args = build_parser().parse_args(_register(protocol, "--payload", '{"a": 1}'))
+        try:
+            group = _registrars(*resolve(args))
+        except (UsageError, ConfigError) as exc:
+            said.append(str(exc))
+            continue
+        assert len(group) == 1, protocol
+    assert all("\n" not in line for line in said), said
 
 
 @pytest.mark.parametrize("protocol", ["sglang", "http", "etcd", "smg"])
