@@ -54,10 +54,10 @@ def _sender(who: str, url: str, sent: dict[str, Any]) -> Any:
     headers = {"Content-Type": "application/json"}
     host, port = url.removeprefix("http://").split(":")
     if who == "transport":
-        from registrar import HttpTransport  # noqa: PLC0415
+        from registrar import HttpSettings, HttpTransport  # noqa: PLC0415
         from registrar.protocols._httpvalues import with_query  # noqa: PLC0415
 
-        transport = HttpTransport(url, timeout=5.0)
+        transport = HttpTransport(HttpSettings(url, timeout=5.0))
 
         def send(i: int) -> int:
             if i % 2:

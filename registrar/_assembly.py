@@ -4,43 +4,72 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from .core import _rules as rules
 from .core._group import RegistrarGroup
 from .core._registrar import Registrar
-from .core._settings import split_options
-from .protocols._smg.settings import SmgSettings
+from .core._settings import LoopOptions, split_options
+from .protocols._etcd.settings import EtcdOptions, EtcdSettings
+from .protocols._smg.settings import SmgOptions, SmgSettings
 from .protocols._smg.spec import worker_spec
-from .protocols._smg.transport import DEFAULT_WATCH_INTERVAL, SmgTransport
+from .protocols._smg.transport import SmgTransport
+
+
+class EtcdRegistrarOptions(LoopOptions, EtcdOptions, total=False):
+    """`etcd_registrar`'s keywords: the loop's and `EtcdSettings`' fields."""
+
+
+class SmgRegistrarOptions(LoopOptions, SmgOptions, total=False):
+    """`smg_registrar(s)`' keywords: the loop's, `SmgSettings`' fields, and `spec` (more fields
+    of the gateway's WorkerSpec)."""
+
+    spec: Mapping[str, Any]
 
 
 def etcd_registrar(
-    endpoints: str | Sequence[str], key: str, payload: Mapping[str, Any], **options: Any
+    endpoints: str | Sequence[str],
+    key: str,
+    payload: Mapping[str, Any],
+    **options: Unpack[EtcdRegistrarOptions],
 ) -> Registrar:
-    """A `Registrar` keeping `payload` under `key` in etcd (not started): `protocol="etcd"`,
-    `options` the fields of `EtcdSettings` and `Registrar`'s (docs/etcd.md)."""
-    return Registrar(endpoints, payload, protocol="etcd", key=key, **options)
+    """A `Registrar` keeping `payload` under `key` in etcd (not started): `protocol="etcd"` with
+    an `EtcdSettings` of the options that are its fields (docs/etcd.md)."""
+    given: dict[str, Any] = dict(options)
+    settings = EtcdSettings(endpoints, key, **split_options(given, EtcdSettings))
+    return Registrar(payload=payload, protocol="etcd", settings=settings, **given)
 
 
 def smg_registrar(
-    gateway: str, worker_url: str, worker_type: str = "regular", **options: Any
+    gateway: str,
+    worker_url: str,
+    worker_type: str = "regular",
+    **options: Unpack[SmgRegistrarOptions],
 ) -> Registrar:
     """A `Registrar` keeping the worker at `worker_url` listed by the smg gateway at `gateway`
-    (not started). `options` are the fields of `SmgSettings`, `spec` (more fields of the
-    gateway's WorkerSpec) and `Registrar`'s (docs/gateway.md)."""
+    (not started; docs/gateway.md)."""
     return smg_registrars((gateway,), worker_url, worker_type, **options).members()[0]
 
 
 def smg_registrars(
-    gateways: Sequence[str], worker_url: str, worker_type: str = "regular", **options: Any
+    gateways: Sequence[str],
+    worker_url: str,
+    worker_type: str = "regular",
+    **options: Unpack[SmgRegistrarOptions],
 ) -> RegistrarGroup:
     """One `smg_registrar` per gateway (an HA pair, a mesh), each with its own state, as one
     group (started and stopped together; health shows each)."""
-    fields = split_options(options, SmgSettings)
-    settings = SmgSettings(tuple(gateways), worker_url, worker_type, **fields)
-    spec = options.pop("spec", None)
-    options.setdefault("watch_interval", DEFAULT_WATCH_INTERVAL)
+    given: dict[str, Any] = dict(options)
+    spec = given.pop("spec", None)
+    fields = split_options(given, SmgSettings)
+    return smg_group(SmgSettings(tuple(gateways), worker_url, worker_type, **fields), spec, given)
+
+
+def smg_group(
+    settings: SmgSettings, spec: Mapping[str, Any] | None, loop: Mapping[str, Any]
+) -> RegistrarGroup:
+    """The builder of every smg front door (the library's and the SGLang plugin's): one
+    `Registrar` per gateway of `settings`, `loop` the `Registrar` options (`LoopOptions`)."""
     payload = worker_spec(
         rules.applied("worker_url", settings.worker_url, rules.url),
         settings.worker_type,
@@ -51,8 +80,8 @@ def smg_registrars(
         (
             Registrar(
                 payload=payload,
-                transport=SmgTransport(settings, gateway, clock=options.get("clock")),
-                **options,
+                transport=SmgTransport(settings, gateway, clock=loop.get("clock")),
+                **loop,
             )
             for gateway in settings.gateways
         ),

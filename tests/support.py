@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from registrar import RegisterOutcome, Route, RouteCheck, Verdict
+from registrar import HttpSettings, RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.protocols._resolver import Resolver
 from registrar.protocols._sglang import SGLangTransport, make_payload
 
@@ -132,8 +132,8 @@ class Watched(SGLangTransport):
     what happened until that moment is all there is. That is the point a test synchronises on
     to say "nothing more happened", instead of a sleep a slow machine can make too short."""
 
-    def __init__(self, url: str, *, long: float = 30.0, **options: Any) -> None:
-        super().__init__(url, **options)
+    def __init__(self, url: str, timeout: float = 5.0, *, long: float = 30.0) -> None:
+        super().__init__(HttpSettings(url, timeout=timeout))
         self.long = long
         self.events: list[str] = []
         self._idle_at: int | None = None

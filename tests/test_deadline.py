@@ -30,7 +30,7 @@ from hostile_server import (
 )
 from support import sglang_payload, wait_until
 
-from registrar import Backoff, Registrar, State
+from registrar import Backoff, HttpSettings, Registrar, State
 from registrar.core._outcome import Route, Verdict
 from registrar.protocols._deadline import DeadlineExceeded
 from registrar.protocols._deadline import Watchdog as _Watchdog
@@ -70,7 +70,7 @@ def test_a_request_ends_by_its_deadline(
     # The per-read timeout (30 s) is never reached by a server sending a byte every 0.2 s;
     # only the deadline on the whole request ends it.
     with HostileServer(behaviour) as server:
-        transport = HttpTransport(server.url, timeout=DEADLINE)
+        transport = HttpTransport(HttpSettings(server.url, timeout=DEADLINE))
         transport_for.append(transport)
         started = time.monotonic()
         result = transport.send("PUT", "/route", json={"a": 1})
@@ -92,7 +92,7 @@ def test_a_silent_server_is_reported_at_the_deadline_however_late_its_thread_is(
     does, after the request was due."""
     monkeypatch.setattr(_Watchdog, "expire", lambda self: None)
     with HostileServer(silence()) as server:
-        transport = HttpTransport(server.url, timeout=DEADLINE)
+        transport = HttpTransport(HttpSettings(server.url, timeout=DEADLINE))
         transport_for.append(transport)
         result = transport.send("PUT", "/route", json={"a": 1})
         outcome = transport.classify_registration(result)
@@ -104,7 +104,7 @@ def test_a_read_timeout_before_the_deadline_is_reported_as_such(
     transport_for: list[HttpTransport],
 ) -> None:
     with HostileServer(silence()) as server:
-        transport = HttpTransport(server.url, timeout=(30.0, 0.5))
+        transport = HttpTransport(HttpSettings(server.url, timeout=(30.0, 0.5)))
         transport_for.append(transport)
         result = transport.send("PUT", "/route", json={"a": 1})
         outcome = transport.classify_registration(result)
@@ -114,7 +114,7 @@ def test_a_read_timeout_before_the_deadline_is_reported_as_such(
 
 def test_a_pair_bounds_the_whole_request_by_its_sum(transport_for: list[HttpTransport]) -> None:
     with HostileServer(trickle_headers(0.1)) as server:
-        transport = HttpTransport(server.url, timeout=(0.5, 0.5))
+        transport = HttpTransport(HttpSettings(server.url, timeout=(0.5, 0.5)))
         transport_for.append(transport)
         assert transport.deadline == 1.0
         started = time.monotonic()
@@ -132,7 +132,9 @@ def test_a_tls_handshake_trickled_byte_by_byte_ends_by_the_deadline(
             conn.drip(iter(lambda: b"\x00", None), 0.2)
 
     with HostileServer(greet=handshake) as server:
-        transport = HttpTransport(f"https://127.0.0.1:{server.port}", timeout=DEADLINE)
+        transport = HttpTransport(
+            HttpSettings(f"https://127.0.0.1:{server.port}", timeout=DEADLINE)
+        )
         transport_for.append(transport)
         started = time.monotonic()
         result = transport.send("PUT", "/route", json={})
@@ -147,7 +149,7 @@ def test_a_connection_cut_by_the_deadline_is_not_reused(
     transport_for: list[HttpTransport],
 ) -> None:
     with HostileServer(trickle_body(0.2), answer(200, "ok")) as server:
-        transport = HttpTransport(server.url, timeout=DEADLINE)
+        transport = HttpTransport(HttpSettings(server.url, timeout=DEADLINE))
         transport_for.append(transport)
         assert isinstance(transport.send("GET", "/a").error, DeadlineExceeded)
         second = transport.send("GET", "/b")
@@ -159,7 +161,7 @@ def test_a_connection_cut_by_the_deadline_is_not_reused(
 
 def test_an_answer_read_whole_keeps_its_connection(transport_for: list[HttpTransport]) -> None:
     with HostileServer(answer(200, "a"), answer(503, "b"), answer(200, "c")) as server:
-        transport = HttpTransport(server.url)
+        transport = HttpTransport(HttpSettings(server.url))
         transport_for.append(transport)
         texts = [transport.send("GET", "/").text for _ in range(3)]
     assert texts == ["a", "b", "c"]
@@ -183,7 +185,7 @@ def test_answers_are_read_and_decoded_up_to_a_cap(
     behaviour: Behaviour, limit: int, transport_for: list[HttpTransport]
 ) -> None:
     with HostileServer(behaviour, answer(200, "next")) as server:
-        transport = HttpTransport(server.url, timeout=30)
+        transport = HttpTransport(HttpSettings(server.url, timeout=30))
         transport_for.append(transport)
         gc.collect()
         tracemalloc.start()
@@ -207,7 +209,7 @@ def test_an_unknown_content_encoding_is_an_error_not_garbage(
     transport_for: list[HttpTransport],
 ) -> None:
     with HostileServer(answer(503, b"\x00\x01", [("Content-Encoding", "br\r")])) as server:
-        transport = HttpTransport(server.url)
+        transport = HttpTransport(HttpSettings(server.url))
         transport_for.append(transport)
         outcome = transport.register({"a": 1})
     assert outcome.verdict is Verdict.RETRY
@@ -219,7 +221,7 @@ def test_a_route_answer_cut_at_the_cap_is_undetermined(
 ) -> None:
     huge = json.dumps({"rank_ip": "127.0.0.1", "rank_port": 20000, "pad": "x" * 100_000})
     with HostileServer(answer(200, huge)) as server:
-        transport = SGLangTransport(server.url)
+        transport = SGLangTransport(HttpSettings(server.url))
         transport_for.append(transport)
         check = transport.check(sglang_payload())
     assert check.route is Route.UNDETERMINED
@@ -281,7 +283,7 @@ def test_status_command_keeps_its_timeout() -> None:
 
 def test_an_aborted_request_says_so(transport_for: list[HttpTransport]) -> None:
     with HostileServer(trickle_headers(0.2)) as server:
-        transport = HttpTransport(server.url, timeout=60.0)
+        transport = HttpTransport(HttpSettings(server.url, timeout=60.0))
         transport_for.append(transport)
         timer = threading.Timer(0.5, transport.abort)
         timer.start()
@@ -302,8 +304,8 @@ def test_a_sooner_deadline_armed_after_a_later_one_is_kept(
     one is waiting must be ended at its own deadline, not the long one's. The short one is
     answered a byte at a time, so no socket read times out: only its deadline can end it."""
     with HostileServer(silence(), trickle_headers(0.05)) as server:
-        slow = HttpTransport(server.url, timeout=(5.0, 30.0))
-        quick = HttpTransport(server.url, timeout=1.0)
+        slow = HttpTransport(HttpSettings(server.url, timeout=(5.0, 30.0)))
+        quick = HttpTransport(HttpSettings(server.url, timeout=1.0))
         transport_for += [slow, quick]
         results: list[object] = []
         first = threading.Thread(target=lambda: results.append(slow.send("GET", "/a")))

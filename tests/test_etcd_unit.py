@@ -129,7 +129,7 @@ def test_parse_answer_unwraps_stream_results_and_errors() -> None:
 def test_watch_interval_keeps_renewals_on_time() -> None:
     # The loop waits at most 1.5 intervals: a renewal every TTL/3 at the latest.
     transport = EtcdTransport(EtcdSettings("http://127.0.0.1:2379", "/k", ttl=9.0))
-    assert transport.fit_watch_interval(None) * 1.5 == pytest.approx(3.0)
+    assert transport.fit_watch_interval(None, True) * 1.5 == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(
@@ -144,15 +144,13 @@ def test_watch_interval_keeps_renewals_on_time() -> None:
         ({"username": "u"}, "give both or neither"),
         ({"ttl": 2, "timeout": 2.0}, "must be shorter than"),
         ({"cert": ("/no/such.pem", "/no/such.key")}, "cert must be a"),
-        ({"max_message_bytes": 10}, "max_message_bytes must be"),
     ],
 )
 def test_construction_errors_name_the_option(kwargs: dict[str, Any], error: str) -> None:
     options: dict[str, Any] = {"endpoints": "http://127.0.0.1:2379", "key": "/k"}
     options.update(kwargs)
-    extra = {k: options.pop(k) for k in ("max_message_bytes",) if k in options}
     with pytest.raises(ConfigError, match=error):
-        EtcdTransport(EtcdSettings(**options), **extra)
+        EtcdTransport(EtcdSettings(**options))
 
 
 def test_etcd_registrar_derives_and_bounds_the_watch_interval() -> None:

@@ -30,7 +30,16 @@ from support import (
     wait_until,
 )
 
-from registrar import Backoff, RegisterOutcome, Registrar, Route, RouteCheck, State, Verdict
+from registrar import (
+    Backoff,
+    HttpSettings,
+    RegisterOutcome,
+    Registrar,
+    Route,
+    RouteCheck,
+    State,
+    Verdict,
+)
 from registrar.core._backoff import PROBE_PERIOD, probe_period
 from registrar.core._decide import MAX_BROKEN_CHECKS
 from registrar.protocols._http import MAX_HARMLESS_CLOSES
@@ -335,7 +344,7 @@ def test_a_check_whose_connection_broke_is_retried_soon_a_few_times(
 def test_the_sglang_fleet_is_the_topology_size() -> None:
     """The herd the SGLang transport spreads for: every rank of the topology registers with
     the same server (dp from system_dp_size when it is > 1, else attn_dp_size)."""
-    transport = SGLangTransport("http://127.0.0.1:1")
+    transport = SGLangTransport(HttpSettings("http://127.0.0.1:1"))
     try:
         assert transport.fleet_size(sglang_payload()) == 1
         big = sglang_payload(tp_size=4, attn_dp_size=2, pp_size=2, attn_cp_size=3)

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import ScriptedTransport, accepted, route, sglang_payload, wait_until
 
-from registrar import Backoff, Registrar, State
+from registrar import Backoff, HttpSettings, Registrar, State
 from registrar.core._outcome import Route
 from registrar.core._runner import UNEXPECTED
 from registrar.protocols._httpvalues import RETRY_AFTER_CEILING, parse_retry_after
@@ -109,7 +109,7 @@ def test_a_long_retry_after_waits_past_the_backoff_maximum(registrars: list) -> 
 )
 def test_a_route_answer_of_any_shape_is_undetermined(body: str) -> None:
     with HostileServer(answer(200, body.encode("latin-1", "replace"))) as server:
-        transport = SGLangTransport(server.url)
+        transport = SGLangTransport(HttpSettings(server.url))
         try:
             check = transport.check(sglang_payload())
         finally:

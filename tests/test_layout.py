@@ -114,7 +114,7 @@ def test_a_protocol_with_options_of_its_own_is_one_factory_and_its_settings(
     assert reg.settings.max_attempts == 2
     with pytest.raises(ConfigError, match="depth must be at least 1"):
         Registrar("http://127.0.0.1:1", {}, protocol="test-queue", queue="q", depth=0)
-    with pytest.raises(TypeError, match=r"unexpected options token .*queue, depth"):
+    with pytest.raises(ConfigError, match=r"unexpected options token: .*queue, depth"):
         Registrar("http://127.0.0.1:1", {}, protocol="test-queue", queue="q", token="t")
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)

@@ -19,7 +19,7 @@ from bootstrap_lab import BootstrapLab
 from smg_support import Gateway, gateway_binary, workers
 from support import lookups_in_flight, sglang_payload, wait_until
 
-from registrar import HttpTransport, Registrar, State, smg_registrar
+from registrar import HttpSettings, HttpTransport, Registrar, State, smg_registrar
 from registrar.core._backoff import Backoff
 from registrar.integrations.sglang._rows import rank_summary
 from registrar.protocols._resolver import FRESH, RESOLVER
@@ -148,7 +148,7 @@ def test_moves_are_counted_once_per_move(names: Names, servers: Callable[..., An
     first = servers("127.0.0.2")
     second = servers("127.0.0.3", first.port)
     names.answers["moved.hang.test"] = "127.0.0.2"
-    http = HttpTransport(f"http://moved.hang.test:{first.port}", timeout=2.0)
+    http = HttpTransport(HttpSettings(f"http://moved.hang.test:{first.port}", timeout=2.0))
     try:
         assert not http.send("PUT", "/route", json=sglang_payload()).reconnected
         names.answers["moved.hang.test"] = "127.0.0.3"

@@ -19,8 +19,10 @@ from registrar.protocols._smg.settings import SmgSettings
 
 def test_a_given_transport_needs_no_url_and_no_http_option(registrars: list[Registrar]) -> None:
     transport = ScriptedTransport([accepted()])
-    # A timeout and token no HTTP request will use are not even looked at.
-    reg = Registrar(payload={"a": 1}, transport=transport, timeout=-1, token="a\nb")
+    # A timeout and token no HTTP request would use are refused, not silently dropped.
+    with pytest.raises(ConfigError, match=r"^Registrar got unexpected options timeout, token: a "):
+        Registrar(payload={"a": 1}, transport=transport, timeout=-1, token="a\nb")
+    reg = Registrar(payload={"a": 1}, transport=transport)
     registrars.append(reg)
     reg.start()
     assert reg.wait_for(State.REGISTERED, timeout=5)
@@ -44,8 +46,8 @@ def test_options_are_split_into_the_settings_values(registrars: list[Registrar])
     assert (http.url, http.timeout) == ("http://127.0.0.1:8998", (1.0, 2.0))
     reg = Registrar("http://127.0.0.1:8998/", sglang_payload(), timeout=(1, 2))
     assert reg.status().url == "http://127.0.0.1:8998"
-    with pytest.raises(TypeError, match="unexpected options bogus"):
-        Registrar("http://127.0.0.1:8998", sglang_payload(), bogus=1)
+    with pytest.raises(ConfigError, match="unexpected options bogus"):
+        Registrar("http://127.0.0.1:8998", sglang_payload(), bogus=1)  # type: ignore[call-arg]
 
 
 def test_a_ca_directory_is_accepted_where_a_bundle_is(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import requests
 from bootstrap_lab import BootstrapLab, Fault
 from support import sglang_payload
 
-from registrar import Route, Verdict
+from registrar import HttpSettings, Route, Verdict
 from registrar.protocols._sglang import SGLangTransport
 
 
@@ -17,7 +17,7 @@ def put(server: BootstrapLab, payload: dict) -> None:
 
 
 def ours(server: BootstrapLab) -> tuple[SGLangTransport, dict]:
-    transport = SGLangTransport(server.url, timeout=5.0)
+    transport = SGLangTransport(HttpSettings(server.url, timeout=5.0))
     payload = sglang_payload(tp_rank=0, tp_size=3, port=20000)
     assert transport.register(payload).verdict is Verdict.ACCEPTED
     return transport, payload
@@ -133,7 +133,7 @@ def test_connection_close_answers_are_not_reconnect_evidence(server: BootstrapLa
 
 
 def test_404_for_our_rank(server: BootstrapLab) -> None:
-    transport = SGLangTransport(server.url)
+    transport = SGLangTransport(HttpSettings(server.url))
     payload = sglang_payload(tp_rank=1, tp_size=2, port=20001)
     put(server, sglang_payload(tp_rank=0, tp_size=2, port=20000))
     put(server, sglang_payload(tp_rank=0, tp_size=2, port=20000))  # counted twice: "ready"
@@ -167,7 +167,7 @@ def test_a_reopened_connection_stays_evidence_when_its_request_gets_no_answer(
     # answer in time (a loaded server, a thousand ranks at once). The re-opening happened all
     # the same: the next check must still know it, else this rank reads "503, k workers"
     # from then on, never registers again, and the topology is never ready.
-    transport = SGLangTransport(server.url, timeout=timeout)
+    transport = SGLangTransport(HttpSettings(server.url, timeout=timeout))
     payload = sglang_payload(tp_rank=0, tp_size=3, port=20000)
     assert transport.register(payload).verdict is Verdict.ACCEPTED
     assert transport.check(payload).route is Route.UNDETERMINED

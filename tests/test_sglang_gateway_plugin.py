@@ -16,6 +16,7 @@ from registrar.integrations.sglang import _gateway as gateway
 from registrar.integrations.sglang import _plugin as plugin
 from registrar.integrations.sglang import _rows as rows
 from registrar.integrations.sglang._settings import PluginConfig, read_config
+from registrar.protocols._smg.settings import SmgSettings
 
 
 def _args(mode: str = "null", host: str = "127.0.0.1", port: int = 30001, **kw: Any) -> Any:
@@ -29,6 +30,10 @@ def _args(mode: str = "null", host: str = "127.0.0.1", port: int = 30001, **kw: 
     )
 
 
+def _gateway_at(url: str) -> gateway.GatewayConfig:
+    return gateway.GatewayConfig(smg={"gateways": (url,)}, loop={})
+
+
 def _configure(monkeypatch: pytest.MonkeyPatch, config: gateway.GatewayConfig) -> None:
     """The plugin's configuration as `load()` leaves it, with this gateway."""
     monkeypatch.setattr(rows, "_config", PluginConfig(registrar={}, gateway=config))
@@ -37,9 +42,9 @@ def _configure(monkeypatch: pytest.MonkeyPatch, config: gateway.GatewayConfig) -
 class FakeGroup:
     """Stands for the `RegistrarGroup` of smg registrars: records what is asked of it."""
 
-    def __init__(self, calls: list[str], gateways: list[str], url: str, kind: str, **kw: Any):
-        self.calls, self.gateways, self.url, self.kind = calls, gateways, url, kind
-        self.options = kw
+    def __init__(self, calls: list[str], settings: SmgSettings, spec: Any, loop: Any):
+        self.calls, self.settings, self.loop = calls, settings, loop
+        self.gateways = list(settings.gateways)
 
     def start(self) -> FakeGroup:
         self.calls.append("start")
@@ -67,8 +72,8 @@ def calls() -> Any:
 
 
 def _start(calls: list[str], config: gateway.GatewayConfig, args: Any) -> FakeGroup:
-    def make(*a: Any, **kw: Any) -> FakeGroup:
-        return FakeGroup(calls, *a, **kw)
+    def make(*a: Any) -> FakeGroup:
+        return FakeGroup(calls, *a)
 
     group = gateway.start(config, args, lambda: True, make=make)
     assert isinstance(group, FakeGroup)
@@ -81,7 +86,7 @@ def _start(calls: list[str], config: gateway.GatewayConfig, args: Any) -> FakeGr
 )
 def test_the_worker_is_what_sglang_s_arguments_say(mode: str, kind: str, port: int | None) -> None:
     worker = gateway.worker_of(_args(mode))
-    assert (worker["url"], worker["worker_type"], worker.get("bootstrap_port")) == (
+    assert (worker["worker_url"], worker["worker_type"], worker.get("bootstrap_port")) == (
         "http://127.0.0.1:30001",
         kind,
         port,
@@ -89,8 +94,8 @@ def test_the_worker_is_what_sglang_s_arguments_say(mode: str, kind: str, port: i
 
 
 def test_an_ipv6_host_is_bracketed_and_an_override_wins() -> None:
-    assert gateway.worker_of(_args(host="::1"))["url"] == "http://[::1]:30001"
-    assert gateway.worker_of(_args(host="0.0.0.0"), "http://127.0.0.2:9")["url"] == (
+    assert gateway.worker_of(_args(host="::1"))["worker_url"] == "http://[::1]:30001"
+    assert gateway.worker_of(_args(host="0.0.0.0"), "http://127.0.0.2:9")["worker_url"] == (
         "http://127.0.0.2:9"
     )
 
@@ -102,7 +107,7 @@ def test_a_wildcard_host_needs_the_worker_url(host: str) -> None:
 
 
 def test_a_wildcard_host_stops_the_server_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    _configure(monkeypatch, gateway.GatewayConfig(gateways=("http://127.0.0.1:1",)))
+    _configure(monkeypatch, _gateway_at("http://127.0.0.1:1"))
     manager = SimpleNamespace(is_ready=lambda: True)
     with pytest.raises(SystemExit, match=r"REGISTRAR_GATEWAY: --host 0\.0\.0\.0 is no address"):
         gateway.start_gateway(_args(host="0.0.0.0"), manager)
@@ -122,12 +127,14 @@ def test_the_gateway_variables_are_read(tmp_path: Any) -> None:
         }
     )
     assert config.gateway == gateway.GatewayConfig(
-        gateways=("http://127.0.0.1:30000", "http://127.0.0.1:30002"),
-        worker_url="http://127.0.0.1:30001",
-        key_file=str(key),
-        grace=3.0,
-        drain_timeout=7.0,
-        options={"watch_interval": 2.0},
+        smg={
+            "gateways": ("http://127.0.0.1:30000", "http://127.0.0.1:30002"),
+            "worker_url": "http://127.0.0.1:30001",
+            "key_file": str(key),
+            "grace": 3.0,
+            "drain_timeout": 7.0,
+        },
+        loop={"watch_interval": 2.0},
     )
     assert read_config({}).gateway is None
 
@@ -151,36 +158,38 @@ def test_what_the_plugin_cannot_honour_is_one_line(env: dict[str, str], message:
 
 
 def test_registrations_start_gated_on_readiness_with_the_server_s_worker(calls: list[str]) -> None:
-    config = gateway.GatewayConfig(
-        gateways=("http://127.0.0.1:30000",),
-        grace=3.0,
-        drain_timeout=7.0,
-        options={"watch_interval": 2.0, "on_failure": "exit", "token": "bootstrap"},
-    )
+    config = read_config(
+        {
+            "REGISTRAR_GATEWAY": "http://127.0.0.1:30000",
+            "REGISTRAR_READY_GRACE": "3",
+            "REGISTRAR_DRAIN_TIMEOUT": "7",
+            "REGISTRAR_WATCH_INTERVAL": "2",
+            "REGISTRAR_ON_FAILURE": "exit",
+            "REGISTRAR_TOKEN": "bootstrap",
+        }
+    ).gateway
+    assert config is not None
     group = _start(calls, config, _args("prefill"))
     assert calls == ["start"]
-    assert (group.gateways, group.url, group.kind) == (
+    settings = group.settings
+    assert (group.gateways, settings.worker_url, settings.worker_type) == (
         ["http://127.0.0.1:30000"],
         "http://127.0.0.1:30001",
         "prefill",
     )
-    ready = group.options.pop("ready")
-    assert ready() is True
+    assert callable(settings.ready)
+    assert settings.ready() is True
     # The rank's failure policy and the bootstrap token are not the gateway's.
-    assert group.options == {
-        "watch_interval": 2.0,
-        "grace": 3.0,
-        "drain_timeout": 7.0,
-        "bootstrap_port": 8998,
-        "max_attempts": None,
-    }
+    assert (settings.grace, settings.drain_timeout, settings.bootstrap_port) == (3.0, 7.0, 8998)
+    assert settings.key is None
+    assert group.loop == {"watch_interval": 2.0, "max_attempts": None}
     assert gateway.drain("test") is not None
     assert calls == ["start", "drain"]
     assert gateway.drain("again") is None  # once
 
 
 def test_the_drain_runs_at_sigterm_before_sglang_s_shutdown(calls: list[str]) -> None:
-    _start(calls, gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",)), _args("decode"))
+    _start(calls, _gateway_at("http://127.0.0.1:30000"), _args("decode"))
 
     class Manager:
         """SGLang's TokenizerManager as the wrapper sees it: a flag it polls (counted)."""
@@ -225,7 +234,7 @@ def test_without_a_gateway_sglang_s_watchdog_runs_unchanged() -> None:
 
 def test_server_info_shows_the_gateway_beside_the_bootstrap(calls: list[str]) -> None:
     assert plugin.after_server_info({}) == {}
-    _start(calls, gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",)), _args())
+    _start(calls, _gateway_at("http://127.0.0.1:30000"), _args())
     assert plugin.after_server_info({}) == {"registrar_gateway": []}
 
 
@@ -246,7 +255,7 @@ def test_before_0_5_20_the_gateway_reads_the_plugins_readiness(
     manager = SimpleNamespace(
         is_pause=False, gracefully_exit=False, server_status=SimpleNamespace(name="Starting")
     )
-    _configure(monkeypatch, gateway.GatewayConfig(gateways=("http://127.0.0.1:30000",)))
+    _configure(monkeypatch, _gateway_at("http://127.0.0.1:30000"))
     gateway.start_gateway(_args("decode"), manager)
     [ready] = given
     assert ready() is False

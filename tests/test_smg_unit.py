@@ -74,10 +74,11 @@ class Script:
 
 
 def transport(script: Script, clock: FakeClock, **kw: Any) -> SmgTransport:
-    ready = kw.pop("ready", None)
     if "token" in kw:
         kw["key"] = kw.pop("token")
-    return SmgTransport(SmgSettings(GATEWAY, WORKER, **kw), ready=ready, sender=script, clock=clock)
+    smg = SmgTransport(SmgSettings(GATEWAY, WORKER, **kw), clock=clock)
+    smg._http.send = script.send  # type: ignore[method-assign]  # the scripted control plane
+    return smg
 
 
 def test_register_posts_then_waits_until_listed_ready(clock: FakeClock) -> None:
@@ -228,9 +229,7 @@ def test_close_after_a_lost_answer_finds_the_worker_by_its_url(clock: FakeClock)
 def test_not_ready_for_the_grace_period_withdraws_the_worker(clock: FakeClock) -> None:
     ready = [True]
     script = Script(POST=[accepted()], GET=[listed()], DELETE=[answer(202, {})])
-    smg = transport(
-        script, clock, ready=lambda: None if ready[0] else "GET /ready answered 503", grace=10.0
-    )
+    smg = transport(script, clock, ready=lambda: ready[0], grace=10.0)
     assert smg.not_ready() is None
     smg.register(SPEC)
     ready[0] = False
@@ -254,7 +253,7 @@ def gated(clock: FakeClock) -> Iterator[tuple[Registrar, Script, list[bool]]]:
         DELETE=[answer(202, {})],
         LIST=[answer(200, {"workers": []})],
     )
-    smg = transport(script, clock, ready=lambda: None if ready[0] else "loading", grace=5.0)
+    smg = transport(script, clock, ready=lambda: ready[0], grace=5.0)
     reg = Registrar(
         GATEWAY,
         SPEC,
@@ -280,7 +279,7 @@ def test_waiting_for_readiness_sends_nothing_and_spends_no_budget(
     status = reg.status()
     assert status.state is State.REGISTERING  # max_attempts=1 and on_failure=stop: not spent
     assert status.attempts_total == 0
-    assert status.last_error == "not offered yet: loading"
+    assert status.last_error == "not offered yet: the readiness callable answered False"
     assert script.sent == []
     ready[0] = True
     assert reg.wait_for(State.REGISTERED, 5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from support import sglang_payload
 
-from registrar import Verdict
+from registrar import HttpSettings, Verdict
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.protocols._http import HttpTransport
 
@@ -19,7 +19,7 @@ def test_provider_is_asked_per_request(server: BootstrapServer) -> None:
         asked.append(1)
         return next(tokens)
 
-    transport = HttpTransport(server.url, token=provider)
+    transport = HttpTransport(HttpSettings(server.url, token=provider))
     try:
         assert transport.register(sglang_payload()).verdict is Verdict.ACCEPTED
         refused = transport.register(sglang_payload())
@@ -36,7 +36,7 @@ def test_a_failing_provider_fails_the_request_and_is_retried(server: BootstrapSe
     def provider() -> str | None:
         raise FileNotFoundError(2, "No such file or directory", "/run/token")
 
-    transport = HttpTransport(server.url, token=provider)
+    transport = HttpTransport(HttpSettings(server.url, token=provider))
     try:
         outcome = transport.register(sglang_payload())
     finally:

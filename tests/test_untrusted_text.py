@@ -12,7 +12,7 @@ import pytest
 from hostile_server import HostileServer, answer
 from support import ScriptedTransport, accepted, retry, route, sglang_payload, wait_until
 
-from registrar import Backoff, Registrar, State
+from registrar import Backoff, HttpSettings, Registrar, State
 from registrar.core import _rules as rules
 from registrar.core._outcome import Route
 from registrar.core._redact import MAX_SHOWN, clean
@@ -70,7 +70,7 @@ def test_a_conflicting_rank_ip_is_escaped_and_capped(
         registrars.append(reg)
         reg.start()
         assert reg.wait_for(State.REGISTERED, timeout=10)
-        transport = SGLangTransport(server.url)
+        transport = SGLangTransport(HttpSettings(server.url))
         try:
             check = transport.check(sglang_payload())
         finally:

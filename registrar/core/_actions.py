@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from ._machine import Trigger
 from ._outcome import RegisterOutcome, RouteCheck, Verdict
 from ._settings import OnFailureName
+from ._status import Changes
 
 
 class WaitKind(StrEnum):
@@ -187,5 +187,5 @@ class Decision:
     action: Action
     trigger: Trigger | None = None  # fired with `changes`, in one snapshot, before the action
     # The status fields this decision sets (a BACKOFF wait also publishes when it ends).
-    changes: dict[str, Any] = field(default_factory=dict)
+    changes: Changes = field(default_factory=Changes)
     notes: tuple[Note, ...] = ()

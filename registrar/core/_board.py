@@ -6,16 +6,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 from transitions import EventData
 
 from ._clock import Clock
 from ._errors import ConfigError
 from ._machine import State, Trigger, build_machine
-from ._status import Status
+from ._status import Changes, Status
 
 logger = logging.getLogger("registrar")
 
@@ -48,6 +48,7 @@ class StatusBoard:
         """A fresh lock, machine and delivery around `status` (also in a forked child, where
         locks another thread held are made again and nothing is pending)."""
         self.status = status
+        self._changes = Changes()  # of the trigger being fired
         self._machine = build_machine(status.state, self._changed)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -77,10 +78,12 @@ class StatusBoard:
         self.status = status
         self.changed.notify_all()
 
-    def fire(self, trigger: Trigger, changes: Mapping[str, Any]) -> bool:
+    def fire(self, trigger: Trigger, changes: Changes) -> bool:
         """Fire `trigger` with `changes` (the lock held): False, and nothing changed, when the
-        table does not allow it from here."""
-        if not self._machine.dispatch(trigger.value, **changes):
+        table does not allow it from here. The callback reads `changes` here, typed, not from
+        the event's untyped keywords."""
+        self._changes = changes
+        if not self._machine.dispatch(trigger.value):
             return False
         if self.deliverer is None:
             # No registrar thread to deliver it (not started, ended, or a forked child).
@@ -95,10 +98,10 @@ class StatusBoard:
         moved = event.transition
         assert moved is not None  # after a state change, there is always a transition
         old, new = State(moved.source), State(str(moved.dest))
-        self.publish(replace(self.status, state=new, since=self._clock.time(), **event.kwargs))
+        self.publish(replace(self.status, state=new, since=self._clock.time(), **self._changes))
         self._pending.append((old, new, self.status))
 
-    def apply(self, trigger: Trigger | None, changes: Mapping[str, Any]) -> bool:
+    def apply(self, trigger: Trigger | None, changes: Changes) -> bool:
         """Fire `trigger` with `changes`, or publish `changes` alone; False when the trigger is
         refused (stopped). Listeners hear it at once when the caller is the deliverer."""
         with self.changed:

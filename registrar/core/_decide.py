@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, assert_never
+from typing import assert_never
 
 from ._actions import (
     Answered,
@@ -42,7 +42,7 @@ from ._notes import say
 from ._outcome import Route, RouteCheck, Verdict
 from ._redact import clean
 from ._settings import EXIT_CODE, LoopSettings
-from ._status import Status
+from ._status import Changes, Status
 
 Draw = Callable[[], float]
 """A random draw in [0, 1), asked only when a delay is chosen."""
@@ -93,8 +93,9 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
             assert_never(seen)
     if isinstance(seen, Looked | Checked) and seen.check is not None:
         # What a check found is published whatever is decided on it.
-        found = {"route": seen.check.route.value, "server_reachable": seen.check.reachable}
-        decision = _with(decision, {**found, "last_check_at": seen.at, "last_request_at": seen.at})
+        check = seen.check
+        found = Changes(route=check.route.value, server_reachable=check.reachable)
+        decision = _with(decision, found | {"last_check_at": seen.at, "last_request_at": seen.at})
     return decision
 
 
@@ -133,7 +134,7 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
 
 def _held(state: LoopState, seen: Held) -> Decision:
     notes = () if state.holding else (say("held", state.url, clean(seen.reason, 200)),)
-    changes = {"last_error": f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}"}
+    changes = Changes(last_error=f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}")
     wait = Wait(seen.interval, WaitKind.READY)
     return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
 
@@ -171,8 +172,8 @@ def _send(state: LoopState, now: float) -> Decision:
     return Decision(state, Send(state.streak + 1, state.due is None or now >= state.due))
 
 
-def _with(decision: Decision, changes: dict[str, Any]) -> Decision:
-    return replace(decision, changes={**changes, **decision.changes})
+def _with(decision: Decision, changes: Changes) -> Decision:
+    return replace(decision, changes=changes | decision.changes)
 
 
 def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
@@ -212,7 +213,7 @@ def _may_hold_ours(check: RouteCheck) -> bool:
 
 def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     outcome, now, status = seen.outcome, given.now, given.status
-    changes: dict[str, Any] = {"server_reachable": outcome.reachable, "last_request_at": seen.at}
+    changes = Changes(server_reachable=outcome.reachable, last_request_at=seen.at)
     if not seen.free:
         changes["attempts_total"] = status.attempts_total + 1
     if outcome.verdict is Verdict.ACCEPTED:
@@ -220,7 +221,7 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
         again = "registered again" if state.ever_registered else "registered"
         note = say("accepted", again, state.url, number, "" if number == 1 else "s")
         # What a look found before this PUT says nothing about the route now.
-        return _with(_registered(given, state, seen.at, 1, note), {**changes, "route": None})
+        return _with(_registered(given, state, seen.at, 1, note), changes | {"route": None})
     changes["last_error"] = outcome.error
     retry = outcome.verdict is Verdict.RETRY
     refused = outcome.refused and retry
@@ -293,15 +294,15 @@ def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
         return replace(_after(state, now, state.delay, retry), trigger=Trigger.GIVE_UP)
     code = EXIT_CODE if seen.answer == "exit" else None
     notes = () if code is None else (say("exit", code),)
-    changes = {"next_attempt_at": None, "retrying": False}
+    changes = Changes(next_attempt_at=None, retrying=False)
     return Decision(state, Stop(code), Trigger.GIVE_UP, changes, notes)
 
 
 def _registered(given: _Given, state: LoopState, at: float, added: int, note: Note) -> Decision:
     """Accepted, or found present: `added` registrations more (0 for an adoption)."""
     count = given.status.registrations + added
-    succeeded = {"attempt": 0, "last_error": None, "next_attempt_at": None, "retrying": False}
-    changes = succeeded | {"registrations": count, "last_success_at": at}
+    changes = Changes(attempt=0, last_error=None, next_attempt_at=None, retrying=False)
+    changes |= {"registrations": count, "last_success_at": at}
     # Check at once (the check right after the PUT or the adoption), then watch.
     watching = replace(state, ever_registered=True, checks=0, probing=False, broken=0)
     decision = _check(watching, given.now, just_put=True)
@@ -380,5 +381,5 @@ def _lose(given: _Given, state: LoopState, evidence: str) -> Decision:
     delay = rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
     note = say("lost", state.url, evidence, delay)
     decision = _after(_new_run(state, given.now), given.now, delay, (note,))
-    lost = {"reregistrations": given.status.reregistrations + 1, "retrying": True}
+    lost = Changes(reregistrations=given.status.reregistrations + 1, retrying=True)
     return replace(_with(decision, lost), trigger=Trigger.LOSE)

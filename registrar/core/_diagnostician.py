@@ -12,7 +12,7 @@ from ._board import RequestEvent, StatusBoard
 from ._clock import Clock
 from ._diagnosis import Evidence, diagnose
 from ._machine import State
-from ._status import Status
+from ._status import Changes, Status
 
 logger = logging.getLogger("registrar")
 
@@ -44,7 +44,7 @@ class Diagnostician:
                 self._run += 1
             shown = self._board.status.diagnosis
             if shown is not None:
-                self._board.apply(None, {"diagnosis": None})
+                self._board.apply(None, Changes(diagnosis=None))
                 logger.info("diagnosis %s cleared: the bootstrap server answers", shown.code)
             return
         with self._lock:
@@ -86,7 +86,7 @@ class Diagnostician:
                 # A bootstrap server answers the probe: nothing to say yet; look again later.
                 self._since, self._busy = self._clock.monotonic(), False
                 return
-            self._board.apply(None, {"diagnosis": found})
+            self._board.apply(None, Changes(diagnosis=found))
         status = self._board.status
         logger.warning(
             "registration with %s: %s [diagnosis %s]%s",

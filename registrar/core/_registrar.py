@@ -10,9 +10,9 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, Unpack
 
 from ._aio import wait_for_state
 from ._board import Listener, RequestListener, StatusBoard
@@ -22,8 +22,15 @@ from ._machine import State, Trigger
 from ._redact import encode_payload
 from ._registry import protocol_factory
 from ._runner import Controls, Runner
-from ._settings import Hooks, HttpSettings, LoopSettings, split_options
-from ._status import Status
+from ._settings import (
+    Hooks,
+    LoopSettings,
+    Options,
+    options_of,
+    refuse_unknown,
+    split_options,
+)
+from ._status import Changes, Status
 from ._transport import Abortable, Diagnosable, FleetSized, Resolving, Transport, WatchBounded
 
 logger = logging.getLogger("registrar")
@@ -56,11 +63,49 @@ def _fleet_size(transport: Transport, payload: Mapping[str, Any]) -> int:
     return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
 
 
+def _built(
+    url: str | Sequence[str] | None,
+    payload: dict[str, Any],
+    protocol: str,
+    settings: object,
+    options: dict[str, Any],
+) -> tuple[Transport, dict[str, Any]]:
+    """The protocol's transport from its settings value: the one given, else made of `url` and
+    the options that are its fields (an option it has no field for is refused in one line)."""
+    factory = protocol_factory(protocol)
+    kind = factory.settings
+    if settings is None:
+        names = options_of(kind)
+        refuse_unknown(
+            {k: v for k, v in options.items() if k not in names},
+            "Registrar",
+            f"protocol {protocol!r} takes {', '.join(names)} ({kind.__name__}) and the loop's",
+        )
+        missing = [name for name in options_of(kind, required=True) if name not in options]
+        if missing:
+            raise ConfigError(
+                f"protocol {protocol!r} needs {', '.join(missing)} (fields of {kind.__name__})"
+            )
+        settings = kind(url, **options)
+    elif not isinstance(settings, kind):
+        raise ConfigError(
+            f"settings of protocol {protocol!r} must be a {kind.__name__}, got {settings!r}"
+        )
+    else:
+        refuse_unknown(
+            {**options, **({} if url is None else {"url": url})},
+            "Registrar",
+            f"settings= holds them (give them to {kind.__name__}, not beside it)",
+        )
+    return factory.build(payload, settings)
+
+
 class Registrar:
     """Registers `payload` with the bootstrap server at `url` and keeps it registered, from one
     daemon thread named "registrar" (`start()` returns at once). The protocol is found by name
-    (`registrar.core._registry`; "sglang" by default), or `transport=` plugs in any `Transport`.
-    `options` are split by the fields of `LoopSettings`, `Hooks` and the protocol's settings."""
+    (`registrar.core._registry`; "sglang" by default) and built from its settings value:
+    `settings=` given whole, or `url` and the HTTP `options` (`HttpSettings`); `transport=` plugs
+    in any `Transport`. The other `options` are the fields of `LoopSettings` and `Hooks`."""
 
     def __init__(
         self,
@@ -68,31 +113,26 @@ class Registrar:
         payload: Mapping[str, Any] | None = None,
         *,
         protocol: str = "sglang",
+        settings: object = None,
         transport: Transport | None = None,
-        **options: Any,
+        **options: Unpack[Options],
     ) -> None:
-        watch = options.get("watch_interval")  # etcd's lease bounds it: None is its longest
-        loop = LoopSettings(**split_options(options, LoopSettings))
-        hooks = Hooks(**{k: v for k, v in split_options(options, Hooks).items() if v is not None})
+        given: dict[str, Any] = dict(options)
+        loop = LoopSettings(**split_options(given, LoopSettings))
+        hooks = Hooks(**{k: v for k, v in split_options(given, Hooks).items() if v is not None})
         sent = encode_payload(payload, loop.max_payload_bytes)
         if transport is None:
-            factory = protocol_factory(protocol)
-            names = [f.name for f in fields(factory.settings)][1:]
-            unknown = sorted(set(options) - set(names))
-            if unknown:
-                raise TypeError(
-                    f"Registrar got unexpected options {', '.join(unknown)} for protocol "
-                    f"{protocol!r} (it takes {', '.join(names)} and the loop's)"
-                )
-            transport, sent = factory.build(sent, factory.settings(url, **options))
-            if isinstance(transport, WatchBounded):
-                loop = replace(loop, watch_interval=transport.fit_watch_interval(watch))
+            transport, sent = _built(url, sent, protocol, settings, given)
         elif not isinstance(transport, Transport):
             raise ConfigError(f"transport must implement registrar.Transport, got {transport!r}")
-        else:  # given: nothing about HTTP is needed, nor checked
-            unknown = sorted(set(options) - {f.name for f in fields(HttpSettings)})
-            if unknown:
-                raise TypeError(f"Registrar got unexpected options {', '.join(unknown)}")
+        else:  # given: its settings are the transport's own
+            refuse_unknown(
+                given, "Registrar", "a transport given directly takes its settings itself"
+            )
+        if isinstance(transport, WatchBounded):
+            chosen = "watch_interval" in options
+            fitted = transport.fit_watch_interval(loop.watch_interval, chosen)
+            loop = replace(loop, watch_interval=fitted)
         self._transport = transport
         clock = hooks.clock
         initial = Status(state=State.UNREGISTERED, since=clock.time(), url=transport.display_url)
@@ -182,7 +222,7 @@ class Registrar:
             # Created, handed the delivery and started under the lock: stop() never sees a
             # thread that exists but cannot be joined yet.
             self._thread = board.deliverer = thread
-            board.fire(Trigger.START, {})  # the lock held: the thread cannot run before it
+            board.fire(Trigger.START, Changes())  # the lock held: the thread cannot run before it
             thread.start()
         return self
 
@@ -201,7 +241,7 @@ class Registrar:
         if self._forked_from is None and isinstance(self._transport, Abortable):
             # A request in flight need not run to its deadline: its answer no longer matters.
             self._transport.abort()
-        board.apply(Trigger.STOP, {})
+        board.apply(Trigger.STOP, Changes())
         ended = True
         if thread is not None and thread is not me:
             # Once the gate is ours, the thread is not inside a request and will see the flag.

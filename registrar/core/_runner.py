@@ -37,6 +37,7 @@ from ._machine import State, Trigger
 from ._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ._redact import clean
 from ._settings import POLICIES, LoopSettings, OnFailureName
+from ._status import Changes
 from ._transport import Gated, IdleWatcher, Transport
 from ._waker import Waker
 
@@ -91,8 +92,9 @@ class Runner:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
             logger.exception("registrar thread ended on an unexpected error")
-            died = {"last_error": f"internal error: {exc!r}", "thread_died": True}
-            self.board.apply(None, {**died, "retrying": False, "next_attempt_at": None})
+            error = f"internal error: {exc!r}"
+            died = Changes(last_error=error, thread_died=True, retrying=False, next_attempt_at=None)
+            self.board.apply(None, died)
         finally:
             try:
                 self.transport.close()
@@ -118,7 +120,7 @@ class Runner:
         refused. A backoff wait is published as when the next attempt is due."""
         changes, action = decision.changes, decision.action
         if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-            changes = {**changes, "next_attempt_at": self.clock.time() + action.delay}
+            changes = changes | {"next_attempt_at": self.clock.time() + action.delay}
             changes["retrying"] = True
         if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
             self.controls.take_reports()  # a report from before this PUT says nothing about it
@@ -212,7 +214,7 @@ class Runner:
         with self.controls.gate:
             if self.controls.stopping:
                 return Stopping()
-            in_flight = {"attempt": action.number, "next_attempt_at": None, "retrying": True}
+            in_flight = Changes(attempt=action.number, next_attempt_at=None, retrying=True)
             self.board.apply(None, in_flight)
             started = time.monotonic()
             try:

@@ -8,12 +8,13 @@ import os
 import random
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, get_args
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from . import _rules as rules
 from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
 from ._clock import Clock, SystemClock
+from ._errors import ConfigError
 from ._status import Status
 from ._transport import Timeout, Token
 
@@ -78,6 +79,23 @@ def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any
     return {name: options.pop(name) for name in list(options) if name in names}
 
 
+def refuse_unknown(options: Mapping[str, Any], takes: str, fix: str) -> None:
+    """The run-time twin of the typed keywords, for callers without a type checker: one line
+    naming each option left over, what the caller takes and how to give the option instead."""
+    if options:
+        raise ConfigError(f"{takes} got unexpected options {', '.join(sorted(options))}: {fix}")
+
+
+def options_of(settings: type[Any], required: bool = False) -> list[str]:
+    """The fields a settings class is made of after its first (the URL); `required`: those
+    without a default."""
+    return [
+        f.name
+        for f in fields(settings)[1:]
+        if f.init and not (required and (f.default, f.default_factory) != (MISSING, MISSING))
+    ]
+
+
 def default_of(settings: type[Any], name: str) -> Any:
     """The default of field `name` of a settings class (what `--help` shows)."""
     return settings.__dataclass_fields__[name].default
@@ -131,6 +149,35 @@ class HttpSettings:
 
     def __post_init__(self) -> None:
         rules.check_fields(self, self.RULES)
+
+
+class LoopOptions(TypedDict, total=False):
+    """The keywords of every front door that are fields of `LoopSettings` and `Hooks` (checked
+    against them by tests/test_front_doors.py): what mypy checks at a caller."""
+
+    backoff: Backoff
+    max_attempts: int | None
+    max_elapsed: float | None
+    on_failure: OnFailure
+    watch_interval: float | None
+    max_retry_after: float
+    max_payload_bytes: int
+    diagnose_after: float | None
+    clock: Clock
+    rng: Callable[[], float]
+    exit: Callable[[int], None]
+
+
+class HttpOptions(TypedDict, total=False):
+    """The fields of `HttpSettings` after the URL, as keywords."""
+
+    timeout: Timeout
+    token: Token | None
+    verify: bool | str
+
+
+class Options(LoopOptions, HttpOptions, total=False):
+    """`Registrar`'s keywords: the loop's, and the HTTP settings of a protocol built on them."""
 
 
 @dataclass(frozen=True)

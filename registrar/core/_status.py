@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from ._diagnosis import Diagnosis
 from ._machine import State
@@ -66,3 +66,24 @@ class Status:
         by one rule: Python names in Python, JSON names on the wire)."""
         data = asdict(self) | {"state": self.state.value}
         return data | {key: iso_utc(data[key]) for key in _TIMESTAMPS}
+
+
+class Changes(TypedDict, total=False):
+    """The fields of `Status` a change sets (all but the state, its time and the URL, which
+    the machine and construction set): typed from `decide` to the snapshot."""
+
+    attempt: int
+    attempts_total: int
+    last_error: str | None
+    last_success_at: float | None
+    next_attempt_at: float | None
+    registrations: int
+    reregistrations: int
+    server_reachable: bool | None
+    last_check_at: float | None
+    route: str | None
+    retrying: bool
+    last_request_at: float | None
+    resolution: str | None
+    thread_died: bool
+    diagnosis: Diagnosis | None

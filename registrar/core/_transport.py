@@ -87,11 +87,12 @@ class FleetSized(Protocol):
 
 @runtime_checkable
 class WatchBounded(Protocol):
-    """Optional: route checks keep the registration alive (etcd's lease), so the watch interval
-    has a longest value. A registrar built by protocol name asks it."""
+    """Optional: the protocol fits the watch interval, whatever front door built the registrar:
+    etcd's checks renew its lease (a longest value), smg's undo an operator's DELETE (its own
+    default)."""
 
-    def fit_watch_interval(self, given: float | None) -> float:
-        """`given`, or the longest when None; `ConfigError` for one longer than that."""
+    def fit_watch_interval(self, given: float | None, chosen: bool) -> float | None:
+        """The interval to use for `given` (`chosen`: the caller set it); `ConfigError` if unfit."""
 
 
 @runtime_checkable
@@ -115,7 +116,7 @@ class Gated(Protocol):
         """None when the registration may be offered now, else why not in one line; never raises."""
 
 
-def file_token(path: str | os.PathLike[str], name: str = "token file") -> TokenProvider:
+def file_token(path: str | os.PathLike[str], name: str) -> TokenProvider:
     """A `TokenProvider` reading `path` before each request; `ConfigError` naming `name` when it
     cannot be read now or is empty (missing mid-rotation: that request fails and is retried)."""
     source = Path(path)

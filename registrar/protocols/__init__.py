@@ -12,23 +12,18 @@ from ..core._transport import Transport
 from ._etcd.settings import EtcdSettings
 from ._etcd.transport import EtcdTransport
 from ._http import HttpTransport
-from ._sglang import SGLangTransport, token_from_env, validate_payload
+from ._sglang import SGLangTransport, validate_payload
 from ._smg.settings import SmgSettings
 from ._smg.spec import validate_spec, worker_spec
 from ._smg.transport import SmgTransport
 
 
 def _sglang(payload: Mapping[str, Any], s: HttpSettings) -> tuple[Transport, dict[str, Any]]:
-    checked = validate_payload(payload)
-    token, source = token_from_env(s.token)
-    made = SGLangTransport(
-        s.url, token=token, token_source=source, timeout=s.timeout, verify=s.verify
-    )
-    return made, checked
+    return SGLangTransport(s), validate_payload(payload)
 
 
 def _http(payload: Mapping[str, Any], s: HttpSettings) -> tuple[Transport, dict[str, Any]]:
-    return HttpTransport(s.url, token=s.token, timeout=s.timeout, verify=s.verify), dict(payload)
+    return HttpTransport(s), dict(payload)
 
 
 def _etcd(payload: Mapping[str, Any], s: EtcdSettings) -> tuple[Transport, dict[str, Any]]:

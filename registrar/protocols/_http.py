@@ -15,13 +15,12 @@ import urllib3
 from urllib3.exceptions import HTTPError
 
 from .._version import __version__
-from ..core import _rules as rules
 from ..core._diagnosis import Evidence
 from ..core._errors import describe_exception, root_cause
 from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, redact_url
 from ..core._settings import HttpSettings
-from ..core._transport import Timeout, Token, connect_read, deadline_seconds
+from ..core._transport import Token, connect_read, deadline_seconds
 from ..core._waker import Waker, wait_readable
 from ._deadline import DeadlineExceeded, Watchdog
 from ._httpconn import (
@@ -59,34 +58,29 @@ MAX_HARMLESS_CLOSES = 2  # closes a check showed harmless, after which closes ar
 
 
 class HttpTransport:
-    """Registers by sending the payload as JSON (`PUT {url}{path}` by default); `timeout` bounds
-    the whole request as docs/index.md says; `token_source` names the token's origin in messages."""
+    """Registers by sending the payload as JSON (`PUT {url}{path}`), from its settings value as
+    it is (validated once, when it was made); `timeout` bounds the whole request as docs/index.md
+    says. What a protocol fixes is a keyword: the path, the token and where it came from when
+    the protocol found it elsewhere (named in messages), a client certificate."""
 
     token_hint = "check the auth token"
     token_how = "pass one with token="
 
-    def __init__(  # noqa: PLR0913 - the documented keyword front door; the values it builds check
+    def __init__(
         self,
-        url: str,
+        settings: HttpSettings,
         *,
         path: str = "/route",
-        method: str = "PUT",
-        token: Token | None = None,
-        token_source: str = "token",
-        timeout: Timeout = 5.0,
-        verify: bool | str = True,
-        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        auth: tuple[Token | None, str] | None = None,
         cert: tuple[str, str] | None = None,
     ) -> None:
-        settings = HttpSettings(url, timeout=timeout, token=token, verify=verify)
         self._url = settings.url
-        self._auth = Credentials(self._url, settings.token, token_source)
+        token, source = (settings.token, "token") if auth is None else auth
+        self._auth = Credentials(self._url, token, source)
         self.display_url = redact_url(self._url)
         self._path = path if path.startswith("/") else f"/{path}"
-        self._method = method
         self.deadline = deadline_seconds(settings.timeout)  # seconds one request may take in all
         self._connect_timeout, self._read_timeout = connect_read(settings.timeout)
-        self._max_answer_bytes = rules.applied("max_answer_bytes", max_answer_bytes, rules.count)
         self._watchdog = Watchdog()
         where = Endpoint.of(self._url)
         # Proxies from the environment are not followed: the server is on the cluster's network.
@@ -251,10 +245,10 @@ class HttpTransport:
     def _cap(self, limit: int | None) -> Callable[[int], int]:
         if limit is not None:
             return lambda _: limit
-        return lambda status: self._max_answer_bytes if 200 <= status < 300 else EXCERPT_BYTES
+        return lambda status: DEFAULT_MAX_ANSWER_BYTES if 200 <= status < 300 else EXCERPT_BYTES
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:
-        return self.classify_registration(self.send(self._method, self._path, json=dict(payload)))
+        return self.classify_registration(self.send("PUT", self._path, json=dict(payload)))
 
     def evidence(self, payload: Mapping[str, Any]) -> Evidence:
         """What a fresh probe sees, the rank's own HTTP port knocked on too when it has one."""

@@ -13,7 +13,8 @@ from ..core import _rules as rules
 from ..core._errors import ConfigError
 from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, json_object, load_json
-from ..core._transport import Token
+from ..core._settings import HttpSettings
+from ..core._transport import Token, file_token
 from ._http import HttpTransport
 from ._httpvalues import HttpResult, with_query
 from ._probe import Answer
@@ -157,11 +158,29 @@ def rank_of(payload: Mapping[str, Any]) -> Rank:
     )
 
 
-def token_from_env(token: Token | None) -> tuple[Token | None, str]:
-    """The explicit token (or provider), else SGLang's from its environment; and its source."""
+def bootstrap_token(
+    token: Token | None = None,
+    token_file: str | None = None,
+    *,
+    variable_file: str | None = None,
+    variable: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[Token | None, str]:
+    """The bootstrap server's bearer token and where it came from: the one place deciding its
+    precedence, first found wins. Given directly (a flag, `token=`), then `--token-file`, then
+    `REGISTRAR_TOKEN_FILE` (not visible in ps), then `REGISTRAR_TOKEN` (each checked where it
+    was read: the options table, `HttpSettings`), then SGLang's own variable from `env` (the
+    process's when None; `{}` leaves it to the protocol). A file is read before each request."""
     if token is not None:
         return token or None, "token" if token else TOKEN_ENV
-    return rules.applied(TOKEN_ENV, os.environ.get(TOKEN_ENV), rules.header_token), TOKEN_ENV
+    if token_file is not None:
+        return file_token(token_file, "--token-file"), "token"
+    if variable_file is not None:
+        return file_token(variable_file, "REGISTRAR_TOKEN_FILE"), "token"
+    if variable is not None:
+        return variable or None, "token"
+    found = (os.environ if env is None else env).get(TOKEN_ENV)
+    return rules.applied(TOKEN_ENV, found, rules.header_token), TOKEN_ENV
 
 
 @dataclass
@@ -190,8 +209,8 @@ class SGLangTransport(HttpTransport):
     token_hint = "check the bootstrap auth token"
     token_how = f"pass one with token= or {TOKEN_ENV}"
 
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, path="/route", **options)
+    def __init__(self, settings: HttpSettings) -> None:
+        super().__init__(settings, path="/route", auth=bootstrap_token(settings.token))
         self._evidence = _Evidence()
 
     def register(self, payload: Mapping[str, Any]) -> RegisterOutcome:

@@ -77,7 +77,6 @@ class HealthServer:
     def __init__(self, app: WSGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
         self._listener = bind(host, port, backlog=LISTEN_BACKLOG)
         self._listener.setblocking(False)
-        self.host = host
         self.port: int = self._listener.getsockname()[1]
         self.url = f"http://{hostport(host, self.port)}"
         self._app = app

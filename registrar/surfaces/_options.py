@@ -285,7 +285,8 @@ OPTIONS: tuple[Option, ...] = (
         "PROTOCOL",
         str,
         "sglang",
-        "sglang (PUT /route and watch the rank) or http (PUT only) (default: sglang)",
+        "sglang (PUT /route and watch the rank), http (PUT only), or any registered protocol "
+        "(etcd, smg, ...): it takes the options that are its settings' fields (default: sglang)",
         plugin="the plugin speaks SGLang's bootstrap protocol",
     ),
     Option(

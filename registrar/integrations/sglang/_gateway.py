@@ -9,13 +9,13 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ...core import _rules as rules
 from ...core._diagnosis import hostport
 from ...core._errors import ConfigError
 from ...core._group import RegistrarGroup
+from ...protocols._smg.settings import SmgSettings
 from ._rows import current_config
 from ._settings import GatewayConfig
 from ._tables import readiness
@@ -25,16 +25,13 @@ logger = logging.getLogger("registrar.integrations.sglang.gateway")
 # SGLang's `--disaggregation-mode` to the gateway's worker type.
 WORKER_TYPES = {"prefill": "prefill", "decode": "decode", "null": "regular", None: "regular"}
 _SIGNAL_POLL = 0.25  # seconds between looks at `gracefully_exit` (a flag read)
-# The shared `Registrar` options the gateway registrations take too (the bootstrap token and the
-# failure policy are a prefill rank's, not the gateway's).
-_PASSED = ("timeout", "verify", "backoff", "max_retry_after", "watch_interval")
-
 _group: RegistrarGroup | None = None
 _lock = threading.Lock()
 
 
 def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]:
-    """The smg worker spec from SGLang's server args, or `ConfigError` naming what to set."""
+    """The worker's `SmgSettings` fields from SGLang's server args (`worker_url` given wins), or
+    `ConfigError` naming what to set."""
     mode = getattr(server_args, "disaggregation_mode", None)
     if mode not in WORKER_TYPES:
         raise ConfigError(f"--disaggregation-mode {mode!r} has no smg worker type")
@@ -52,10 +49,10 @@ def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]
             )
         scheme = "https" if getattr(server_args, "ssl_certfile", None) else "http"
         worker_url = f"{scheme}://{hostport(host, getattr(server_args, 'port', None))}"
-    spec = {"url": rules.applied("worker url", worker_url, rules.url), "worker_type": kind}
+    worker: dict[str, Any] = {"worker_url": worker_url, "worker_type": kind}
     if kind == "prefill":
-        spec["bootstrap_port"] = int(server_args.disaggregation_bootstrap_port)
-    return spec
+        worker["bootstrap_port"] = int(server_args.disaggregation_bootstrap_port)
+    return worker
 
 
 def start(
@@ -63,32 +60,17 @@ def start(
     server_args: Any,
     ready: Callable[[], bool],
     *,
-    make: Callable[..., RegistrarGroup] | None = None,
+    make: Callable[[SmgSettings, None, Mapping[str, Any]], RegistrarGroup] | None = None,
 ) -> RegistrarGroup:
-    """The plugin keeps one group: a new one replaces it."""
+    """The plugin keeps one group, built as the library's (`smg_group`): a new one replaces it."""
     global _group
-    worker = worker_of(server_args, config.worker_url)
-    extra: dict[str, Any] = {k: v for k, v in (config.options or {}).items() if k in _PASSED}
-    for name, value in (
-        ("key_file", config.key_file),
-        ("grace", config.grace),
-        ("drain_timeout", config.drain_timeout),
-        ("bootstrap_port", worker.get("bootstrap_port")),
-    ):
-        if value is not None:
-            extra[name] = value
+    worker = worker_of(server_args, config.smg.get("worker_url"))
+    settings = SmgSettings(**{**config.smg, **worker}, ready=ready)
     if make is None:
-        from ..._assembly import smg_registrars  # noqa: PLC0415 - only with a gateway
+        from ..._assembly import smg_group  # noqa: PLC0415 - only with a gateway
 
-        make = smg_registrars
-    group = make(
-        list(config.gateways),
-        worker["url"],
-        worker["worker_type"],
-        ready=ready,
-        max_attempts=None,
-        **extra,
-    )
+        make = smg_group
+    group = make(settings, None, {**config.loop, "max_attempts": None})
     with _lock:
         previous, _group = _group, group
     if previous is not None:
@@ -96,10 +78,10 @@ def start(
     group.start()
     logger.info(
         "offering %s (%s) to the gateway%s %s once /ready holds; drained at SIGTERM",
-        worker["url"],
-        worker["worker_type"],
-        "" if len(config.gateways) == 1 else "s",
-        ", ".join(config.gateways),
+        settings.worker_url,
+        settings.worker_type,
+        "" if len(settings.gateways) == 1 else "s",
+        ", ".join(settings.gateways),
     )
     return group
 

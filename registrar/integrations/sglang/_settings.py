@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
-from ...core._transport import file_token
+from ...core._transport import Token, file_token
+from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
 from ...surfaces._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_seconds_or_zero
 from ...surfaces.env import command_options_from_env, describe_env, options_from_env
@@ -58,12 +59,11 @@ def describe_plugin_env(prefix: str = ENV_PREFIX) -> str:
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    gateways: tuple[str, ...]
-    worker_url: str | None = None  # else built from `--host`/`--port`
-    key_file: str | None = None
-    grace: float | None = None
-    drain_timeout: float | None = None
-    options: Mapping[str, Any] | None = None  # the bootstrap registrations' (_gateway picks)
+    """`REGISTRAR_GATEWAY` and its companions: the `SmgSettings` fields they set (the worker is
+    SGLang's, known at start) and the `Registrar` options the gateway registrations share."""
+
+    smg: Mapping[str, Any]
+    loop: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -112,25 +112,29 @@ def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayC
         return None
     if command.get("gateway_key_file") is not None:
         file_token(command["gateway_key_file"], f"{ENV_PREFIX}GATEWAY_KEY_FILE")  # checked now
+    smg = {
+        str(o.field): command[o.key]
+        for o in OPTIONS
+        if o.settings is SmgSettings and o.key in command
+    }
+    # The bootstrap token and the failure policy are a prefill rank's, not the gateway's.
     return GatewayConfig(
-        gateways=tuple(gateways),
-        worker_url=command.get("worker_url"),
-        key_file=command.get("gateway_key_file"),
-        grace=command.get("ready_grace"),
-        drain_timeout=command.get("drain_timeout"),
-        options=dict(options),
+        smg={**smg, "gateways": tuple(gateways), **_picked(options, ("timeout", "verify"))},
+        loop=_picked(options, ("backoff", "max_retry_after", "watch_interval")),
     )
 
 
-def _token(command: Mapping[str, Any]) -> str | Callable[[], str | None] | None:
-    """As `registrar register` reads them: the file (read before each request, for rotation)
-    wins over the fixed token; neither leaves SGLang's own variable to the registrar."""
-    path = command.get("token_file")
-    if path is not None:
-        return file_token(path, f"{ENV_PREFIX}TOKEN_FILE")
-    name = f"{ENV_PREFIX}TOKEN"
-    token: str | None = rules.applied(name, command.get("token"), rules.header_token)
-    return token  # checked now, not per rank
+def _picked(options: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: options[name] for name in names if name in options}
+
+
+def _token(command: Mapping[str, Any]) -> Token | None:
+    """As `registrar register` reads them (`bootstrap_token`'s order), checked now, not per rank;
+    neither leaves SGLang's own variable to the registrar."""
+    token, _ = bootstrap_token(
+        variable_file=command.get("token_file"), variable=command.get("token"), env={}
+    )
+    return token
 
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:

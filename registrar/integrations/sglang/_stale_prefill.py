@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core._redact import clean, load_json
+from ...core._settings import HttpSettings
 from ...protocols._http import HttpTransport
 from ...protocols._httpvalues import with_query
 from ...protocols._sglang import Rank
@@ -119,7 +120,9 @@ class _Watch:
     """The checks of one prefill from one decode manager: its connection and evidence."""
 
     def __init__(self, addr: str) -> None:
-        self.transport = HttpTransport(f"http://{addr}", path="/route", timeout=_TIMEOUT)
+        self.transport = HttpTransport(
+            HttpSettings(f"http://{addr}", timeout=_TIMEOUT), path="/route"
+        )
         self.cache: Any = None
         self.pending: str | None = None
 

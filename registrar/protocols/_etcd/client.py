@@ -12,6 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 from ...core._redact import Secrets, clean, redact_url
+from ...core._settings import HttpSettings
 from .._http import HttpTransport
 from .._httpconn import TlsError, TlsFiles
 from .._httpvalues import HttpResult
@@ -136,7 +137,9 @@ class EtcdClient:
         self.shown = [redact_url(url) for url in self.urls]
         self._http = [
             HttpTransport(
-                url, path="/", timeout=settings.timeout, verify=settings.verify, cert=settings.cert
+                HttpSettings(url, timeout=settings.timeout, verify=settings.verify),
+                path="/",
+                cert=settings.cert,
             )
             for url in self.urls
         ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
@@ -36,6 +36,18 @@ def _cert(value: object) -> tuple[str, str] | None:
     ):
         return (value[0], value[1])
     raise rules.Invalid("must be a (certificate file, key file) pair of readable files")
+
+
+class EtcdOptions(TypedDict, total=False):
+    """The fields of `EtcdSettings` after the endpoints and the key, as keywords."""
+
+    ttl: float
+    keepalive_fraction: float
+    username: str | None
+    password: str | None
+    timeout: Timeout
+    verify: bool | str
+    cert: tuple[str, str] | None
 
 
 @dataclass(frozen=True)

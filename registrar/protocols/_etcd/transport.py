@@ -18,32 +18,31 @@ from ...core._waker import Waker
 from .._httpconn import TlsError
 from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
 from .settings import EtcdSettings
-from .watch import MAX_WATCH_MESSAGE, KeyWatch
+from .watch import KeyWatch
 
 logger = logging.getLogger("registrar.protocols.etcd.transport")
 
 
 class EtcdTransport:
-    def __init__(
-        self, settings: EtcdSettings, *, max_message_bytes: int = MAX_WATCH_MESSAGE
-    ) -> None:
+    def __init__(self, settings: EtcdSettings) -> None:
         self._key = settings.key.encode()
         self._key_text = settings.key
         self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
         self._client = EtcdClient(settings)
         self.display_url = f"{','.join(self._client.shown)} key {clean(settings.key, 200)}"
-        self._watch = KeyWatch(self._client, self._key, max_message_bytes)
+        self._watch = KeyWatch(self._client, self._key)
         self._value = b""
         self.lease = 0  # before the first grant
         self._granted_ttl = float(self._ttl)
         self._renewed_at = 0.0  # the latest renewal (or grant) acknowledged: set with a lease
 
-    def fit_watch_interval(self, given: float | None) -> float:
-        """`given`, or (None) the longest that renews the lease every `keepalive_fraction * ttl`."""
+    def fit_watch_interval(self, given: float | None, chosen: bool) -> float:
+        """`given`, or (None, or none chosen) the longest that renews the lease every
+        `keepalive_fraction * ttl`."""
         # The loop's first wait after a registration is up to 1.5 watch intervals (a fleet
         # spreads its checks over a whole interval): 1.5 of them fit in one keep-alive period.
         longest = self._ttl * self._fraction / 1.5
-        if given is None:
+        if given is None or not chosen:
             return longest
         if given > longest:
             self.close()

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..._version import __version__
-from ...core._errors import ConfigError, describe_exception
+from ...core._errors import describe_exception
 from ...core._redact import clean, load_json
 from ...core._transport import connect_read
 from ...core._waker import Waker, wait_readable
@@ -108,7 +108,7 @@ class ChunkedLines:
 class WatchStream:
     """One `POST /v3/watch` on a non-blocking socket, on member `index`."""
 
-    def __init__(self, client: EtcdClient, index: int, request: bytes, limit: int) -> None:
+    def __init__(self, client: EtcdClient, index: int, request: bytes) -> None:
         where = Endpoint.of(client.urls[index])
         timeout = connect_read(client.settings.timeout)[0]
         # Resolved within the connect timeout (a stalled resolver must not hold the watch).
@@ -127,7 +127,6 @@ class WatchStream:
         self.created = False
         self._head = bytearray()
         self._body: ChunkedLines | None = None
-        self._limit = limit
 
     def read(self) -> list[Any]:
         """The messages that arrived; `StreamError` or `OSError` when the stream is over."""
@@ -155,7 +154,7 @@ class WatchStream:
             if "chunked" not in fields.get("transfer-encoding", ""):
                 raise StreamError("watch answer is not a stream")
             data = bytes(self._head[end + 4 :])
-            self._body = ChunkedLines(self._limit)
+            self._body = ChunkedLines()
         messages = self._body.feed(data)
         if self._body.ended:
             raise StreamError("the server ended the watch stream")
@@ -194,12 +193,9 @@ def watch_change(
 class KeyWatch:
     """Follows `key` on the member `client` uses; `seen_revision`: the key's last known revision."""
 
-    def __init__(self, client: EtcdClient, key: bytes, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1024:
-            raise ConfigError(f"max_message_bytes must be an integer >= 1024, got {limit!r}")
+    def __init__(self, client: EtcdClient, key: bytes) -> None:
         self._client = client
         self._key = key
-        self._limit = limit
         self.seen_revision = 0
         self._stream: WatchStream | None = None
         self._broken = False
@@ -241,7 +237,7 @@ class KeyWatch:
             return self._stream
         index = self._client.current
         try:
-            self._stream = WatchStream(self._client, index, self._request(index), self._limit)
+            self._stream = WatchStream(self._client, index, self._request(index))
         except (OSError, ValueError) as exc:
             logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
             self._broken = True

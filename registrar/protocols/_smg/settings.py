@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar, TypedDict
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
@@ -16,6 +16,21 @@ KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 """A stand-in worker is listed in about 0.1 s; one whose /health fails is dropped in about 2 s."""
 _seconds = rules.number_within(lambda v: 0 < v < 1e9, "must be a positive number of seconds")
+
+
+class SmgOptions(TypedDict, total=False):
+    """The fields of `SmgSettings` after the gateways and the worker, as keywords."""
+
+    bootstrap_port: int | None
+    ready: str | Callable[[], bool] | None
+    grace: float
+    ready_interval: float
+    confirm_timeout: float
+    drain_timeout: float
+    key: Token | None
+    key_file: str | None
+    timeout: Timeout
+    verify: bool | str
 
 
 @dataclass(frozen=True)
@@ -48,19 +63,22 @@ class SmgSettings:
         "verify": rules.tls,
     }
 
+    auth: tuple[Token | None, str] = field(init=False, repr=False, compare=False)
+    """The control-plane key (or a provider reading the key file) and where it comes from: read
+    once, here (a key file that cannot be read now is an error now)."""
+
     def __post_init__(self) -> None:
         rules.check_fields(self, self.RULES)
         if self.key is not None and self.key_file is not None:
             raise ConfigError("give the gateway key or the gateway key file, not both")
-        self.token()  # a key file that cannot be read now is an error now
+        object.__setattr__(self, "auth", self._token())  # frozen: set once, as it is made
 
     @property
     def stop_timeout(self) -> float:
         """Seconds a stop may take: the drain's wait, its DELETE and last look (a deadline each)."""
         return self.drain_timeout + 2 * deadline_seconds(self.timeout) + 1.0
 
-    def token(self) -> tuple[Token | None, str]:
-        """The control-plane key (or a provider reading the key file) and where it comes from."""
+    def _token(self) -> tuple[Token | None, str]:
         if self.key_file is not None:
             source = f"the key file {self.key_file}"
             return file_token(self.key_file, "the gateway key file"), source

@@ -14,6 +14,7 @@ from typing import Any
 from ...core._clock import Clock, SystemClock
 from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core._redact import clean
+from ...core._settings import HttpSettings
 from ...core._waker import Waker
 from .._http import HttpTransport
 from .._httpvalues import HttpResult
@@ -50,45 +51,34 @@ def _got(url: str, http: HttpTransport, path: str) -> str | None:
 
 
 class SmgTransport:
-    """`ready` (None when the served process is ready, else why not) replaces the settings' check;
-    `clock` and `sender` (whose `send` answers like `HttpTransport.send`) are for tests."""
+    """One gateway of `settings` (the first by default); `clock` is the registrar's."""
 
     def __init__(
-        self,
-        settings: SmgSettings,
-        gateway: str | None = None,
-        *,
-        ready: Callable[[], str | None] | None = None,
-        clock: Clock | None = None,
-        sender: Any = None,
+        self, settings: SmgSettings, gateway: str | None = None, *, clock: Clock | None = None
     ) -> None:
-        token, source = settings.token()
+        url = gateway if gateway is not None else settings.gateways[0]
         self._http = HttpTransport(
-            gateway if gateway is not None else settings.gateways[0],
+            HttpSettings(url, timeout=settings.timeout, verify=settings.verify),
             path="/workers",  # the endpoint its messages name
-            token=token,
-            token_source=source,
-            timeout=settings.timeout,
-            verify=settings.verify,
+            auth=settings.auth,
         )
         self._http.token_hint = "check the gateway's control-plane key"
         self._http.token_how = f"give the key in a file (--gateway-key-file) or ${KEY_ENV}"
         self.display_url = self._http.display_url
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
-        # Else the settings': a URL is ready while it answers 2xx (one kept-alive connection).
+        # A URL is ready while it answers 2xx (one kept-alive connection); a callable, while True.
         self._ready_http: HttpTransport | None = None
-        if ready is None and isinstance(settings.ready, str):
+        self._ready: Callable[[], str | None] | None = None
+        if isinstance(settings.ready, str):
             parts = settings.ready.split("/", 3)
-            self._ready_http = HttpTransport("/".join(parts[:3]), timeout=2.0)
+            self._ready_http = HttpTransport(HttpSettings("/".join(parts[:3]), timeout=2.0))
             path = "/" + parts[3] if len(parts) > 3 else "/"
-            ready = partial(_got, settings.ready, self._ready_http, path)
-        elif ready is None and callable(settings.ready):
-            ready = partial(_called, settings.ready)
-        self._ready = ready
+            self._ready = partial(_got, settings.ready, self._ready_http, path)
+        elif callable(settings.ready):
+            self._ready = partial(_called, settings.ready)
         self.ready_interval = settings.ready_interval
         self._unready_since: float | None = None  # withdrawn only after `grace` seconds of it
-        self._sender = sender.send if sender is not None else self._http.send
         self.requests_sent = 0  # a refused connection is not counted
         self._stopping = threading.Event()
         self._abort_lock = threading.Lock()
@@ -97,6 +87,10 @@ class SmgTransport:
         self._url: str | None = None
         self._posted = False  # a POST was sent whose answer (and worker id) may be lost
         self._draining_seen = False  # the worker followed was draining (a withdrawal, a DELETE)
+
+    def fit_watch_interval(self, given: float | None, chosen: bool) -> float | None:
+        """The caller's interval, else smg's own (`DEFAULT_WATCH_INTERVAL`), at every front door."""
+        return given if chosen else DEFAULT_WATCH_INTERVAL
 
     def not_ready(self) -> str | None:
         if self._ready is None:
@@ -189,7 +183,7 @@ class SmgTransport:
             delay = min(delay * 2, _POLL_MAX)
 
     def _send(self, method: str, path: str, **kw: Any) -> HttpResult:
-        result: HttpResult = self._sender(method, path, **kw)
+        result = self._http.send(method, path, **kw)
         if not result.refused:
             self.requests_sent += 1
         return result

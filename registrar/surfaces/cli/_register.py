@@ -18,18 +18,17 @@ from ...core._group import RegistrarGroup
 from ...core._machine import State
 from ...core._redact import load_json
 from ...core._registrar import Registrar
-from ...core._settings import HttpSettings, LoopSettings
+from ...core._registry import protocol_factory
+from ...core._settings import LoopSettings, options_of
 from ...core._status import Status
-from ...core._transport import file_token
-from ...protocols._etcd.settings import EtcdSettings
+from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
-from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS
+from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
 from .._verbose import log_request
 from ..env import UNSET, read_variable, registrar_options
 from ..health import start_health_server
 from . import EXIT_OK, Signals, UsageError, log_setup
 
-_SHARED = ("timeout", "verify")  # the HTTP settings every protocol takes
 logger = logging.getLogger("registrar")
 
 
@@ -51,15 +50,6 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         if value is not UNSET:
             chosen[option.key] = value
     return chosen, flags
-
-
-def _fields(chosen: dict[str, Any], settings: type, only: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The chosen values of the rows that set a field of `settings` (`only` those fields)."""
-    return {
-        str(o.field): chosen[o.key]
-        for o in OPTIONS
-        if o.settings is settings and o.key in chosen and (not only or o.field in only)
-    }
 
 
 def _loop_options(chosen: dict[str, Any]) -> dict[str, Any]:
@@ -95,16 +85,18 @@ def _payload(text: str, source: str = "--payload") -> dict[str, Any]:
 
 
 def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
-    """A fixed token, a provider reading the token file before each request, or None."""
+    """A fixed token, a provider reading the token file before each request, or None: a flag
+    before a variable, in `bootstrap_token`'s order (SGLang's own variable left to the protocol)."""
     if "token" in flags and "token_file" in flags:
         raise UsageError("give --token or --token-file, not both")
-    # A flag wins over both variables; between the variables, the file (not visible in ps).
-    if "token" in flags:
-        return flags["token"]
-    path = flags.get("token_file", chosen.get("token_file"))
-    if path is None:
-        return chosen.get("token")
-    return file_token(path, "--token-file")
+    token, _ = bootstrap_token(
+        flags.get("token"),
+        flags.get("token_file"),
+        variable_file=None if "token_file" in flags else chosen.get("token_file"),
+        variable=None if "token" in flags else chosen.get("token"),
+        env={},
+    )
+    return token
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
@@ -116,26 +108,67 @@ def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
     return payload if rank_ip is None else {**payload, "rank_ip": rank_ip}
 
 
-def _etcd_options(chosen: dict[str, Any], token: Any) -> dict[str, Any]:
+def _cert(chosen: dict[str, Any]) -> tuple[str, str] | None:
+    cert, cert_key = chosen.get("etcd_cert"), chosen.get("etcd_cert_key")
+    if cert is None or cert_key is None:
+        if (cert is None) != (cert_key is None):
+            raise UsageError("--etcd-cert and --etcd-cert-key go together")
+        return None
+    return (cert, cert_key)
+
+
+def _shown(option: Option, flags: dict[str, Any]) -> str:
+    """How the user gave the option: its flag, or its variable."""
+    return str(option.flag_name) if option.key in flags else f"{ENV_PREFIX}{option.name}"
+
+
+def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: str) -> Any:
+    """`--protocol NAME` (any registered protocol; `--etcd` and `--gateway` name theirs): its
+    settings value, of the URL and the options that are its fields; one it has no field for is
+    refused in one line naming both."""
+    kind = protocol_factory(protocol).settings
+    names = options_of(kind)
+    given: dict[str, Any] = {}
+    for option in OPTIONS:
+        field = "token" if option.key == "token_file" else option.field
+        if option.key in _MODES or option.key not in chosen or field is None:
+            continue
+        if option.settings in (LoopSettings, Backoff):
+            continue
+        if field not in names:
+            raise UsageError(
+                f"{_shown(option, flags)} is not an option of protocol {protocol!r} "
+                f"(it takes {', '.join(names) or 'none'}, and the loop's)"
+            )
+        given[field] = chosen[option.key]
+    missing = [name for name in options_of(kind, required=True) if name not in given]
+    if missing:
+        needed = [str(o.flag_name or o.name) for o in OPTIONS if o.field in missing]
+        raise UsageError(f"protocol {protocol!r} needs {', '.join(needed or missing)}")
+    if "token" in given:
+        given["token"] = _token(chosen, flags)
+    if "cert" in given:
+        given["cert"] = _cert(chosen)
+    url = chosen.get("gateway") or chosen.get("etcd") or chosen["url"]
+    return kind(tuple(url) if isinstance(url, list) else url, **given)
+
+
+_MODES = ("url", "protocol", "etcd", "gateway")  # where to register: the settings' first field
+
+
+def _etcd(chosen: dict[str, Any]) -> None:
     """`--etcd`: the payload under `--key` in etcd (docs/etcd.md)."""
-    if chosen.get("url") or chosen.get("protocol") or token is not None:
+    if chosen.get("url") or chosen.get("protocol"):
         raise UsageError("--etcd replaces --url, --protocol and --token (etcd: --etcd-user)")
     if not chosen.get("key"):
         raise UsageError("--etcd needs --key, e.g. --key /services/prefill/rank0")
-    fields = {k: v for k, v in _fields(chosen, EtcdSettings).items() if k != "cert"}
     if not chosen.get("etcd_user"):
-        fields.pop("password", None)
+        chosen.pop("etcd_password", None)
     elif not chosen.get("etcd_password"):
         raise UsageError(f"--etcd-user needs the password in ${ENV_PREFIX}ETCD_PASSWORD")
-    cert, cert_key = chosen.get("etcd_cert"), chosen.get("etcd_cert_key")
-    if (cert is None) != (cert_key is None):
-        raise UsageError("--etcd-cert and --etcd-cert-key go together")
-    if cert is not None:
-        fields["cert"] = (cert, cert_key)
-    return {**fields, **_fields(chosen, HttpSettings, _SHARED)}
 
 
-def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
+def _gateway(chosen: dict[str, Any]) -> None:
     """`--gateway`: the worker kept listed by each smg gateway (docs/gateway.md)."""
     clash = [
         f"--{name.replace('_', '-')}"
@@ -149,36 +182,37 @@ def _smg_options(chosen: dict[str, Any]) -> dict[str, Any]:
         )
     if not chosen.get("worker_url"):
         raise UsageError(f"--gateway needs --worker-url (or set {ENV_PREFIX}WORKER_URL)")
-    return {**_fields(chosen, SmgSettings), **_fields(chosen, HttpSettings, _SHARED)}
 
 
 def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup:
     """The registrations the options describe (the gateway's options only with --gateway)."""
-    from ... import _assembly as assembly  # noqa: PLC0415 - only --etcd and --gateway need it
-
     gateway = bool(chosen.get("gateway"))
-    if not gateway:
+    etcd = chosen.get("etcd") is not None
+    protocol = chosen.get("protocol")
+    if not gateway and (etcd or protocol is None):  # else the protocol's own refusals
         gateway_rows = [o for o in OPTIONS if o.settings is SmgSettings]
         stray = [str(o.flag_name) for o in gateway_rows if chosen.get(o.key) is not None]
         if stray:
             raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
-    etcd = chosen.get("etcd") is not None
     for required in () if gateway else ("payload",) if etcd else ("url", "payload"):
         if chosen.get(required) is None:
             variable = f"{ENV_PREFIX}{required.upper()}"
             raise UsageError(f"--{required} is required (or set {variable})")
+    loop = _loop_options(chosen)
     if gateway:
-        return assembly.smg_registrars(**_smg_options(chosen), **_loop_options(chosen))
+        from ..._assembly import smg_group  # noqa: PLC0415 - only --gateway needs it
+
+        _gateway(chosen)
+        return smg_group(_protocol_settings(chosen, flags, "smg"), None, loop)
+    if etcd:
+        _etcd(chosen)
     source = "--payload" if "payload" in flags else f"{ENV_PREFIX}PAYLOAD"
     payload = _rank_ip(_payload(chosen["payload"], source), chosen)
-    token = _token(chosen, flags)
-    loop = _loop_options(chosen)
-    if etcd:
-        options = _etcd_options(chosen, token)
-        return RegistrarGroup([assembly.etcd_registrar(**options, payload=payload, **loop)])
-    http = {**_fields(chosen, HttpSettings), "token": token}
-    protocol = chosen.get("protocol", "sglang")
-    return RegistrarGroup([Registrar(payload=payload, protocol=protocol, **http, **loop)])
+    protocol = "etcd" if etcd else protocol or "sglang"
+    settings = _protocol_settings(chosen, flags, protocol)
+    return RegistrarGroup(
+        [Registrar(payload=payload, protocol=protocol, settings=settings, **loop)]
+    )
 
 
 def _log_change(several: bool, old: State, new: State, status: Status) -> None:

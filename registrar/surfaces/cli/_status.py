@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from ...core._errors import describe_exception
 from ...core._machine import State
 from ...core._redact import clean, load_json, redact_url
+from ...core._settings import HttpSettings
 from ...protocols._http import HttpTransport
 from . import EXIT_NOT_REGISTERED, EXIT_OK, EXIT_UNREACHABLE, UsageError, answer
 
@@ -48,7 +49,7 @@ def _where(url: str) -> tuple[str, str, str]:
 
 def _fetch(base: str, path: str, timeout: float) -> str:
     """The answer's text, or `OSError` saying what ended it; `ValueError` for one over the cap."""
-    with contextlib.closing(HttpTransport(base, timeout=timeout)) as http:
+    with contextlib.closing(HttpTransport(HttpSettings(base, timeout=timeout))) as http:
         result = http.send("GET", path, limit=MAX_HEALTH_BYTES)
     if result.error is not None:
         raise OSError(http.describe_error(result.error))
