@@ -53,7 +53,7 @@ class Diagnostician:
         with self._lock:
             if self._since is None:
                 self._since = now
-            due = not self._busy and now - self._since >= self._after
+            due = not self._busy and not self._denied and now - self._since >= self._after
             self._busy |= due
             run = self._run
         if due:

@@ -81,8 +81,7 @@ class Target:
         return cls(at, address or at.host, options)
 
     def get(self, path: str, tls: bool | None = None, method: str = "GET") -> Answer | str:
-        """One GET (or another bodiless `method`) on a fresh connection: the answer, or why there
-        was none."""
+        """One GET (or empty PUT) on a fresh connection: the answer, or why there was none."""
         timeout, host = self.options.timeout, self.at.host
         tls = self.at.tls if tls is None else tls
         conn: HTTPConnection
@@ -100,9 +99,8 @@ class Target:
             opened.callback(conn.close)
             try:
                 headers = {**_HEADERS, **self.options.headers, "Host": host}
-                body = b"" if method == "PUT" else None  # PUT: an empty body, never registered
-                target = self.at.prefix + path
-                conn.request(method, target, body, headers=headers, preload_content=False)
+                nothing = b"" if method == "PUT" else None
+                conn.request(method, self.at.prefix + path, nothing, headers, preload_content=False)
                 response = conn.getresponse()
                 opened.callback(response.close)  # its file holds the socket open until closed
                 body = response.read(4096, decode_content=False)

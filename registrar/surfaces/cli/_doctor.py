@@ -101,7 +101,7 @@ def _auth(url: str, options: ProbeOptions) -> Finding:
     registers (one without auth answers 500, and SGLang logs it)."""
     row = functools.partial(Finding, "bootstrap", url, "auth")
     try:
-        token = rules.applied(TOKEN_ENV, os.environ.get(TOKEN_ENV) or None, rules.header_token)
+        token = rules.applied(TOKEN_ENV, os.environ.get(TOKEN_ENV), rules.header_token)
     except ConfigError as exc:
         return row("fail", str(exc))
     headers = {"Authorization": f"Bearer {token}"} if token else {}
