@@ -14,6 +14,7 @@ import ssl
 import struct
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -179,9 +180,11 @@ class BootstrapLab(BootstrapServer):
             self._let_go = threading.Event()
 
     def forget(self) -> None:
-        """Lose every route, as a new process would."""
+        """Lose every route (and, with `instance_id`, take a new id), as a new process would;
+        the connections stay (a proxy in front of the server keeps them)."""
         with self._lock:
             self._table = self._new_table()
+            self.instance_id = self.instance_id and uuid.uuid4().hex
 
     def drop_connections(self) -> None:
         """Close every open connection (keep-alive ones too) without forgetting anything."""

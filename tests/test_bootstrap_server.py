@@ -72,3 +72,18 @@ def test_a_socket_without_reuseport_is_taken_over_too() -> None:
         assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
     finally:
         server.close()
+
+
+def test_the_instance_id_knob_names_each_lifetime_on_every_answer() -> None:
+    # Upstream PR #34289 (not in 0.5.23), behind a knob: off, no header, as 0.5.23 answers.
+    header = "X-SGLang-Disaggregation-Instance-ID"
+    with BootstrapServer() as plain:
+        assert header not in requests.get(f"{plain.url}/health", timeout=5).headers
+    with BootstrapServer(instance_id=True) as server:
+        first = requests.get(f"{server.url}/health", timeout=5).headers[header]
+        again = requests.get(f"{server.url}/route?prefill_dp_rank=0", timeout=5)
+        assert again.status_code == 400
+        assert again.headers[header] == first == server.instance_id
+        server.restart()
+        after = requests.get(f"{server.url}/health", timeout=5).headers[header]
+    assert after != first

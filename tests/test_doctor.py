@@ -58,7 +58,9 @@ def test_a_complete_topology_is_healthy(doctor: Doctor, server: BootstrapServer)
     code, report = doctor("--url", server.url, "--expect", "2")
     assert code == 0
     assert report["healthy"] is True
-    assert [c["check"] for c in report["checks"]] == ["resolves", "listens", "protocol", "rows"]
+    checks = ["resolves", "listens", "protocol", "rows", "auth"]
+    assert [c["check"] for c in report["checks"]] == checks
+    assert _check(report, "bootstrap", "auth")["status"] == "pass"  # 0.5.23: no token to send
     assert _check(report, "bootstrap", "rows")["data"] == {
         "registered": 2,
         "expected": 2,
@@ -97,6 +99,43 @@ def test_a_topology_of_another_size_than_expected_fails(
     code, report = doctor("--url", server.url, "--expect", "4")
     assert code == 1
     assert "1 rows, 4 expected" in _check(report, "bootstrap", "rows")["detail"]
+
+
+def test_a_server_that_requires_a_token_is_named_with_the_variable_to_set(
+    doctor: Doctor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Upstream PR #39416 (not in 0.5.23): 401 on PUT /route without the token; GETs stay open.
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", raising=False)
+    with BootstrapServer(token="s3cret") as server:
+        _put_with = {"headers": {"Authorization": "Bearer s3cret"}}
+        answered = requests.put(
+            f"{server.url}/route", json=sglang_payload(), timeout=5, **_put_with
+        )
+        assert answered.status_code == 200
+        code, report = doctor("--url", server.url)
+        unknown = _check(report, "bootstrap", "auth")
+        assert code == 0  # the ranks may hold SGLang's own token: not a failure by itself
+        assert unknown["status"] == "skip"
+        assert unknown["diagnosis"]["code"] == "denied"
+        assert "requires a bearer token on PUT /route (401 without one)" in unknown["detail"]
+        assert (
+            "set SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN (or REGISTRAR_TOKEN_FILE)"
+            in (unknown["detail"])
+        )
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "wrong")
+        code, report = doctor("--url", server.url)
+        assert code == 1
+        assert _code(report) == "denied"
+        assert (
+            "refuses the token in SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
+            in (_check(report, "bootstrap", "auth")["detail"])
+        )
+        assert "wrong" not in json.dumps(report)
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "s3cret")
+        code, report = doctor("--url", server.url)
+        assert code == 0
+        assert _check(report, "bootstrap", "auth")["status"] == "pass"
+        assert server.registered_count == 1  # the doctor's PUTs registered nothing
 
 
 def test_wrong_port_with_the_host_up(doctor: Doctor, server: BootstrapServer, ports: Ports) -> None:

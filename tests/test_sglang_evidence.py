@@ -71,6 +71,26 @@ def test_count_fell_below_highest(server: BootstrapLab) -> None:
     assert reasons(check.evidence) == ["the count fell from 2 to 1"]
 
 
+@pytest.mark.parametrize("instance_id", [True, False])
+def test_a_changed_instance_id(instance_id: bool) -> None:
+    # Upstream PR #34289 (not in 0.5.23). A new process behind something that keeps our connection,
+    # another rank back first: "503, 1 worker registered", the count not below the highest seen,
+    # nothing refused or re-opened. Only the id tells; without it, today's evidence stands.
+    with BootstrapLab(instance_id=instance_id) as server:
+        transport, payload = ours(server)
+        first = server.instance_id
+        server.forget()
+        put(server, sglang_payload(tp_rank=1, tp_size=3, port=20001))
+        check = transport.check(payload)
+        transport.close()
+    if instance_id:
+        assert check.route is Route.MISSING
+        changed = f"the server's instance id changed from {first} to {server.instance_id}"
+        assert reasons(check.evidence) == [changed]
+    else:
+        assert check.route is Route.UNDETERMINED
+
+
 def test_refused_since_our_put(server: BootstrapLab) -> None:
     transport, payload = ours(server)
     assert transport.check(payload).route is Route.UNDETERMINED

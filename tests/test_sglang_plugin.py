@@ -10,6 +10,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from bootstrap_lab import BootstrapLab
 from support import ScriptedTransport, accepted, sglang_payload
 
 from registrar import ConfigError, Registrar, State, __version__
@@ -234,3 +235,62 @@ def test_server_info_lists_the_rows_the_bootstrap_server_misses() -> None:
     assert half["missing_rows"] == [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}]
     whole = bootstrap_summary(_server((1, 1, 2, 1), [(0, 0, 0, 0), (0, 0, 1, 0)]))
     assert (whole["complete"], whole["missing_rows"], whole["registered_count"]) == (True, [], 2)
+
+
+def test_the_token_is_what_sglang_would_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Upstream PR #39416 (not in 0.5.23): node 0's token, broadcast as the manager's
+    # `bootstrap_auth_token`, else SGLang's own precedence: its variable, then --api-key.
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", raising=False)
+    args = SimpleNamespace(api_key="api-key")
+    assert rows.sglang_token(SimpleNamespace()) is None
+    assert rows.sglang_token(SimpleNamespace(server_args=args)) == "api-key"
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "from-env")
+    assert rows.sglang_token(SimpleNamespace(server_args=args)) == "from-env"
+    both = SimpleNamespace(server_args=args, bootstrap_auth_token="node-0")
+    assert rows.sglang_token(both) == "node-0"  # the broadcast wins over this node's own
+    assert rows.sglang_token(SimpleNamespace(bootstrap_auth_token=None)) == "from-env"
+
+
+def test_every_node_registers_with_the_broadcast_token_and_a_missing_one_is_diagnosed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The next release stood in for: the manager's attribute and the server's check (401).
+    class Manager(SimpleNamespace):  # weakly referable and hashable, as SGLang's manager is
+        __hash__ = object.__hash__
+
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "node-1-own")
+    rows.configure(read_config({}))  # SGLang's environment is not the plugin's configuration
+    node0 = Manager(bootstrap_auth_token="shared", server_args=SimpleNamespace())
+    node1 = Manager(bootstrap_auth_token="shared", server_args=SimpleNamespace())
+    alone = Manager(server_args=SimpleNamespace(api_key=None))
+    try:
+        with BootstrapLab(token="shared") as server, BootstrapLab(token="shared") as other:
+            rows.register_row(node0, f"{server.url}/route", sglang_payload(0, 2, port=21000))
+            rows.register_row(node1, f"{server.url}/route", sglang_payload(1, 2, port=21001))
+            monkeypatch.delenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")
+            rows.register_row(alone, f"{other.url}/route", sglang_payload(port=21002))
+            [ok0] = node0._registrar_rows.values()
+            [ok1] = node1._registrar_rows.values()
+            [refused] = alone._registrar_rows.values()
+            assert ok0.wait_for(State.REGISTERED, 10)
+            assert ok1.wait_for(State.REGISTERED, 10)
+            assert refused.wait_for(State.FAILED, 10)  # the rank goes on: no exit, no raise
+            auth = [r.authorization for r in server.records() if r.method == "PUT"]
+            assert auth == ["Bearer shared", "Bearer shared"]
+            assert server.ready
+            assert server.registered_count == 2
+            assert [r.authorization for r in other.records() if r.method == "PUT"] == [None]
+        with BootstrapLab(token="override") as server:
+            rows.configure(read_config({"REGISTRAR_TOKEN": "override"}))  # still the override
+            rows.register_row(node0, f"{server.url}/route", sglang_payload(port=21003))
+            [mine] = [r for u, r in node0._registrar_rows.items() if u[0] == server.url]
+            assert mine.wait_for(State.REGISTERED, 10)
+    finally:
+        rows.configure(None)
+        for manager in (node0, node1, alone):
+            rows.stop_rows(manager, "test")
+    diagnosis = refused.status().diagnosis
+    assert diagnosis is not None
+    assert diagnosis.code == "denied"
+    assert diagnosis.sentence.startswith("401 Unauthorized from http://127.0.0.1:")
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN" in diagnosis.sentence  # what to set

@@ -106,6 +106,29 @@ def test_topology_through_a_restart(
     assert all(r.status().reregistrations == 1 for r in regs)
 
 
+def test_a_new_instance_id_is_acted_on_within_one_check_once(registrars: list) -> None:
+    # Upstream PR #34289 (not in 0.5.23): rank A registered, B not yet; the server is replaced
+    # behind a kept connection and B registers first. A reads "503, 1 worker registered", which
+    # only the changed id tells from "B missing"; it registers again within one check interval,
+    # and each rank is counted once in the new lifetime.
+    interval = 0.5
+    with BootstrapLab(instance_id=True) as server:
+        a = start(registrars, server, sglang_payload(0, 2, port=21000), watch_interval=interval)
+        assert a.wait_for(State.REGISTERED, timeout=10)
+        server.forget()
+        b = start(registrars, server, sglang_payload(1, 2, port=21001), watch_interval=interval)
+        assert wait_until(lambda: all_back(server, [a, b], 1), timeout=10)
+        assert a.status().reregistrations == 1
+        assert wait_until(lambda: len([r for r in server.records() if r.method == "GET"]) > 12)
+        puts = [r for r in server.records() if r.method == "PUT"]
+    # One PUT per rank per lifetime (A's check may rarely fall between the replacement and B's
+    # PUT: it then reads "0 workers" and goes first).
+    assert puts[0].rank_port == 21000
+    assert sorted(p.rank_port for p in puts[1:]) == [21000, 21001]
+    assert abs(puts[2].at - puts[1].at) < interval * 1.2 + 0.3  # the jitter, a loaded machine
+    assert server.registered_count == 2
+
+
 def test_system_dp_ranks(server: BootstrapLab, registrars: list) -> None:
     regs = [
         start(

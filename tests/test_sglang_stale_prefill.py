@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import requests
+from bootstrap_lab import BootstrapLab
 
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.integrations.sglang import _stale_prefill as stale_prefill
@@ -76,6 +77,22 @@ def test_a_reopened_connection_whose_request_got_no_answer_stays_evidence() -> N
     assert first.pending is not None
     second = decide([(ROW, SAME)], first.pending, same_cache=True)
     assert second.drop is not None
+
+
+def test_a_changed_instance_id_drops_once_the_rows_are_back() -> None:
+    # Upstream PR #34289 (not in 0.5.23): the server's id on each answer names its process.
+    new = RowAnswer(200, "127.0.0.1", 5000, instance="b")
+    decision = decide([(ROW, new)], None, same_cache=True, instance="a")
+    assert decision.drop == (
+        "its bootstrap server's instance id changed from a to b, and its ranks registered again"
+    )
+    not_back = decide([(ROW, RowAnswer(503, instance="b"))], None, same_cache=True, instance="a")
+    assert not_back == stale_prefill.Decision(
+        None, "its bootstrap server's instance id changed from a to b"
+    )
+    same = RowAnswer(200, "127.0.0.1", 5000, instance="a")
+    assert decide([(ROW, same)], None, same_cache=True, instance="a").drop is None
+    assert decide([(ROW, SAME)], None, same_cache=True, instance="a").drop is None  # no header
 
 
 def test_no_answer_is_left_to_the_heartbeat() -> None:
@@ -198,6 +215,33 @@ def test_a_prefill_relaunched_on_the_same_ports_is_dropped_once_registered(
     reason = check_prefill(manager, addr)
     assert reason is not None
     assert manager.failures == [addr]
+
+
+@pytest.mark.parametrize("instance_id", [True, False])
+def test_a_new_instance_behind_a_kept_connection_is_dropped_within_one_check(
+    instance_id: bool,
+) -> None:
+    # A prefill relaunched on the same ports behind something that keeps the decode's connection
+    # (a proxy): only the instance id tells; without it, today's evidence (none here) stands.
+    with BootstrapLab(instance_id=instance_id) as server:
+        register(server, 5000)
+        manager = FakeDecodeManager()
+        addr = f"127.0.0.1:{server.port}"
+        manager.cache(addr, 5000)
+        try:
+            assert check_prefill(manager, addr) is None
+            server.forget()
+            register(server, 5000)
+            reason = check_prefill(manager, addr)
+        finally:
+            close_checks(manager)
+    if instance_id:
+        assert reason is not None
+        assert "instance id changed" in reason
+        assert manager.failures == [addr]
+    else:
+        assert reason is None
+        assert manager.failures == []
 
 
 def test_the_heartbeat_hook_never_raises_into_sglang(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ._board import RequestEvent, StatusBoard
 from ._clock import Clock
-from ._diagnosis import Evidence, diagnose
+from ._diagnosis import Code, Diagnosis, Evidence, diagnose
 from ._machine import State
 from ._status import Changes, Status
 
@@ -34,10 +34,13 @@ class Diagnostician:
         self._since: float | None = None  # when this run of unanswered requests began
         self._busy = False  # a probe is running, or this run was diagnosed already (once)
         self._run = 0  # counts runs: a probe's finding for a run that ended is dropped
+        self._denied = False  # the last registration was refused for its credential (401/403)
 
     def on_request(self, event: RequestEvent) -> None:
         """After every request (on the registrar's thread): start, end, or probe a run."""
         now = self._clock.monotonic()
+        if event.kind == "register":
+            self._denied = event.status_code in (401, 403)
         if event.result in _ANSWERED:
             with self._lock:
                 self._since, self._busy = None, False
@@ -50,7 +53,7 @@ class Diagnostician:
         with self._lock:
             if self._since is None:
                 self._since = now
-            due = not self._busy and now - self._since >= self._after
+            due = not self._busy and not self._denied and now - self._since >= self._after
             self._busy |= due
             run = self._run
         if due:
@@ -64,13 +67,20 @@ class Diagnostician:
         """Given up for good: no request will come to reach the threshold, so probe now, on
         this thread: with on_failure="exit" the process ends right after, and the diagnosis is
         what its last lines should say (the probe's steps are bounded)."""
-        if new is not State.FAILED or status.retrying:
+        if new is not State.FAILED or (status.retrying and not self._denied):
             return
         with self._lock:
             if self._busy:
                 return
             self._busy = True
             run = self._run
+        if self._denied and status.last_error:
+            # The server's own words name the credential (and where to set it); a probe sends
+            # none, and a server whose GETs are open would look healthy to it.
+            denied = Diagnosis(Code.DENIED, status.last_error)
+            self._board.apply(None, Changes(diagnosis=denied))
+            self._say(denied)
+            return
         self._diagnose(run)
 
     def _diagnose(self, run: int) -> None:
@@ -87,6 +97,9 @@ class Diagnostician:
                 self._since, self._busy = self._clock.monotonic(), False
                 return
             self._board.apply(None, Changes(diagnosis=found))
+        self._say(found)
+
+    def _say(self, found: Diagnosis) -> None:
         status = self._board.status
         logger.warning(
             "registration with %s: %s [diagnosis %s]%s",

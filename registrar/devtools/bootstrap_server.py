@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..core._diagnosis import hostport
-from ..protocols._sglang import REQUIRED_FIELDS
+from ..protocols._sglang import INSTANCE_HEADER, REQUIRED_FIELDS
 from ..surfaces._httpserver import bind
 
 __all__ = ["BootstrapServer"]
@@ -205,9 +206,12 @@ class Handler(BaseHTTPRequestHandler):
 
 class BootstrapServer:
     """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across restarts),
-    or on `sock`, bound and not listening until `start()` (docs/sglang.md)."""
+    or on `sock`, bound and not listening until `start()` (docs/sglang.md). Upstream pull requests
+    not in 0.5.23, each behind its knob: `token` requires it on `PUT /route` (#39416: 401 without
+    it or with another, GETs open); `instance_id` sends a new id per lifetime on every answer
+    (#34289)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - a keyword per knob
         self,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -215,6 +219,7 @@ class BootstrapServer:
         token: str | None = None,
         max_body_bytes: int = 1024 * 1024,
         sock: socket.socket | None = None,
+        instance_id: bool = False,
     ) -> None:
         self.host = host
         self._down = sock  # bound and not listening: holds the port while the server is down
@@ -227,6 +232,7 @@ class BootstrapServer:
         self._server: Listener | None = None
         self._thread: threading.Thread | None = None
         self._lifetime = 0  # a connection of an earlier lifetime is a dead process's
+        self.instance_id = uuid.uuid4().hex if instance_id else None
 
     @property
     def url(self) -> str:
@@ -305,6 +311,7 @@ class BootstrapServer:
         with self._lock:
             self._table = self._new_table()
             self._lifetime += 1
+            self.instance_id = self.instance_id and uuid.uuid4().hex
 
     def _new_table(self) -> RouteTable:
         """The memory of a new process: SGLang's route table (the lab's copies older releases)."""
@@ -363,6 +370,8 @@ class BootstrapServer:
             h.send_response(status)
             h.send_header("Content-Type", f"{content_type}; charset=utf-8")
             h.send_header("Content-Length", str(len(data)))
+            if self.instance_id:
+                h.send_header(INSTANCE_HEADER, self.instance_id)
             for key, value in (headers or {}).items():
                 h.send_header(key, value)
             h.end_headers()

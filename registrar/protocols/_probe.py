@@ -80,8 +80,8 @@ class Target:
         at = Endpoint.of(url)
         return cls(at, address or at.host, options)
 
-    def get(self, path: str, tls: bool | None = None) -> Answer | str:
-        """One GET on a fresh connection: the answer, or why there was none."""
+    def get(self, path: str, tls: bool | None = None, method: str = "GET") -> Answer | str:
+        """One GET (or empty PUT) on a fresh connection: the answer, or why there was none."""
         timeout, host = self.options.timeout, self.at.host
         tls = self.at.tls if tls is None else tls
         conn: HTTPConnection
@@ -99,7 +99,8 @@ class Target:
             opened.callback(conn.close)
             try:
                 headers = {**_HEADERS, **self.options.headers, "Host": host}
-                conn.request("GET", self.at.prefix + path, headers=headers, preload_content=False)
+                nothing = b"" if method == "PUT" else None
+                conn.request(method, self.at.prefix + path, nothing, headers, preload_content=False)
                 response = conn.getresponse()
                 opened.callback(response.close)  # its file holds the socket open until closed
                 body = response.read(4096, decode_content=False)

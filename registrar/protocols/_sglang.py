@@ -20,6 +20,8 @@ from ._httpvalues import HttpResult, with_query
 from ._probe import Answer
 
 TOKEN_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"
+# A bootstrap server process's own id on each of its answers (upstream PR #34289, not in 0.5.23).
+INSTANCE_HEADER = "X-SGLang-Disaggregation-Instance-ID"
 
 _SIZE_RANK = (
     ("attn_tp_size", "attn_tp_rank"),
@@ -183,17 +185,28 @@ def bootstrap_token(
     return rules.applied(TOKEN_ENV, found, rules.header_token), TOKEN_ENV
 
 
+def instance_of(result: HttpResult) -> str | None:
+    """The server's instance id on this answer, escaped and capped (None: the header is absent)."""
+    found = result.headers.get(INSTANCE_HEADER)
+    return clean(found, 80) if found else None
+
+
 @dataclass
 class _Evidence:
-    """What has been seen of the server since our last accepted PUT."""
+    """What has been seen of the server since our last accepted PUT; `instance` is the server's
+    id then (else the first one seen since), `latest` the last one seen."""
 
     seen_ready: bool = False
     highest_count: int = 0
     refused: bool = False
     reconnected: bool = False
+    instance: str | None = None
+    latest: str | None = None
 
     def reasons_forgotten(self, count: int) -> list[str]:
+        new = self.latest if self.instance not in (None, self.latest) else None
         reasons = {
+            f"the server's instance id changed from {self.instance} to {new}": new is not None,
             "the server has 0 workers registered": count == 0,
             "the topology was ready since our registration": self.seen_ready,
             f"the count fell from {self.highest_count} to {count}": count < self.highest_count,
@@ -218,12 +231,16 @@ class SGLangTransport(HttpTransport):
         self._note(result)
         outcome = self.classify_registration(result)
         if outcome.verdict is Verdict.ACCEPTED:
-            self._evidence = _Evidence()
+            self._evidence = _Evidence(instance=instance_of(result))
         return outcome
 
     def _note(self, result: HttpResult) -> None:
         self._evidence.refused |= result.refused
         self._evidence.reconnected |= result.reconnected
+        seen = instance_of(result)
+        if seen is not None:
+            self._evidence.instance = self._evidence.instance or seen
+            self._evidence.latest = seen
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck:
         result = self.send("GET", with_query("/route", rank_of(payload).query()))

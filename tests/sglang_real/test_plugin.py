@@ -258,6 +258,51 @@ def test_the_token_file_and_verbose_work_inside_sglang(spawn_rank, tmp_path) -> 
     assert "s3cret-token" not in text
 
 
+def test_the_next_releases_token_registers_every_rank_of_two_nodes(spawn_rank) -> None:
+    # The next release stood in for (upstream PR #39416, not in 0.5.23): the server requires the
+    # token on PUT /route, and each rank's real CommonKVManager has node 0's token as
+    # `bootstrap_auth_token`. Rank 1 stands for a second node, whose environment holds another
+    # token: the broadcast one is what SGLang sends, and so does the plugin.
+    with BootstrapLab("127.0.0.1", 0, token="node-0-token") as server:
+        ranks = [
+            spawn_rank(
+                server.port,
+                rank=rank,
+                tp_size=2,
+                SGLANG_SUPPORT_BROADCAST_TOKEN="node-0-token",
+                SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN=own,
+            )
+            for rank, own in enumerate(["node-0-token", "node-1-own"])
+        ]
+        for rank in ranks:
+            rank.event("init")
+        assert wait_for(lambda: server.ready, timeout=60)
+        assert checked(ranks[0])
+        assert checked(ranks[1])
+        puts = [r.authorization for r in server.records() if r.method == "PUT"]
+        assert puts == ["Bearer node-0-token"] * 2
+        assert server.registered_count == 2
+    for rank in ranks:
+        assert "node-0-token" not in rank.log.read_text()
+
+
+@pytest.mark.same_on_every_release
+def test_without_the_token_a_rank_says_so_and_goes_on(spawn_rank) -> None:
+    # SGLang 0.5.23 as it is (no broadcast attribute) before a server that requires a token:
+    # one 401, the denied diagnosis naming the variable, and the rank lives on.
+    with BootstrapLab("127.0.0.1", 0, token="the-servers") as server:
+        rank = spawn_rank(server.port, SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN="")
+        rank.event("init")
+        assert wait_for(lambda: rank.status()[0]["diagnosis"] is not None, timeout=60)
+        [row] = rank.status()
+        assert rank.proc.poll() is None
+    assert row["state"] == "failed"
+    assert row["diagnosis"]["code"] == "denied"
+    assert "401 Unauthorized" in row["diagnosis"]["sentence"]
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN" in row["diagnosis"]["sentence"]
+    assert "[diagnosis denied]" in rank.log.read_text()
+
+
 def test_init_returns_at_once_and_a_late_server_counts_the_rank_once(spawn_rank, bootstrap) -> None:
     port = process_port()
     rank = spawn_rank(port)

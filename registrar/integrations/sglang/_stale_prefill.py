@@ -14,7 +14,7 @@ from ...core._redact import clean, load_json
 from ...core._settings import HttpSettings
 from ...protocols._http import HttpTransport
 from ...protocols._httpvalues import with_query
-from ...protocols._sglang import Rank
+from ...protocols._sglang import Rank, instance_of
 
 logger = logging.getLogger("registrar.integrations.sglang.stale_prefill")
 
@@ -34,12 +34,14 @@ class CachedRow(Rank):
 
 @dataclass(frozen=True)
 class RowAnswer:
-    """`status` None: no answer; `reconnected`: our kept-alive connection had to be re-opened."""
+    """`status` None: no answer; `reconnected`: our kept-alive connection had to be re-opened;
+    `instance`: the server's instance id on the answer (upstream PR #34289), if any."""
 
     status: int | None
     ip: str | None = None
     port: int | None = None
     reconnected: bool = False
+    instance: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,21 @@ class Decision:
 
 
 def decide(
-    answers: Iterable[tuple[CachedRow, RowAnswer]], pending: str | None, same_cache: bool
+    answers: Iterable[tuple[CachedRow, RowAnswer]],
+    pending: str | None,
+    same_cache: bool,
+    instance: str | None = None,
 ) -> Decision:
     """Whether the cached rows belong to a server that is gone. `pending` is the new-lifetime
     evidence seen by earlier checks of this same cache; `same_cache` is False on the first check
-    of a cache (a re-opened connection then predates it and says nothing)."""
+    of a cache (a re-opened connection then predates it and says nothing); `instance` is the
+    server's id when this cache was first checked."""
     present = True
     for row, answer in answers:
+        if instance and answer.instance not in (None, instance) and pending is None:
+            pending = (
+                f"its bootstrap server's instance id changed from {instance} to {answer.instance}"
+            )
         # Before anything else: a request that re-opened the connection and then got no answer
         # (cut at its deadline) is still evidence of a new process, and the only one there is.
         if answer.reconnected and same_cache and pending is None:
@@ -125,11 +135,14 @@ class _Watch:
         )
         self.cache: Any = None
         self.pending: str | None = None
+        self.instance: str | None = None  # the server's id at the first check of this cache
 
     def ask(self, row: CachedRow) -> RowAnswer:
         result = self.transport.send("GET", with_query("/route", row.query()))
         if result.error is not None or result.status_code is None:
             return RowAnswer(None, reconnected=result.reconnected)
+        seen = instance_of(result)
+        self.instance = self.instance or seen
         ip = port = None
         if result.status_code == 200:
             try:
@@ -137,7 +150,7 @@ class _Watch:
                 ip, port = str(found["rank_ip"]), int(found["rank_port"])
             except (ValueError, KeyError, TypeError):  # a 200 that names no address: no answer
                 return RowAnswer(None, reconnected=result.reconnected)
-        return RowAnswer(result.status_code, ip, port, result.reconnected)
+        return RowAnswer(result.status_code, ip, port, result.reconnected, seen)
 
 
 def check_prefill(manager: Any, addr: str) -> str | None:
@@ -154,8 +167,9 @@ def check_prefill(manager: Any, addr: str) -> str | None:
         return None
     same_cache = watch.cache is info
     if not same_cache:
-        watch.cache, watch.pending = info, None
-    decision = decide(((row, watch.ask(row)) for row in rows), watch.pending, same_cache)
+        watch.cache, watch.pending, watch.instance = info, None, None
+    asked = ((row, watch.ask(row)) for row in rows)
+    decision = decide(asked, watch.pending, same_cache, watch.instance)
     watch.pending = decision.pending
     if decision.drop is None:
         return None

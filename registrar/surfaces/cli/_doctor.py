@@ -1,6 +1,7 @@
 """`registrar doctor` and `registrar sglang` (docs/cli.md): the same probe and diagnoses as a
-running registrar's, from outside. Nothing here registers anything, sends a credential (but a
-gateway key it is given) or verifies a certificate: it looks."""
+running registrar's, from outside. Nothing here registers anything (the one PUT has an empty
+body), sends a credential (but a gateway key or bootstrap token it is given) or verifies a
+certificate: it looks."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import functools
 import itertools
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -16,9 +18,10 @@ from urllib.parse import urlencode
 
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
+from ...core._errors import ConfigError
 from ...core._redact import clean, json_object
 from ...protocols._probe import Answer, ProbeOptions, Target, gather, lists_workers
-from ...protocols._sglang import PROBE_PATH, Rank, count_in, is_bootstrap_answer
+from ...protocols._sglang import PROBE_PATH, TOKEN_ENV, Rank, count_in, is_bootstrap_answer
 from . import EXIT_NOT_REGISTERED, EXIT_OK, UsageError, answer
 
 MAX_RANKS = 4096
@@ -89,7 +92,34 @@ def bootstrap_findings(
     if _failed(found):
         found.append(Finding("bootstrap", url, "rows", "skip", "not checked: unreachable"))
         return found
-    return [*found, _rows(url, expect, options)]
+    return [*found, _rows(url, expect, options), _auth(url, options)]
+
+
+def _auth(url: str, options: ProbeOptions) -> Finding:
+    """Whether `PUT /route` wants a bearer token (upstream PR #39416, not in 0.5.23), the one in
+    $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN if set, asked with an empty body that no server
+    registers (one without auth answers 500, and SGLang logs it)."""
+    row = functools.partial(Finding, "bootstrap", url, "auth")
+    try:
+        token = rules.applied(TOKEN_ENV, os.environ.get(TOKEN_ENV), rules.header_token)
+    except ConfigError as exc:
+        return row("fail", str(exc))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = Target.of(url, ProbeOptions(options.timeout, headers)).get("/route", method="PUT")
+    sent = f"the token in {TOKEN_ENV}" if token else "no token"
+    if isinstance(answer, str):
+        return row("skip", f"no answer to PUT /route with {sent}: {answer}")
+    if answer.status not in (401, 403):
+        return row("pass", f"PUT /route with {sent} is not refused ({answer.status}: empty body)")
+    to_set = f"set {TOKEN_ENV} (or REGISTRAR_TOKEN_FILE) on the prefill ranks to the server's token"
+    if token:
+        said = f"{url} refuses {sent} on PUT /route ({answer.status}): {to_set}"
+        return row("fail", said, Diagnosis(Code.DENIED, said))
+    said = (
+        f"{url} requires a bearer token on PUT /route ({answer.status} without one): the ranks "
+        f"send SGLang's own where it has one (node 0's), else {to_set}; set it here to check it"
+    )
+    return row("skip", said, Diagnosis(Code.DENIED, said))
 
 
 def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:

@@ -20,12 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import warnings
 from typing import Any
 
 log = logging.getLogger("rank")
+
+BROADCAST_TOKEN = "SGLANG_SUPPORT_BROADCAST_TOKEN"
+"""Set: the manager has `bootstrap_auth_token`, as upstream PR #39416 (not in 0.5.23) makes it."""
 
 
 def say(**fields: Any) -> None:
@@ -84,6 +88,9 @@ def build_manager(bootstrap_port: int, tp_size: int, rank: int, model: str) -> A
         tp_size=tp_size,
     )
     publish_rank(server_args, rank, tp_size)  # as each release's scheduler does (release.py)
+    broadcast = os.environ.get(BROADCAST_TOKEN)
+    if broadcast:  # the next release, stood in for: node 0's token on every manager (#39416)
+        CommonKVManager.bootstrap_auth_token = broadcast
     return CommonKVManager(kv_args(rank), DisaggregationMode.PREFILL, server_args, False)
 
 
