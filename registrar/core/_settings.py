@@ -87,8 +87,7 @@ def refuse_unknown(options: Mapping[str, Any], takes: str, fix: str) -> None:
 
 
 def options_of(settings: type[Any], required: bool = False) -> list[str]:
-    """The fields a settings class is made of after its first (the URL); `required`: those
-    without a default."""
+    """The fields of a settings class after its first (the URL); `required`: those undefaulted."""
     return [
         f.name
         for f in fields(settings)[1:]

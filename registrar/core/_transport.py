@@ -88,8 +88,7 @@ class FleetSized(Protocol):
 @runtime_checkable
 class WatchBounded(Protocol):
     """Optional: the protocol fits the watch interval, whatever front door built the registrar:
-    etcd's checks renew its lease (a longest value), smg's undo an operator's DELETE (its own
-    default)."""
+    etcd's checks renew its lease (a longest value), smg's undo an operator's DELETE (a default)."""
 
     def fit_watch_interval(self, given: float | None, chosen: bool) -> float | None:
         """The interval to use for `given` (`chosen`: the caller set it); `ConfigError` if unfit."""

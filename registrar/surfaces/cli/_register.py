@@ -23,7 +23,7 @@ from ...core._settings import LoopSettings, options_of
 from ...core._status import Status
 from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
-from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS, Option
+from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS
 from .._verbose import log_request
 from ..env import UNSET, read_variable, registrar_options
 from ..health import start_health_server
@@ -117,11 +117,6 @@ def _cert(chosen: dict[str, Any]) -> tuple[str, str] | None:
     return (cert, cert_key)
 
 
-def _shown(option: Option, flags: dict[str, Any]) -> str:
-    """How the user gave the option: its flag, or its variable."""
-    return str(option.flag_name) if option.key in flags else f"{ENV_PREFIX}{option.name}"
-
-
 def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: str) -> Any:
     """`--protocol NAME` (any registered protocol; `--etcd` and `--gateway` name theirs): its
     settings value, of the URL and the options that are its fields; one it has no field for is
@@ -136,8 +131,9 @@ def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: 
         if option.settings in (LoopSettings, Backoff):
             continue
         if field not in names:
+            shown = option.flag_name if option.key in flags else ENV_PREFIX + option.name
             raise UsageError(
-                f"{_shown(option, flags)} is not an option of protocol {protocol!r} "
+                f"{shown} is not an option of protocol {protocol!r} "
                 f"(it takes {', '.join(names) or 'none'}, and the loop's)"
             )
         given[field] = chosen[option.key]
