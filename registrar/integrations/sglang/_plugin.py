@@ -18,6 +18,7 @@ from ..._version import __version__
 from ...core._errors import ConfigError
 from ._gateway import around_sigterm_watchdog, gateway_summary, start_gateway
 from ._guard import guarded
+from ._logs import hold
 from ._probe import ImportProbe
 from ._rows import (
     DISTRIBUTION,
@@ -199,6 +200,7 @@ def load() -> None:
     """The entry point. A bad or refused variable ends the process with one line naming it
     (SystemExit's message, printed once by the interpreter)."""
     global _plan
+    hold()  # until SGLang configures its logging, which it does after loading plugins
     try:
         config = read_config()
     except ConfigError as exc:
