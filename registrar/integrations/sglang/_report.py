@@ -101,15 +101,13 @@ def _advice(current: Plan | None, has_plugins: bool = True) -> str:
             f"the plugin works here without: {', '.join(lost)}; SGLang {release_text(_FULL)} "
             "or later has every feature"
         )
-    every = "every feature the plugin has works on this SGLang"
-    return (
-        every
-        if not moded
-        else (
+    advice = "every feature the plugin has works on this SGLang"
+    if moded:
+        advice = (
             f"with {RUST_MODE} the ranks register, but the plugin cannot provide "
             f"{', '.join(moded)} there (REGISTRAR_STRICT=1 refuses to start): unset it for them"
         )
-    )
+    return advice
 
 
 def describe(report: dict[str, Any]) -> str:
