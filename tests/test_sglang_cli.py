@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from registrar.integrations.sglang._report import describe, installed_report
 
 
@@ -71,3 +73,24 @@ def test_an_old_release_with_plugins_names_what_it_gets(tmp_path: Path) -> None:
     found = {f["feature"]: f for f in newer["features"]}
     assert found["registration"]["target"].endswith("_register_topology_row")
     assert "newer than 0.5.23" in newer["advice"]
+
+
+def test_the_rust_server_mode_is_named_with_or_without_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _tree(tmp_path, plugins=True, topology_row=True)
+    lost = ["ready", "rank status", "server status", "gateway", "drain"]
+    monkeypatch.delenv("SGLANG_RUST_SERVER", raising=False)
+    report = installed_report(root, "0.5.23")
+    assert report["rust_server"] == {"set": False, "not_there": lost}
+    assert (
+        "with SGLANG_RUST_SERVER=1 (SGLang's Rust-server mode) the plugin cannot provide: "
+        "ready, rank status, server status, gateway, drain" in describe(report)
+    )
+    monkeypatch.setenv("SGLANG_RUST_SERVER", "1")
+    moded = installed_report(root, "0.5.23")
+    features = {f["feature"]: f for f in moded["features"]}
+    assert features["registration"]["available"]
+    assert all(features[name]["why_not"].startswith("SGLANG_RUST_SERVER=1: ") for name in lost)
+    assert "(REGISTRAR_STRICT=1 refuses to start)" in moded["advice"]
+    assert installed_report(root, "0.5.22")["rust_server"]["not_there"] == []  # no PD there

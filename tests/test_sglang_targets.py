@@ -19,6 +19,7 @@ from registrar.integrations.sglang._targets import (
     expected,
     parse_release,
     plan,
+    rust_server_mode,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,3 +247,49 @@ def test_the_table_and_the_probe_agree_on_every_known_release(patch: int) -> Non
     # What the table says a release has (its ranges) is what the probe finds in it.
     at = (0, 5, patch)
     assert [c.target for c in plan(release(f"0.5.{patch}"), at).choices] == expected(at)
+
+
+RUST_LOST = {"ready", "rank status", "server status", "gateway", "drain"}
+"""What cannot run in SGLang's Rust-server mode: no Python HTTP server or TokenizerManager."""
+
+
+def test_the_rust_server_mode_takes_what_runs_there_and_names_the_rest() -> None:
+    moded = plan(release("0.5.23"), (0, 5, 23), rust_server=True)
+    assert {c.feature.name for c in moded.choices if c.mode} == RUST_LOST
+    assert all(
+        c in moded.lost() and "SGLANG_RUST_SERVER=1: " in c.reason for c in moded.choices if c.mode
+    )
+    assert set(taken(moded)) == {"registration", "role switch", "decode check"}
+    before = plan(release("0.5.22"), (0, 5, 22), rust_server=True)  # no PD in that mode yet
+    assert taken(before) == taken(plan(release("0.5.22"), (0, 5, 22)))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_in_the_rust_server_mode_the_active_line_names_what_does_not_run_strict_refuses(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, strict: bool
+) -> None:
+    monkeypatch.setattr(plugin, "_plan", plan(release("0.5.23"), (0, 5, 23), rust_server=True))
+    monkeypatch.setattr(plugin, "_registered", [])
+    monkeypatch.setattr(plugin, "installed_version", lambda: "0.5.23")
+    with caplog.at_level(logging.INFO, logger="registrar"):
+        if strict:
+            with pytest.raises(SystemExit, match="cannot run with SGLANG_RUST_SERVER=1: ready"):
+                plugin.verify(strict=True)
+            assert not [r for r in caplog.records if plugin.ACTIVE in r.getMessage()]
+            return
+        plugin.verify(strict=False)
+    [active] = [r.getMessage() for r in caplog.records if plugin.ACTIVE in r.getMessage()]
+    assert "not on this release" not in active
+    assert "; not with SGLANG_RUST_SERVER=1: ready (the Rust server answers /ready" in active
+    assert all(f"{name} (" in active.split("not with")[1] for name in RUST_LOST)
+
+
+def test_the_mode_is_read_as_sglang_reads_it() -> None:
+    assert [rust_server_mode({"SGLANG_RUST_SERVER": v}) for v in ("1", "True", "y", "0", "")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert not rust_server_mode({})

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import requests
 from e2e_support.deploy import Deployment, Process, server_env, wait_http
+from e2e_support.lines import assert_plugin_lines
 from e2e_support.release import has_feature
 from e2e_support.scenarios import run
 from e2e_support.stack import SERVE_TIMEOUT, Probe, Record
@@ -149,6 +150,10 @@ def gateway_restart(deploy: Deployment, record: Record) -> None:
     urls = {prefill.url, decode.url}
     for server in (prefill, decode):
         wait_http(server, "/health", SERVE_TIMEOUT)
+    for server in (prefill, decode):  # what docs/sglang.md tells an operator to find
+        assert_plugin_lines(server, plugin=True, rows=1 if server is prefill else 0)
+        offering = f"offering {server.url} ({server.name}) to the gateway "
+        assert server.text().count(offering) == 1, server.tail()
     _wait_listed(router.url, urls, SERVE_TIMEOUT)
     zero = time.monotonic()
     with Probe(router.url, zero) as probe:

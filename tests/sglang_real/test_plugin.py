@@ -6,6 +6,7 @@ once, and /ready waits for the whole table."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -108,6 +109,30 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
         assert "not on this release: server status (" in active
     assert "WARNING:registrar" not in loading
     assert "ERROR:registrar" not in loading
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_the_active_line_reaches_the_log_sglang_configures_after_loading(level: str) -> None:
+    """As in every SGLang process: `load_plugins()` first, SGLang's own `configure_logger` after.
+    The line is in the log once, in SGLang's format, at SGLang's level (none at warning)."""
+    done = run_python(
+        "import warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from types import SimpleNamespace\n"
+        "from sglang.srt.plugins import load_plugins\n"
+        "from sglang.srt.utils import configure_logger\n"
+        "load_plugins()\n"
+        f"configure_logger(SimpleNamespace(log_level={level!r}), prefix=' TP0')\n"
+        "load_plugins()\n"
+        "configure_logger(SimpleNamespace(log_level='info'), prefix=' TP0')\n"
+    )
+    assert done.returncode == 0, done.stderr
+    active = [line for line in done.stderr.splitlines() if ACTIVE in line]
+    if level == "warning":
+        assert active == [], done.stderr
+        return
+    assert len(active) == 1, done.stderr
+    assert re.fullmatch(rf"\[[-\d]+ [:\d]+ TP0\] {ACTIVE} .*", active[0]), active
 
 
 @pytest.mark.same_on_every_release

@@ -18,6 +18,7 @@ from ..._version import __version__
 from ...core._errors import ConfigError
 from ._gateway import around_sigterm_watchdog, gateway_summary, start_gateway
 from ._guard import guarded
+from ._logs import hold
 from ._probe import ImportProbe
 from ._rows import (
     DISTRIBUTION,
@@ -34,13 +35,16 @@ from ._tables import HTTP_SERVER, add_ready_route, around_is_ready, bootstrap_su
 from ._targets import (
     FEATURES,
     NEWEST_KNOWN,
+    RUST_MODE,
     Choice,
     Plan,
+    Release,
     Target,
     installed_version,
     parse_release,
     plan,
     release_text,
+    rust_server_mode,
 )
 
 logger = logging.getLogger("registrar.integrations.sglang.plugin")
@@ -133,7 +137,7 @@ def verify(strict: bool | None = None) -> list[str]:
     if strict is None:
         strict = current_config().strict if _plan is not None else False
     version = installed_version() or "unknown"
-    current = _plan if _plan is not None else plan(ImportProbe(), parse_release(version))
+    current = _plan if _plan is not None else _planned(parse_release(version))
     failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
     lacking = [c for c in current.unavailable() if c.feature.required]
     absent = [t.path for c in lacking for t in c.feature.covering(current.release)]
@@ -154,10 +158,17 @@ def verify(strict: bool | None = None) -> list[str]:
         taken = len(_registered)
         register = next(c.target for c in current.choices if c.feature.name == "registration")
         around = register is not None and register.kind == "AROUND"
-        cannot = "; ".join(f"{c.feature.name} ({c.reason})" for c in current.lost())
+        lost = current.lost()
+        cannot = "; ".join(f"{c.feature.name} ({c.reason})" for c in lost if not c.mode)
+        moded = "; ".join(f"{c.feature.name} ({c.feature.rust_server})" for c in lost if c.mode)
+        if moded and strict:
+            raise SystemExit(
+                f"{DISTRIBUTION} {__version__} cannot run with {RUST_MODE}: {moded}; "
+                "REGISTRAR_STRICT=1: stopping"
+            )
         logger.info(
             "%s %s (pid %d): %d of %d targets this sglang has applied, prefill ranks register in "
-            "the background%s%s (tested on sglang %s)",
+            "the background%s%s%s (tested on sglang %s)",
             ACTIVE,
             version,
             os.getpid(),
@@ -165,6 +176,7 @@ def verify(strict: bool | None = None) -> list[str]:
             taken,
             " (captured from register_to_bootstrap)" if around else "",
             f"; not on this release: {cannot}" if cannot else "",
+            f"; not with {RUST_MODE}: {moded}" if moded else "",
             ", ".join(SUPPORTED_VERSIONS),
         )
     lacking = [c for c in current.unexpected() if not c.feature.required]
@@ -195,10 +207,15 @@ def _why(choice: Choice, current: Plan) -> str:
     return ", ".join(f"{t.path} ({_cause(t.path, registered=False)})" for t in covering)
 
 
+def _planned(release: Release | None) -> Plan:
+    return plan(ImportProbe(), release, rust_server_mode(os.environ))
+
+
 def load() -> None:
     """The entry point. A bad or refused variable ends the process with one line naming it
     (SystemExit's message, printed once by the interpreter)."""
     global _plan
+    hold()  # until SGLang configures its logging, which it does after loading plugins
     try:
         config = read_config()
     except ConfigError as exc:
@@ -207,7 +224,7 @@ def load() -> None:
     for warning in config.warnings:
         logger.warning("%s: %s", DISTRIBUTION, warning)
     hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
-    _plan = plan(ImportProbe(), parse_release(installed_version()))
+    _plan = _planned(parse_release(installed_version()))
     for target in _plan.taken():
         original = pkgutil.resolve_name(target.path) if target.kind == "REPLACE" else None
         hook = guarded(HOOKS[target.hook], target.kind, target.path, original)

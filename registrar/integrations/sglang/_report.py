@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -12,12 +13,14 @@ from ._probe import SourceProbe, sglang_root
 from ._targets import (
     NEWEST_KNOWN,
     OLDEST_WITH_PLUGINS,
+    RUST_MODE,
     Choice,
     Plan,
     installed_version,
     parse_release,
     plan,
     release_text,
+    rust_server_mode,
 )
 
 _FULL = (0, 5, 22)  # the first release with every target
@@ -40,11 +43,15 @@ def installed_report(root: Path | None = None, found_version: str | None = None)
         report.update(installed=False, plugin_system=False, features=[], advice=_advice(None))
         return report
     has_plugins = (root / "srt" / "plugins" / "hook_registry.py").is_file()
-    current = plan(SourceProbe(root), parse_release(found_version))
+    release = parse_release(found_version)
+    mode = rust_server_mode(os.environ)
+    current = plan(SourceProbe(root), release, mode)
+    in_mode = plan(SourceProbe(root), release, rust_server=True)
     report.update(
         installed=True,
         plugin_system=has_plugins,
         features=[_feature(c) for c in current.choices] if has_plugins else [],
+        rust_server={"set": mode, "not_there": [c.feature.name for c in in_mode.choices if c.mode]},
         advice=_advice(current, has_plugins),
     )
     return report
@@ -80,6 +87,7 @@ def _advice(current: Plan | None, has_plugins: bool = True) -> str:
         )
     missing = current.unexpected()
     lost = [c.feature.name for c in current.lost()]
+    moded = [c.feature.name for c in current.choices if c.mode]
     if any(c.feature.required for c in missing):
         return "no registration hook found in this SGLang: the plugin would change nothing"
     if current.newer():
@@ -93,7 +101,13 @@ def _advice(current: Plan | None, has_plugins: bool = True) -> str:
             f"the plugin works here without: {', '.join(lost)}; SGLang {release_text(_FULL)} "
             "or later has every feature"
         )
-    return "every feature the plugin has works on this SGLang"
+    advice = "every feature the plugin has works on this SGLang"
+    if moded:
+        advice = (
+            f"with {RUST_MODE} the ranks register, but the plugin cannot provide "
+            f"{', '.join(moded)} there (REGISTRAR_STRICT=1 refuses to start): unset it for them"
+        )
+    return advice
 
 
 def describe(report: dict[str, Any]) -> str:
@@ -114,5 +128,11 @@ def describe(report: dict[str, Any]) -> str:
                 lines.append(f"  {f['feature']:<{width}}  yes  {f['does']} ({where})")
             else:
                 lines.append(f"  {f['feature']:<{width}}  no   {f['why_not']}")
+    lost = report["rust_server"]["not_there"] if report["features"] else []
+    if lost and not report["rust_server"]["set"]:
+        lines.append(
+            f"with {RUST_MODE} (SGLang's Rust-server mode) the plugin cannot provide: "
+            f"{', '.join(lost)} (run this with it set for why)"
+        )
     lines.append(f"advice: {report['advice']}")
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ Imports no SGLang: a `Probe` answers what is installed. docs/sglang.md "Supporte
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Literal, Protocol
@@ -13,6 +14,8 @@ Release = tuple[int, int, int]  # `.postN`, `rcN` and local parts are ignored
 
 OLDEST_WITH_PLUGINS: Release = (0, 5, 11)  # the first with `sglang.srt.plugins`
 NEWEST_KNOWN: Release = (0, 5, 23)  # the newest whose targets were read from its wheel
+RUST_SERVER: Release = (0, 5, 23)  # PD in SGLang's Rust-server mode (upstream PR #33125)
+RUST_MODE = "SGLANG_RUST_SERVER=1"
 
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -31,6 +34,11 @@ def installed_version() -> str | None:
         return version("sglang")
     except PackageNotFoundError:
         return None
+
+
+def rust_server_mode(environ: Mapping[str, str]) -> bool:
+    """`SGLANG_RUST_SERVER` as SGLang's `EnvBool` reads it."""
+    return environ.get("SGLANG_RUST_SERVER", "").lower() in ("true", "1", "yes", "y")
 
 
 def release_text(release: Release) -> str:
@@ -85,7 +93,8 @@ class Target:
 @dataclass(frozen=True)
 class Feature:
     """`required`: without it the plugin has no reason to be there (an ERROR, and
-    `REGISTRAR_STRICT=1` stops the process); `loss` False: a release without it needs nothing."""
+    `REGISTRAR_STRICT=1` stops the process); `loss` False: a release without it needs nothing;
+    `rust_server`: why it cannot run in SGLang's Rust-server mode (empty: it runs there)."""
 
     name: str
     does: str
@@ -93,6 +102,7 @@ class Feature:
     without: str
     required: bool = False
     loss: bool = True
+    rust_server: str = ""
 
     def covering(self, release: Release | None) -> list[Target]:
         return [t for t in self.candidates if t.covers(release)]
@@ -131,6 +141,8 @@ FEATURES: tuple[Feature, ...] = (
             Target(_HTTP_START, "BEFORE", "add_ready_route", (0, 5, 11), (0, 5, 19)),
         ),
         "no /ready gated on the table",
+        rust_server="the Rust server answers /ready (404) and holds the bootstrap table, "
+        "neither reachable from Python",
     ),
     Feature(
         "role switch",
@@ -159,6 +171,7 @@ FEATURES: tuple[Feature, ...] = (
             ),
         ),
         "no `registrar` field in /server_info's internal states",
+        rust_server="the Rust server's /server_info shows no rank's `registrar` rows",
     ),
     Feature(
         "server status",
@@ -167,6 +180,7 @@ FEATURES: tuple[Feature, ...] = (
         "no `registrar_bootstrap`/`registrar_gateway` in /server_info: before 0.5.22 SGLang "
         "builds it inside its route, which no hook reaches (/ready and the ranks' internal "
         "states still tell)",
+        rust_server="the Rust server answers /server_info and holds the bootstrap table",
     ),
     Feature(
         "decode check",
@@ -195,24 +209,29 @@ FEATURES: tuple[Feature, ...] = (
         "with REGISTRAR_GATEWAY, node 0 keeps the server listed by smg once /ready holds",
         (Target(_HTTP_START, "BEFORE", "start_gateway", (0, 5, 10)),),
         "REGISTRAR_GATEWAY has no effect",
+        rust_server="no Python HTTP server starts, so its hook never runs: run "
+        "`registrar register --gateway` beside the server",
     ),
     Feature(
         "drain",
         "with REGISTRAR_GATEWAY, SIGTERM drains from the gateway before SGLang stops serving",
         (Target(f"{_TM}.sigterm_watchdog", "AROUND", "around_sigterm_watchdog", (0, 4, 0)),),
         "no drain at SIGTERM (only at process exit)",
+        rust_server="no TokenizerManager runs its SIGTERM watchdog",
     ),
 )
 
 
 @dataclass(frozen=True)
 class Choice:
-    """`expected` False: the release should have had a target (a WARNING)."""
+    """`expected` False: the release should have had a target (a WARNING); `mode`: lost to the
+    Rust-server mode, not to the release."""
 
     feature: Feature
     target: Target | None
     reason: str = ""
     expected: bool = True
+    mode: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,18 +249,23 @@ class Plan:
         return [c for c in self.unavailable() if not c.expected]
 
     def lost(self) -> list[Choice]:
-        """What this release cannot do and a newer one can."""
+        """What this release cannot do and a newer one can (or this one outside the mode)."""
         return [c for c in self.unavailable() if c.expected and c.feature.loss]
 
     def newer(self) -> bool:
         return self.release is not None and self.release > NEWEST_KNOWN
 
 
-def plan(probe: Probe, release: Release | None) -> Plan:
+def plan(probe: Probe, release: Release | None, rust_server: bool = False) -> Plan:
     """Per feature, the first candidate `probe` finds. A feature with none is `expected` when no
-    candidate's releases cover `release` (below its range, or a stand-in whose range ended)."""
+    candidate's releases cover `release` (below its range, or a stand-in whose range ended).
+    `rust_server` (SGLANG_RUST_SERVER on a release with PD there): what cannot run is not taken."""
     choices = []
+    mode = rust_server and (release is None or release >= RUST_SERVER)
     for feature in FEATURES:
+        if mode and feature.rust_server:
+            choices.append(Choice(feature, None, f"{RUST_MODE}: {feature.rust_server}", mode=True))
+            continue
         found = next((t for t in feature.candidates if t.found(probe)), None)
         if found is not None:
             choices.append(Choice(feature, found))

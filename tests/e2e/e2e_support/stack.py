@@ -27,6 +27,7 @@ from .deploy import (
     server_env,
     wait_http,
 )
+from .lines import assert_plugin_lines
 
 __all__ = ["PROMPTS", "Probe", "Sample", "Stack", "generate"]
 
@@ -161,6 +162,8 @@ class Stack:
                 wait.result()
         assert self.prefill is not None
         assert self.decode is not None
+        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=1)
+        assert_plugin_lines(self.decode, plugin=self.registrar)
         self.decode_control_url = read_control(self.decode, decode_dir, "decode")
         self.router = self.deploy.router(
             self.router_port, (self.prefill.url, self.bootstrap_port, self.decode.url)
@@ -191,6 +194,7 @@ class Stack:
     def wait_prefill_up(self) -> None:
         assert self.prefill is not None
         wait_http(self.prefill, "/health", SERVE_TIMEOUT)
+        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=1)
 
     def wait_router_ready(self, timeout: float = 120.0) -> None:
         assert self.router is not None
