@@ -10,7 +10,7 @@ import pytest
 from sglang_support.harness import wait_for
 from support import process_port
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)  # two rank starts and the upstream loop on a loaded CI
 
 # The upstream loop: 5 attempts, delays 1, 2, 4, 8 s each scaled by a factor in [0.75, 1).
 UPSTREAM_LEAST_BLOCKING = 0.75 * (1 + 2 + 4 + 8)

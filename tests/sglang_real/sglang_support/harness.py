@@ -59,8 +59,10 @@ class Rank:
         with self._cond:
             self._cond.notify_all()
 
-    def event(self, name: str, timeout: float = 120.0, after: int = 0) -> dict[str, Any]:
-        """The first `name` line from index `after` on, waiting for it."""
+    def event(self, name: str, timeout: float = 240.0, after: int = 0) -> dict[str, Any]:
+        """The first `name` line from index `after` on, waiting for it. A rank's start imports
+        SGLang and torch (10-20 CPU-seconds): with CI's lanes beside it on two cores, 120 s was
+        missed by a rank that started and registered; the tests' own limit is 300 s."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
