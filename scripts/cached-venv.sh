@@ -31,8 +31,8 @@ cached_venv() {
 
 # pip's --no-deps install of a pin file, without its noise about missing --find-links folders.
 # --no-compile: byte-compiling every module of torch and SGLang was most of a build's CPU time
-# (698 s against 171 s for SGLang's environment on a loaded 2-core machine); Python compiles
-# the few modules a run imports the first time it imports them.
+# (698 s against 171 s for SGLang's environment on a loaded 2-core machine); only the modules a
+# run imports are compiled, once (warm_bytecode below, and .ci/run lets Python keep the rest).
 install_pins() {
   "$1/bin/python" -m pip install -q --no-deps --no-compile -r "$2" 2> >(grep -v '^WARNING: Location' >&2)
 }
@@ -48,4 +48,23 @@ merge_pins() {
     { print }
     END { for (i = 1; i <= n; i++) if (!(order[i] in used)) print over[order[i]] }
   ' "$2" "$1"
+}
+
+# Compile and keep the bytecode of MODULES (names, space-separated) and all they import, once
+# per environment (a stamp file records it). Where PYTHONDONTWRITEBYTECODE is set, as on the CI
+# machine, Python otherwise compiles torch, transformers and SGLang anew in every process that
+# imports them: 11 CPU-s for each SGLang rank process instead of 5 with the bytecode kept.
+warm_bytecode() {
+  local venv=$1
+  shift
+  [ -f "$venv/.bytecode" ] && return 0
+  env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -W ignore -c '
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # a module another release lacks: the others are still warmed
+        print(f"warm_bytecode: {name}: {exc!r}", file=sys.stderr)
+' "$@" >/dev/null 2> >(grep '^warm_bytecode' >&2)
+  touch "$venv/.bytecode"
 }

@@ -57,6 +57,12 @@ if [ "$release" != "$base_release" ]; then
 fi
 
 cached_venv sglang "$pins" build "$rebuild"
+# What a rank process (tests/sglang_real) and a whole server (tests/e2e) import, with the
+# end-to-end suite's stand-ins in place as in its servers' processes.
+PYTHONPATH="$repo/tests/e2e/e2e_support/boot" warm_bytecode "$venv" \
+  sglang.srt.disaggregation.common.conn sglang.srt.server_args sglang.launch_server \
+  sglang.srt.entrypoints.http_server sglang.srt.managers.scheduler \
+  sglang.srt.managers.detokenizer_manager sglang.srt.models.llama
 # This checkout, editable, so SGLang's plugin loader finds registrar's entry point. Offline:
 # the build backend is among the pins.
 # The distribution was named `registrar` before 0.2.0 (`sglang-registrar` since): a checkout of
