@@ -80,12 +80,14 @@ SERVER_PYTHON: dict[str, str] = {"sglang": sys.executable, "reference": sys.exec
 """The interpreter each kind of server runs in (SGLang's: one where sglang and aiohttp are
 installed, e.g. the environment scripts/sglang-venv.sh builds)."""
 
-_next_port = [20000 + os.getpid() % 20000]
+_next_port = [20000 + os.getpid() % 10000]
 
 
 def _port() -> int:
     """A port for the next server: in a fresh namespace every port is free; outside one,
-    successive ports from a per-process base keep runs from colliding."""
+    successive ports from a per-process base keep runs from colliding. The base stays below
+    the tests' port blocks and the kernel's ephemeral range (32768 up): a port there could be
+    any process's outgoing connection, and SGLang's server could not bind it."""
     _next_port[0] += 1
     return _next_port[0]
 

@@ -152,7 +152,12 @@ def _run_sglang(host: str, port: int, records: list[Record]) -> None:
             super()._setup_routes()
 
     server = Recorded(host, port)
+    # SGLang's server thread logs a failed bind (logging is off here) and ends: exit then, so
+    # the benchmark reads "did not start" instead of waiting for a server that never listens.
+    deadline = time.monotonic() + 60
     while not getattr(server, "_runner", None) or not server._runner.addresses:
+        if not server.thread.is_alive() or time.monotonic() > deadline:
+            sys.exit(f"SGLang's bootstrap server did not listen on {host}:{port}")
         time.sleep(0.0005)
 
 
