@@ -44,8 +44,7 @@ from ._redact import clean
 from ._settings import EXIT_CODE, LoopSettings
 from ._status import Changes, Status
 
-Draw = Callable[[], float]
-"""A random draw in [0, 1), asked only when a delay is chosen."""
+Draw = Callable[[], float]  # a random draw in [0, 1), asked only when a delay is chosen
 
 MAX_BROKEN_CHECKS = 3
 """Checks in a row whose connection broke retried at the probe cadence, then the watch interval."""
@@ -69,8 +68,7 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
     now: float,
     draw: Draw,
 ) -> Decision:
-    """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`;
-    `draw` gives the random draws of the delays it chooses."""
+    """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`."""
     given = _Given(settings, status, now, draw)
     match seen:
         case Stopping():
@@ -93,9 +91,8 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
             assert_never(seen)
     if isinstance(seen, Looked | Checked) and seen.check is not None:
         # What a check found is published whatever is decided on it.
-        check = seen.check
-        found = Changes(route=check.route.value, server_reachable=check.reachable)
-        decision = _with(decision, found | {"last_check_at": seen.at, "last_request_at": seen.at})
+        found = Changes(route=seen.check.route.value, server_reachable=seen.check.reachable)
+        return _with(decision, found | {"last_check_at": seen.at, "last_request_at": seen.at})
     return decision
 
 
@@ -300,9 +297,8 @@ def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
 
 def _registered(given: _Given, state: LoopState, at: float, added: int, note: Note) -> Decision:
     """Accepted, or found present: `added` registrations more (0 for an adoption)."""
-    count = given.status.registrations + added
     changes = Changes(attempt=0, last_error=None, next_attempt_at=None, retrying=False)
-    changes |= {"registrations": count, "last_success_at": at}
+    changes |= {"registrations": given.status.registrations + added, "last_success_at": at}
     # Check at once (the check right after the PUT or the adoption), then watch.
     watching = replace(state, ever_registered=True, checks=0, probing=False, broken=0)
     decision = _check(watching, given.now, just_put=True)

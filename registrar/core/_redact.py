@@ -42,10 +42,9 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    try:
+    port = None
+    with suppress(ValueError):
         port = parts.port
-    except ValueError:
-        port = None
     netloc = f"{MASK}@{host}" + (f":{port}" if port is not None else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 

@@ -78,7 +78,6 @@ def _built(
         names = options_of(kind)
         refuse_unknown(
             {k: v for k, v in options.items() if k not in names},
-            "Registrar",
             f"protocol {protocol!r} takes {', '.join(names)} ({kind.__name__}) and the loop's",
         )
         missing = [name for name in options_of(kind, required=True) if name not in options]
@@ -94,7 +93,6 @@ def _built(
     else:
         refuse_unknown(
             {**options, **({} if url is None else {"url": url})},
-            "Registrar",
             f"settings= holds them (give them to {kind.__name__}, not beside it)",
         )
     return factory.build(payload, settings)
@@ -126,12 +124,9 @@ class Registrar:
         elif not isinstance(transport, Transport):
             raise ConfigError(f"transport must implement registrar.Transport, got {transport!r}")
         else:  # given: its settings are the transport's own
-            refuse_unknown(
-                given, "Registrar", "a transport given directly takes its settings itself"
-            )
+            refuse_unknown(given, "a transport given directly takes its settings itself")
         if isinstance(transport, WatchBounded):
-            chosen = "watch_interval" in options
-            fitted = transport.fit_watch_interval(loop.watch_interval, chosen)
+            fitted = transport.fit_watch_interval(loop.watch_interval, "watch_interval" in options)
             loop = replace(loop, watch_interval=fitted)
         self._transport = transport
         clock = hooks.clock
@@ -146,7 +141,6 @@ class Registrar:
             rng=hooks.rng,
             exit=hooks.exit,
             board=self._board,
-            controls=Controls(),
         )
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()

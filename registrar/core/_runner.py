@@ -83,7 +83,7 @@ class Runner:
     rng: Callable[[], float]
     exit: Callable[[int], None]
     board: StatusBoard
-    controls: Controls
+    controls: Controls = field(default_factory=Controls)
     _unexpected_seen: set[str] = field(default_factory=set, init=False)
 
     def run(self) -> None:
@@ -282,12 +282,9 @@ class Runner:
                 answer = policy(failed)
             except Exception:
                 logger.exception("on_failure callable failed; staying failed")
-                answer = "stop"
-            if answer is None:
-                answer = "stop"
-            elif answer not in POLICIES:
+                answer = None
+            if answer is not None and answer not in POLICIES:
                 logger.error("on_failure callable answered %r; staying failed", answer)
-                answer = "stop"
-        if answer == "retry" and self.controls.stopping:
+        if answer not in POLICIES or (answer == "retry" and self.controls.stopping):
             return "stop"
         return answer  # type: ignore[return-value]

@@ -79,11 +79,11 @@ def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any
     return {name: options.pop(name) for name in list(options) if name in names}
 
 
-def refuse_unknown(options: Mapping[str, Any], takes: str, fix: str) -> None:
-    """The run-time twin of the typed keywords, for callers without a type checker: one line
-    naming each option left over, what the caller takes and how to give the option instead."""
+def refuse_unknown(options: Mapping[str, Any], fix: str) -> None:
+    """`Registrar`'s run-time twin of its typed keywords, for callers without a type checker:
+    one line naming each option left over and how to give it instead."""
     if options:
-        raise ConfigError(f"{takes} got unexpected options {', '.join(sorted(options))}: {fix}")
+        raise ConfigError(f"Registrar got unexpected options {', '.join(sorted(options))}: {fix}")
 
 
 def options_of(settings: type[Any], required: bool = False) -> list[str]:
