@@ -50,8 +50,7 @@ async def wait_for_state(registrar: Registrar, state: State, timeout: float | No
     future: asyncio.Future[None] = loop.create_future()
     entry = (target, loop, future)
     with _WAITERS_LOCK:
-        waiters = _WAITERS.get(registrar)
-        if waiters is None:
+        if (waiters := _WAITERS.get(registrar)) is None:
             waiters = _WAITERS[registrar] = _Waiters()
             registrar.add_listener(waiters)
         waiters.add(entry)

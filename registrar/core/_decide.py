@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import assert_never
 
+from . import _backoff as delays
 from ._actions import (
     Answered,
     Check,
@@ -28,14 +29,6 @@ from ._actions import (
     Wait,
     Waited,
     WaitKind,
-)
-from ._backoff import (
-    contact_delay,
-    first_watch_delay,
-    probe_delay,
-    rejoin_delay,
-    retry_delay,
-    watch_delay,
 )
 from ._machine import State, Trigger
 from ._notes import say
@@ -106,7 +99,7 @@ class _Given:
     draw: Draw
 
     def retry_delay(self, streak: int, retry_after: float | None = None) -> float:
-        return retry_delay(
+        return delays.retry_delay(
             self.settings.backoff, streak, self.draw(), retry_after, self.settings.max_retry_after
         )
 
@@ -119,7 +112,7 @@ def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
         # The startup budget counts from when there was something to offer, not from this wait.
         return _look_or_send(replace(state, started=now) if _budgeted(given, state) else state, now)
     if seen.kind is WaitKind.IDLE and seen.sign:
-        spread = contact_delay(state.fleet, given.draw())
+        spread = delays.contact_delay(state.fleet, given.draw())
         note = say("sign", state.url, spread)
         return Decision(state, Wait(spread, WaitKind.CONTACT), notes=(note,))
     if seen.kind is WaitKind.IDLE and seen.reports and state.last_check_started is not None:
@@ -225,7 +218,7 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     lost = retry and not (refused or outcome.unsent or outcome.reachable)
     unanswered = LOOKS_AFTER_UNANSWERED if lost else state.unanswered
     state = replace(state, refused=refused, unanswered=unanswered)
-    probe_wait = probe_delay(state.fleet, given.draw()) if refused else 0.0
+    probe_wait = delays.probe_delay(state.fleet, given.draw()) if refused else 0.0
     # A free probe, unless the next would start past `max_elapsed`: then this was the last try.
     if seen.free and not (_budgeted(given, state) and _out_of_time(given, state, probe_wait)):
         return _with(_after(state, now, probe_wait), changes)
@@ -245,7 +238,7 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     if due is None:
         note = say("failed", label, state.url, outcome.error, delay)
     else:
-        every = probe_delay(state.fleet, 0.5)
+        every = delays.probe_delay(state.fleet, 0.5)
         note = say("failed, probing", label, state.url, outcome.error, delay, every, due - now)
     return _with(_after(state, now, delay, (note,)), changes)
 
@@ -313,12 +306,12 @@ def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
 def _watch_next(given: _Given, state: LoopState, notes: tuple[Note, ...] = ()) -> Decision:
     if state.probing or state.broken:
         # Probing already: a report cannot make it sooner, and must not loop (reports come ~1000/s).
-        wait = Wait(probe_delay(state.fleet, given.draw()), WaitKind.PROBE)
+        wait = Wait(delays.probe_delay(state.fleet, given.draw()), WaitKind.PROBE)
         return Decision(state, wait, notes=notes)
     delay = None
     interval = given.settings.watch_interval
     if interval is not None:
-        spread = first_watch_delay if state.checks == 1 else watch_delay
+        spread = delays.first_watch_delay if state.checks == 1 else delays.watch_delay
         delay = spread(interval, given.draw())
     return Decision(state, Wait(delay, WaitKind.IDLE), notes=notes)
 
@@ -357,7 +350,7 @@ def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
 
 
 def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
-    every = probe_delay(state.fleet, 0.5)
+    every = delays.probe_delay(state.fleet, 0.5)
     if check.refused:
         notes = () if state.probing else (say("refused", state.url, check.evidence, every),)
         return _watch_next(given, replace(state, probing=True), notes)
@@ -374,7 +367,7 @@ def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision
 def _lose(given: _Given, state: LoopState, evidence: str) -> Decision:
     """Back to registering; no wait before the first re-attempt the first time (the check that
     found the route missing was the fleet's spread first contact)."""
-    delay = rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
+    delay = delays.rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
     note = say("lost", state.url, evidence, delay)
     decision = _after(_new_run(state, given.now), given.now, delay, (note,))
     lost = Changes(reregistrations=given.status.reregistrations + 1, retrying=True)

@@ -22,14 +22,7 @@ from ._machine import State, Trigger
 from ._redact import encode_payload
 from ._registry import protocol_factory
 from ._runner import Controls, Runner
-from ._settings import (
-    Hooks,
-    LoopSettings,
-    Options,
-    options_of,
-    refuse_unknown,
-    split_options,
-)
+from ._settings import Hooks, LoopSettings, Options, options_of, refuse_unknown, split_options
 from ._status import Changes, Status
 from ._transport import Abortable, Diagnosable, FleetSized, Resolving, Transport, WatchBounded
 
@@ -80,8 +73,7 @@ def _built(
             {k: v for k, v in options.items() if k not in names},
             f"protocol {protocol!r} takes {', '.join(names)} ({kind.__name__}) and the loop's",
         )
-        missing = [name for name in options_of(kind, required=True) if name not in options]
-        if missing:
+        if missing := [name for name in options_of(kind, required=True) if name not in options]:
             raise ConfigError(
                 f"protocol {protocol!r} needs {', '.join(missing)} (fields of {kind.__name__})"
             )

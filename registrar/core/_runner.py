@@ -160,13 +160,12 @@ class Runner:
         return self._attempt(action)
 
     def _wait(self, action: Wait) -> Observation:
-        kind, delay = action.kind, action.delay
-        if kind is WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
-            sign = self._idle(self.transport, delay)
+        if action.kind is WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
+            sign = self._idle(self.transport, action.delay)
         else:
-            interruptible = kind in (WaitKind.IDLE, WaitKind.CONTACT)
-            sign = None if self._sleep(delay, interruptible) else False
-        return Stopping() if sign is None else Waited(kind, sign, self.controls.reports)
+            interruptible = action.kind in (WaitKind.IDLE, WaitKind.CONTACT)
+            sign = None if self._sleep(action.delay, interruptible) else False
+        return Stopping() if sign is None else Waited(action.kind, sign, self.controls.reports)
 
     def _sleep(self, delay: float | None, interruptible: bool) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
@@ -239,8 +238,7 @@ class Runner:
             try:
                 check = self.transport.check(self.payload)
             except Exception as exc:
-                evidence = self._unexpected("check", exc)
-                check = RouteCheck(Route.UNDETERMINED, evidence=evidence)
+                check = RouteCheck(Route.UNDETERMINED, evidence=self._unexpected("check", exc))
             duration = time.monotonic() - started
         if check is None:
             return None
