@@ -93,8 +93,7 @@ def first_watch_delay(interval: float, u: float) -> float:
 
 def rejoin_delay(backoff: Backoff, lost_after_put: int, u: float) -> float:
     """The wait before registering again once the route is found missing: none the first time
-    (docs/sglang.md); when it is lost right after our own PUT again and again, uniform over
-    [0, base) of the backoff."""
+    (docs/sglang.md); when lost right after our own PUT repeatedly, uniform over [0, `base`)."""
     return backoff.base(lost_after_put) * u if lost_after_put else 0.0
 
 

@@ -105,9 +105,8 @@ class Secrets:
 def clean(
     text: object, limit: int = MAX_SHOWN, secrets: Secrets = Secrets(), cut: bool = False
 ) -> str:
-    """`text` as one safe line: secrets masked, control characters escaped (`\\x0a`), and at
-    most `limit` characters followed by a note of how many more there were. `cut` says the
-    text is itself the start of something longer (a body read up to a cap)."""
+    """`text` as one safe line: secrets masked, control characters escaped (`\\x0a`), at most
+    `limit` characters, then " ..."; `cut`: `text` begins a longer one (a body read up to a cap)."""
     text = text if isinstance(text, str) else str(text)
     # Look at no more than can be shown: a multi-megabyte text costs what its start costs. The
     # margin is wide enough that a secret starting before the limit is masked whole.
