@@ -57,8 +57,7 @@ DEFAULT_MAX_RETRY_AFTER = 60.0
 """The longest wait a server's `Retry-After` can impose: rate limits ask for seconds to a minute,
 and a rank waiting longer is a rank not serving; a hostile or mistaken header costs a minute."""
 
-WATCH_JITTER = 0.2
-"""Watch intervals are spread by ±20 % so a fleet's checks do not line up."""
+WATCH_JITTER = 0.2  # watch intervals are spread by ±20 % so a fleet's checks do not line up
 
 
 def retry_delay(

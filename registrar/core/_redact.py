@@ -16,8 +16,7 @@ from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 from ._errors import ConfigError
 
-MAX_SHOWN = 300
-"""Characters of untrusted text shown in one log line or status field, at most."""
+MAX_SHOWN = 300  # characters of untrusted text shown in one log line or status field, at most
 
 MASK = "***"
 

@@ -129,9 +129,7 @@ class Registrar:
             fleet=_fleet_size(transport, sent),
             transport=transport,
             payload=sent,
-            clock=clock,
-            rng=hooks.rng,
-            exit=hooks.exit,
+            hooks=hooks,
             board=self._board,
         )
         self._thread: threading.Thread | None = None

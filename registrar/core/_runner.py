@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,12 +31,11 @@ from ._actions import (
     WaitKind,
 )
 from ._board import RequestEvent, StatusBoard
-from ._clock import Clock
 from ._decide import MAX_ERROR_TEXT, decide
 from ._machine import State, Trigger
 from ._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ._redact import clean
-from ._settings import POLICIES, LoopSettings, OnFailureName
+from ._settings import POLICIES, Hooks, LoopSettings, OnFailureName
 from ._status import Changes
 from ._transport import Gated, IdleWatcher, Transport
 from ._waker import Waker
@@ -45,14 +44,12 @@ logger = logging.getLogger("registrar")
 
 UNEXPECTED = "registrar_unexpected"
 """Set on the log record of an exception a transport raised instead of returning an outcome."""
-_IDLE_SLICE = 3600.0
-"""With no watch interval, an idle watcher is asked to wait this long at a time."""
+_IDLE_SLICE = 3600.0  # with no watch interval, an idle watcher is asked to wait this long at a time
 
 
 @dataclass
 class Controls:
-    """What other threads use to reach the loop: the stop flag, the route-missing reports, the
-    waker that ends any wait, and the gate held while a request is in flight."""
+    """What other threads use to reach the loop; `gate` is held while a request is in flight."""
 
     stopping: bool = False
     reports: int = 0  # route-missing reports not yet acted on (coalesced into one check)
@@ -79,9 +76,7 @@ class Runner:
     fleet: int
     transport: Transport
     payload: Mapping[str, Any]
-    clock: Clock
-    rng: Callable[[], float]
-    exit: Callable[[int], None]
+    hooks: Hooks
     board: StatusBoard
     controls: Controls = field(default_factory=Controls)
     _unexpected_seen: set[str] = field(default_factory=set, init=False)
@@ -106,8 +101,8 @@ class Runner:
         state = LoopState(fleet=self.fleet, url=self.transport.display_url)
         seen: Observation | None = Started()
         while seen is not None:
-            now = self.clock.monotonic()
-            decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
+            now = self.hooks.clock.monotonic()
+            decision = decide(self.settings, self.board.status, state, seen, now, self.hooks.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
             if not self._apply(decision, seen):
@@ -120,7 +115,7 @@ class Runner:
         refused. A backoff wait is published as when the next attempt is due."""
         changes, action = decision.changes, decision.action
         if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-            changes = changes | {"next_attempt_at": self.clock.time() + action.delay}
+            changes = changes | {"next_attempt_at": self.hooks.clock.time() + action.delay}
             changes["retrying"] = True
         if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
             self.controls.take_reports()  # a report from before this PUT says nothing about it
@@ -137,11 +132,11 @@ class Runner:
             check = self._check()
             if self.controls.stopping:
                 return Stopping()
-            return Checked(check, reported, self.clock.time())
+            return Checked(check, reported, self.hooks.clock.time())
         if isinstance(action, Fail):
             return Answered(self._answer())
         if action.exit_code is not None:
-            self.exit(action.exit_code)
+            self.hooks.exit(action.exit_code)
         return None
 
     def _register(self, action: Look | Send) -> Observation:
@@ -156,7 +151,7 @@ class Runner:
                 return Held(reason, gate.ready_interval)
         if isinstance(action, Look):
             check = self._check()
-            return Stopping() if self.controls.stopping else Looked(check, self.clock.time())
+            return Stopping() if self.controls.stopping else Looked(check, self.hooks.clock.time())
         return self._attempt(action)
 
     def _wait(self, action: Wait) -> Observation:
@@ -171,30 +166,30 @@ class Runner:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
         `interruptible`, a route-missing report ends the wait early too."""
         controls = self.controls
-        end = None if delay is None else self.clock.monotonic() + delay
+        end = None if delay is None else self.hooks.clock.monotonic() + delay
         while True:
             if controls.stopping:
                 return True
             if interruptible and controls.reports:
                 return False
-            remaining = None if end is None else end - self.clock.monotonic()
+            remaining = None if end is None else end - self.hooks.clock.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            if self.clock.wait(controls.wake, remaining):
+            if self.hooks.clock.wait(controls.wake, remaining):
                 controls.wake.clear()  # a stop is seen at the top of the loop
 
     def _idle(self, transport: IdleWatcher, delay: float | None) -> bool | None:
         """Wait between route checks inside the transport: None when stopping, True on a sign
         that the route may be gone, False on timeout or a report."""
         controls = self.controls
-        end = None if delay is None else self.clock.monotonic() + delay
+        end = None if delay is None else self.hooks.clock.monotonic() + delay
         while not controls.stopping:
             if controls.reports:
                 return False
             if controls.wake.is_set():
                 controls.wake.clear()
                 continue
-            remaining = _IDLE_SLICE if end is None else end - self.clock.monotonic()
+            remaining = _IDLE_SLICE if end is None else end - self.hooks.clock.monotonic()
             if remaining <= 0:
                 return False
             try:
@@ -223,7 +218,7 @@ class Runner:
             duration = time.monotonic() - started
         if outcome.error:  # any transport's words: one escaped, capped line in logs and status
             outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
-        sent = Sent(outcome, action.scheduled, self.clock.time())
+        sent = Sent(outcome, action.scheduled, self.hooks.clock.time())
         if not sent.free:
             event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
             self.board.emit(event)

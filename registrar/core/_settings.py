@@ -32,8 +32,7 @@ OnFailureName = Literal["retry", "stop", "exit"]
 OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
 """When the startup budget is spent; a callable is given the FAILED status (None means "stop")."""
 POLICIES = get_args(OnFailureName)
-EXIT_CODE = 3
-"""Process exit status for on_failure="exit"."""
+EXIT_CODE = 3  # the process's exit status for on_failure="exit"
 
 
 def default_exit(code: int) -> None:
