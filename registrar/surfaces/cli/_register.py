@@ -126,9 +126,8 @@ def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: 
     given: dict[str, Any] = {}
     for option in OPTIONS:
         field = "token" if option.key == "token_file" else option.field
-        if option.key in _MODES or option.key not in chosen or field is None:
-            continue
-        if option.settings in (LoopSettings, Backoff):
+        loop = option.settings in (LoopSettings, Backoff)
+        if loop or option.key in _MODES or option.key not in chosen or field is None:
             continue
         if field not in names:
             shown = option.flag_name if option.key in flags else ENV_PREFIX + option.name

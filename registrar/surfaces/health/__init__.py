@@ -129,13 +129,8 @@ def health_asgi_app(
         query = scope.get("query_string", b"").decode("latin-1")
         environ.update(REQUEST_METHOD=method, PATH_INFO=path, QUERY_STRING=query)
         found = answer(environ)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": found.code,
-                "headers": [(k.lower().encode(), v.encode()) for k, v in found.headers],
-            }
-        )
+        headers = [(k.lower().encode(), v.encode()) for k, v in found.headers]
+        await send({"type": "http.response.start", "status": found.code, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else found.body})
 
     return app
