@@ -403,11 +403,8 @@ class BootstrapServer:
             return 404, "404: Not Found", "text/plain"
         if h.command not in ("GET", "PUT"):
             return 405, "Method not allowed", "application/json"
-        if (
-            h.command == "PUT"
-            and self.token is not None
-            and h.headers.get("Authorization") != f"Bearer {self.token}"
-        ):
+        denied = self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}"
+        if h.command == "PUT" and denied:
             return 401, "Unauthorized", "text/plain"
         # Under the lock, for the current lifetime only: no restart between the check and the use.
         with self._lock:

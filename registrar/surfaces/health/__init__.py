@@ -46,9 +46,7 @@ ASGIApp = Callable[[dict[str, Any], ASGIReceive, ASGISend], Awaitable[None]]
 
 
 def _answerer(
-    registrar: HealthSource | HealthGroup,
-    metrics: RegistrarMetrics | None,
-    options: HealthOptions,
+    registrar: HealthSource | HealthGroup, metrics: RegistrarMetrics | None, options: HealthOptions
 ) -> Callable[[dict[str, Any]], Answer]:
     """The answer to a WSGI environ, whichever app received it: a health document, or
     prometheus-client's `/metrics` (its WSGI app serves both: it answers at once)."""
