@@ -127,8 +127,7 @@ class RegistrarMetrics:
         *,
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        prom = _prometheus()
-        self._prom = prom
+        self._prom = prom = _prometheus()
         self.registry = registry if registry is not None else prom.CollectorRegistry()
         constant = dict(labels or {})
         for name, value in constant.items():
