@@ -76,14 +76,9 @@ def smg_group(
         settings.bootstrap_port,
         **dict(spec or {}),
     )
-    return RegistrarGroup(
-        (
-            Registrar(
-                payload=payload,
-                transport=SmgTransport(settings, gateway, clock=loop.get("clock")),
-                **loop,
-            )
-            for gateway in settings.gateways
-        ),
-        stop_timeout=settings.stop_timeout,
-    )
+    clock = loop.get("clock")
+    members = [
+        Registrar(payload=payload, transport=SmgTransport(settings, url, clock=clock), **loop)
+        for url in settings.gateways
+    ]
+    return RegistrarGroup(members, stop_timeout=settings.stop_timeout)

@@ -176,7 +176,7 @@ def _backoff(name: str, field: str, example: str, help: str, **more: Any) -> Opt
 
 
 def _etcd(
-    name: str, field: str, parse: Callable[[str], Any], example: str, help: str, **more: Any
+    name: str, field: str, example: str, help: str, parse: Callable[[str], Any] = str, **more: Any
 ) -> Option:
     # A certificate and its key are one field of the settings (a pair): each file is checked
     # here, the pair when the settings are made.
@@ -187,7 +187,7 @@ def _etcd(
 
 
 def _smg(
-    name: str, field: str, parse: Callable[[str], Any], example: str, help: str, **more: Any
+    name: str, field: str, example: str, help: str, parse: Callable[[str], Any] = str, **more: Any
 ) -> Option:
     return Option(name, parse, example, help, SmgSettings, field, **more)
 
@@ -317,18 +317,16 @@ OPTIONS: tuple[Option, ...] = (
     _etcd(
         "ETCD",
         "endpoints",
-        str,
         "http://127.0.0.1:2379",
         "instead of URL: etcd client URLs, comma-separated (docs/etcd.md)",
         metavar="URLS",
     ),
-    _etcd("KEY", "key", str, "/services/prefill/rank0", "with ETCD: the key"),
-    _etcd("TTL", "ttl", seconds, "10", "with ETCD: the lease TTL, seconds", metavar="S"),
-    _etcd("ETCD_USER", "username", str, "registrar", "with ETCD: the etcd user", metavar="NAME"),
+    _etcd("KEY", "key", "/services/prefill/rank0", "with ETCD: the key"),
+    _etcd("TTL", "ttl", "10", "with ETCD: the lease TTL, seconds", parse=seconds, metavar="S"),
+    _etcd("ETCD_USER", "username", "registrar", "with ETCD: the etcd user", metavar="NAME"),
     _etcd(
         "ETCD_PASSWORD",
         "password",
-        str,
         "s3cret",
         "with ETCD_USER: the etcd password (from the environment only: no flag)",
         flag=False,
@@ -336,32 +334,25 @@ OPTIONS: tuple[Option, ...] = (
     _etcd(
         "ETCD_CERT",
         "cert",
-        str,
         "/etc/etcd/client.pem",
         "with ETCD: a TLS client certificate",
         metavar="FILE",
     ),
     _etcd(
-        "ETCD_CERT_KEY",
-        "cert",
-        str,
-        "/etc/etcd/client.key",
-        "with ETCD: its key file",
-        metavar="FILE",
+        "ETCD_CERT_KEY", "cert", "/etc/etcd/client.key", "with ETCD: its key file", metavar="FILE"
     ),
     _smg(
         "GATEWAY",
         "gateways",
-        rules.comma_list,
         "http://127.0.0.1:30000",
         "instead of URL: smg gateway URLs, comma-separated, or the flag repeated (docs/gateway.md)",
+        parse=rules.comma_list,
         repeat=True,
         metavar="URL",
     ),
     _smg(
         "WORKER_URL",
         "worker_url",
-        str,
         "http://10.0.0.5:30001",
         "with GATEWAY: the worker, as the gateway reaches it",
         show_default=False,
@@ -369,7 +360,6 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "WORKER_TYPE",
         "worker_type",
-        str,
         "prefill",
         "with GATEWAY: prefill, decode or regular",
         plugin=_FROM_SERVER_ARGS + " (--disaggregation-mode)",
@@ -378,16 +368,15 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "BOOTSTRAP_PORT",
         "bootstrap_port",
-        integer,
         "8998",
         "with GATEWAY: a prefill worker's bootstrap server port",
+        parse=integer,
         plugin=_FROM_SERVER_ARGS + " (--disaggregation-bootstrap-port)",
         metavar="N",
     ),
     _smg(
         "READY_URL",
         "ready",
-        str,
         "http://127.0.0.1:30001/ready",
         "with GATEWAY: offer the worker only while this answers 2xx (SGLang: /ready)",
         plugin="with REGISTRAR_GATEWAY the server's own /ready gates the offer",
@@ -395,15 +384,14 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "READY_GRACE",
         "grace",
-        seconds,
         "10",
         "with READY_URL: not ready this long, the worker is withdrawn",
+        parse=seconds,
         metavar="S",
     ),
     _smg(
         "GATEWAY_KEY_FILE",
         "key_file",
-        str,
         "/var/run/secrets/smg/key",
         "with GATEWAY: file holding the control-plane key, read before each request "
         "(else $REGISTRAR_GATEWAY_KEY)",
@@ -411,9 +399,9 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "DRAIN_TIMEOUT",
         "drain_timeout",
-        seconds,
         "15",
         "with GATEWAY: at stop, wait this long for the gateway to remove the worker",
+        parse=seconds,
         metavar="S",
     ),
     Option(

@@ -46,9 +46,7 @@ ASGIApp = Callable[[dict[str, Any], ASGIReceive, ASGISend], Awaitable[None]]
 
 
 def _answerer(
-    registrar: HealthSource | HealthGroup,
-    metrics: RegistrarMetrics | None,
-    options: HealthOptions,
+    registrar: HealthSource | HealthGroup, metrics: RegistrarMetrics | None, options: HealthOptions
 ) -> Callable[[dict[str, Any]], Answer]:
     """The answer to a WSGI environ, whichever app received it: a health document, or
     prometheus-client's `/metrics` (its WSGI app serves both: it answers at once)."""
@@ -129,13 +127,8 @@ def health_asgi_app(
         query = scope.get("query_string", b"").decode("latin-1")
         environ.update(REQUEST_METHOD=method, PATH_INFO=path, QUERY_STRING=query)
         found = answer(environ)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": found.code,
-                "headers": [(k.lower().encode(), v.encode()) for k, v in found.headers],
-            }
-        )
+        headers = [(k.lower().encode(), v.encode()) for k, v in found.headers]
+        await send({"type": "http.response.start", "status": found.code, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else found.body})
 
     return app

@@ -198,8 +198,7 @@ class HealthSource(Protocol):
 
 @runtime_checkable
 class HealthGroup(Protocol):
-    """Several registrations of one service, one per registry (a `RegistrarGroup` fits):
-    every check shows one entry per member."""
+    """Several registrations of one service, one per registry (a `RegistrarGroup` fits)."""
 
     def members(self) -> Sequence[HealthSource]: ...
 
