@@ -155,7 +155,6 @@ def verify(strict: bool | None = None) -> list[str]:
             line,
         )
     else:
-        taken = len(_registered)
         register = next(c.target for c in current.choices if c.feature.name == "registration")
         around = register is not None and register.kind == "AROUND"
         lost = current.lost()
@@ -172,8 +171,8 @@ def verify(strict: bool | None = None) -> list[str]:
             ACTIVE,
             version,
             os.getpid(),
-            taken,
-            taken,
+            len(_registered),
+            len(_registered),
             " (captured from register_to_bootstrap)" if around else "",
             f"; not on this release: {cannot}" if cannot else "",
             f"; not with {RUST_MODE}: {moded}" if moded else "",

@@ -84,8 +84,7 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
 
 
 def sglang_token(manager: Any, chosen: Token | None = None) -> Token | None:
-    """`bootstrap_token` of what SGLang itself would send, from the manager; `chosen` (the
-    plugin's `REGISTRAR_TOKEN(_FILE)`) before it."""
+    """`bootstrap_token` of `chosen` (REGISTRAR_TOKEN(_FILE)) and what SGLang would send."""
     token, _ = bootstrap_token(
         chosen,
         broadcast=getattr(manager, "bootstrap_auth_token", None),

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
-from ...core._transport import Token, file_token
+from ...core._transport import file_token
 from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
 from ...surfaces._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_seconds_or_zero
@@ -88,7 +88,11 @@ def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
     options = options_from_env(env)
     command = command_options_from_env(env, names=_COMMAND_ONLY_HONOURED)
     own = options_from_env(env, table=PLUGIN_ENV_VARS)
-    token = _token(command)
+    # As `registrar register` reads them (`bootstrap_token`'s order), checked now, not per rank;
+    # SGLang's own sources are left to each row.
+    token, _ = bootstrap_token(
+        variable_file=command.get("token_file"), variable=command.get("token"), env={}
+    )
     if token is not None:
         options["token"] = token
     return PluginConfig(
@@ -126,15 +130,6 @@ def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayC
 
 def _picked(options: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return {name: options[name] for name in names if name in options}
-
-
-def _token(command: Mapping[str, Any]) -> Token | None:
-    """As `registrar register` reads them (`bootstrap_token`'s order), checked now, not per rank;
-    neither leaves SGLang's own variable to the registrar."""
-    token, _ = bootstrap_token(
-        variable_file=command.get("token_file"), variable=command.get("token"), env={}
-    )
-    return token
 
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:

@@ -73,16 +73,14 @@ class Target:
     condition: Condition = "exists"
 
     def found(self, probe: Probe) -> bool:
-        if not probe.has(self.path):
-            return False
+        has = probe.has(self.path)
+        if not has or self.condition == "exists":
+            return has
+        text = probe.source(self.path)
         if self.condition == "own":
-            text = probe.source(self.path)
             return probe.own(self.path) and text is not None and "super()" not in text
-        if self.condition == "puts":
-            module = self.path.rsplit(".", 2)[0]
-            text = probe.source(self.path)
-            return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
-        return True
+        module = self.path.rsplit(".", 2)[0]  # "puts"
+        return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
 
     def covers(self, release: Release | None) -> bool:
         """None: an unknown release, taken as the newest."""
@@ -114,6 +112,7 @@ _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 _HTTP_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 _ROLE_SWITCH = "sglang.srt.disaggregation.role_switch.teardown_disaggregation"
 _SERVER_INFO = "sglang.srt.utils.common.build_server_info"
+_CTRL = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
@@ -155,13 +154,7 @@ FEATURES: tuple[Feature, ...] = (
         "rank status",
         "/server_info's internal_states[i] carry each rank's registrations (`registrar`)",
         (
-            Target(
-                "sglang.srt.managers.scheduler_components.internal_state."
-                "SchedulerInternalStateController.get_internal_state",
-                "AFTER",
-                "after_internal_state",
-                (0, 5, 22),
-            ),
+            Target(f"{_CTRL}.get_internal_state", "AFTER", "after_internal_state", (0, 5, 22)),
             Target(
                 "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
                 "AFTER",
