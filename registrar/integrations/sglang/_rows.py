@@ -125,8 +125,7 @@ def before_teardown(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE `teardown_disaggregation`: a role switch ends this rank's registrations (the
     server has no DELETE; the new role registers anew if it is prefill)."""
     for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue"):
-        queue = getattr(scheduler, name, None)
-        manager = getattr(queue, "kv_manager", None)
+        manager = getattr(getattr(scheduler, name, None), "kv_manager", None)
         if manager is not None:
             stop_rows(manager, "PD role switch")
             close_checks(manager)
