@@ -107,12 +107,14 @@ class Feature:
 
 
 _KV = "sglang.srt.disaggregation.common.conn.CommonKVManager"
-_MOONCAKE = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager"
+_REGISTER = f"{_KV}.register_to_bootstrap"
+_MOONCAKE_HB = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager._on_heartbeat_success"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 _HTTP_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 _ROLE_SWITCH = "sglang.srt.disaggregation.role_switch.teardown_disaggregation"
 _SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 _CTRL = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+_SCHED = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
@@ -120,14 +122,7 @@ FEATURES: tuple[Feature, ...] = (
         "prefill ranks register in the background, looked-first and counted once",
         (
             Target(f"{_KV}._register_topology_row", "REPLACE", "register_row", (0, 5, 20)),
-            Target(
-                f"{_KV}.register_to_bootstrap",
-                "AROUND",
-                "capture_registration",
-                (0, 5, 11),
-                (0, 5, 19),
-                "puts",
-            ),
+            Target(_REGISTER, "AROUND", "capture_registration", (0, 5, 11), (0, 5, 19), "puts"),
         ),
         "SGLang's own blocking registration stands (no hook point)",
         required=True,
@@ -155,13 +150,7 @@ FEATURES: tuple[Feature, ...] = (
         "/server_info's internal_states[i] carry each rank's registrations (`registrar`)",
         (
             Target(f"{_CTRL}.get_internal_state", "AFTER", "after_internal_state", (0, 5, 22)),
-            Target(
-                "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
-                "AFTER",
-                "after_internal_state",
-                (0, 5, 11),
-                (0, 5, 21),
-            ),
+            Target(_SCHED, "AFTER", "after_internal_state", (0, 5, 11), (0, 5, 21)),
         ),
         "no `registrar` field in /server_info's internal states",
         rust_server="the Rust server's /server_info shows no rank's `registrar` rows",
@@ -184,16 +173,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "decode check (Mooncake)",
         "the same check where Mooncake overrides the heartbeat hook without super()",
-        (
-            Target(
-                f"{_MOONCAKE}._on_heartbeat_success",
-                "AFTER",
-                "after_heartbeat_success",
-                (0, 5, 13),
-                (0, 5, 19),
-                "own",
-            ),
-        ),
+        (Target(_MOONCAKE_HB, "AFTER", "after_heartbeat_success", (0, 5, 13), (0, 5, 19), "own"),),
         "nothing to do: Mooncake uses the common heartbeat hook",
         loss=False,
     ),
