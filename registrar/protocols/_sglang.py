@@ -160,19 +160,25 @@ def rank_of(payload: Mapping[str, Any]) -> Rank:
     )
 
 
-def bootstrap_token(
+def bootstrap_token(  # noqa: PLR0911, PLR0913 - every source of the token, in its order
     token: Token | None = None,
     token_file: str | None = None,
     *,
     variable_file: str | None = None,
     variable: str | None = None,
+    broadcast: object = None,
+    api_key: object = None,
     env: Mapping[str, str] | None = None,
 ) -> tuple[Token | None, str]:
     """The bootstrap server's bearer token and where it came from: the one place deciding its
-    precedence, first found wins. Given directly (a flag, `token=`), then `--token-file`, then
-    `REGISTRAR_TOKEN_FILE` (not visible in ps), then `REGISTRAR_TOKEN` (each checked where it
-    was read: the options table, `HttpSettings`), then SGLang's own variable from `env` (the
-    process's when None; `{}` leaves it to the protocol). A file is read before each request."""
+    precedence, first found wins. Given directly (a flag, `token=`, the plugin's
+    `REGISTRAR_TOKEN(_FILE)`), then `--token-file`, then `REGISTRAR_TOKEN_FILE` (not visible in
+    ps), then `REGISTRAR_TOKEN` (each checked where it was read: the options table,
+    `HttpSettings`), then what SGLang itself would send (upstream PR #39416, not in 0.5.23): node
+    0's token, broadcast to every node as the KV manager's `bootstrap_auth_token` (a node's own
+    environment may differ), then SGLang's variable from `env` (the process's when None; `{}`
+    leaves it to the protocol), then its `--api-key` (a `broadcast` or `api_key` that is not a
+    non-empty string is none). A file is read before each request."""
     if token is not None:
         return token or None, "token" if token else TOKEN_ENV
     if token_file is not None:
@@ -181,7 +187,11 @@ def bootstrap_token(
         return file_token(variable_file, "REGISTRAR_TOKEN_FILE"), "token"
     if variable is not None:
         return variable or None, "token"
+    if isinstance(broadcast, str) and broadcast:
+        return broadcast, "bootstrap_auth_token"
     found = (os.environ if env is None else env).get(TOKEN_ENV)
+    if not found and isinstance(api_key, str) and api_key:
+        return api_key, "--api-key"
     return rules.applied(TOKEN_ENV, found, rules.header_token), TOKEN_ENV
 
 
