@@ -118,8 +118,7 @@ class HttpTransport:
         """True if the server closed the idle connection, as an exiting server process does at once:
         a sign the route may be gone long before the next check (docs/sglang.md)."""
         deadline = time.monotonic() + timeout
-        sock = self._link.sock if self._kept_alive else None
-        if not wait_readable(sock, timeout, waker):
+        if not wait_readable(self._link.sock if self._kept_alive else None, timeout, waker):
             return False
         # Readable while idle: closed, reset or written on unasked; not reusable either way.
         age = time.monotonic() - self._last_end
@@ -349,11 +348,9 @@ class IdleCloses:
 
     def is_sign(self, age: float) -> bool:
         """Whether a close after `age` idle seconds is a sign (for a check to settle)."""
-        if (
-            age < KEEPALIVE_WINDOW
-            and self._harmless < MAX_HARMLESS_CLOSES
-            and (self._closes_idle_after is None or age < 0.5 * self._closes_idle_after)
-        ):
+        learned = self._closes_idle_after
+        early = learned is None or age < 0.5 * learned
+        if early and age < KEEPALIVE_WINDOW and self._harmless < MAX_HARMLESS_CLOSES:
             self._signal_age = age
             return True
         return False

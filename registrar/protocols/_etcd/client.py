@@ -117,15 +117,11 @@ def parse_answer(
     if status == 200 and isinstance(document, dict) and "code" not in document:
         return EtcdAnswer(endpoint, status, body=document)
     code = document.get("code") if isinstance(document, dict) else None
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
     message = document.get("message") if isinstance(document, dict) else None
     if not isinstance(message, str) or not message:
         message = f"HTTP {status}: {' '.join(result.text.split())}"
-    return EtcdAnswer(
-        endpoint,
-        status,
-        code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-        message=clean(message, 200),
-    )
+    return EtcdAnswer(endpoint, status, code=code, message=clean(message, 200))
 
 
 class EtcdClient:

@@ -70,9 +70,8 @@ class EtcdTransport:
             self._granted_ttl = float(int64(answer.body.get("TTL")) or self._ttl)
             self._renewed_at = time.monotonic()
             if not self.lease:
-                return RegisterOutcome(
-                    Verdict.RETRY, status_code=answer.status_code, error="lease grant without an ID"
-                )
+                error = "lease grant without an ID"
+                return RegisterOutcome(Verdict.RETRY, answer.status_code, error)
             answer = self._put()
         if answer.body is None:
             return self._not_written(answer, "put")
@@ -152,11 +151,8 @@ class EtcdTransport:
             return RouteCheck(route, answer.status_code, answer.failure, refused=refused)
         ttl = int64(answer.body.get("TTL"))
         if ttl <= 0:
-            return RouteCheck(
-                Route.MISSING,
-                answer.status_code,
-                f"lease {self.lease:x} has expired or was revoked",
-            )
+            text = f"lease {self.lease:x} has expired or was revoked"
+            return RouteCheck(Route.MISSING, answer.status_code, text)
         self._granted_ttl = float(ttl)
         self._renewed_at = time.monotonic()
         answer = self._client.call("/v3/kv/range", {"key": b64(self._key)})

@@ -240,8 +240,7 @@ class KeyWatch:
             self._stream = WatchStream(self._client, index, self._request(index))
         except (OSError, ValueError) as exc:
             logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
-            self._broken = True
-            self._next_try = now + _WATCH_RETRY * (0.5 + random.random())
+            self.close(broken=True)
         return self._stream
 
     def _on_message(

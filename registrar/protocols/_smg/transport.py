@@ -202,13 +202,10 @@ class SmgTransport:
                 unready,
                 reason,
             )
-            removed = self._remove(wait=False)
-            return RouteCheck(
-                Route.MISSING,
-                None,
-                f"withdrawn: not ready for {unready:.1f} s ({reason})"
-                + ("" if removed else "; the gateway did not take the removal"),
-            )
+            evidence = f"withdrawn: not ready for {unready:.1f} s ({reason})"
+            if not self._remove(wait=False):
+                evidence += "; the gateway did not take the removal"
+            return RouteCheck(Route.MISSING, None, evidence)
         check = self._classify(self._send("GET", f"/workers/{self.worker_id}"))
         self._http.settle_idle_signal(check.route is Route.PRESENT)
         return check
@@ -236,24 +233,16 @@ class SmgTransport:
         result = self._send("GET", "/workers", limit=MAX_LIST_BYTES)
         if result.error is not None:
             return self._http.unreachable(result)
-        if result.status_code != 200:
-            return RouteCheck(
-                Route.UNDETERMINED,
-                result.status_code,
-                f"unexpected {result.status_code} for the worker list: "
-                f"{self._http.excerpt(result)}",
-            )
+        code = result.status_code
+        if code != 200:
+            text = f"unexpected {code} for the worker list: {self._http.excerpt(result)}"
+            return RouteCheck(Route.UNDETERMINED, code, text)
         ours = (self._url or "").rstrip("/")
         listed = (result.json_object() or {}).get("workers")
         if not isinstance(listed, list):
             return RouteCheck(Route.UNDETERMINED, 200, "the worker list could not be read")
-        mine = [
-            w
-            for w in listed
-            if isinstance(w, dict)
-            and str(w.get("url", "")).rstrip("/") == ours
-            and isinstance(w.get("id"), str)
-        ]
+        mine = [w for w in listed if isinstance(w, dict) and isinstance(w.get("id"), str)]
+        mine = [w for w in mine if str(w.get("url", "")).rstrip("/") == ours]
         if not mine:
             return RouteCheck(Route.MISSING, 200, f"the gateway lists no worker at {ours}")
         self.worker_id = str(mine[0]["id"])
