@@ -58,10 +58,9 @@ MAX_HARMLESS_CLOSES = 2  # closes a check showed harmless, after which closes ar
 
 
 class HttpTransport:
-    """Registers by sending the payload as JSON (`PUT {url}{path}`), from its settings value as
-    it is (validated once, when it was made); `timeout` bounds the whole request as docs/index.md
-    says. What a protocol fixes is a keyword: the path, the token and where it came from when
-    the protocol found it elsewhere (named in messages), a client certificate."""
+    """`PUT {url}{path}` with the payload as JSON, from its settings value as it is (validated
+    when it was made); `timeout` bounds the whole request (docs/index.md). A protocol fixes by
+    keyword the path, the token and where it came from (named in messages), a client certificate."""
 
     token_hint = "check the auth token"
     token_how = "pass one with token="

@@ -31,8 +31,7 @@ MAX_WATCH_MESSAGE = 1024 * 1024
 _MAX_HEAD = 16 * 1024
 _MAX_SIZE_LINE = 1024
 _READ = 64 * 1024
-_WATCH_RETRY = 1.0
-"""Seconds between attempts to re-open a broken watch (jittered by +-50 %)."""
+_WATCH_RETRY = 1.0  # seconds between attempts to re-open a broken watch (jittered by +-50 %)
 
 
 class StreamError(ValueError):
