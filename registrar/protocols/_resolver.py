@@ -226,9 +226,8 @@ class Resolver:
             if name is None:
                 return None
             good = f"; using its last good address {_shown(name.good)}" if name.good else ""
-            pending = name.pending
-            if pending is not None:
-                age = self._monotonic() - pending.started
+            if name.pending is not None:
+                age = self._monotonic() - name.pending.started
                 if age >= STALLED_AFTER:
                     return f"resolving {clean(host, 200)} (no answer for {age:.0f} s){good}"
             if name.error is not None and name.good is not None:
