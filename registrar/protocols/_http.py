@@ -202,12 +202,10 @@ class HttpTransport:
         if abandoned:
             # Whatever the shutdown made the exchange look like (an EOF inside the headers can
             # pass for a complete answer).
-            exceeded = DeadlineExceeded(
-                "request abandoned: stopping"
-                if self._watchdog.by_abort
-                else f"no complete answer within the request deadline of {self.deadline:g} s"
-            )
-            return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
+            why = f"no complete answer within the request deadline of {self.deadline:g} s"
+            if self._watchdog.by_abort:
+                why = "request abandoned: stopping"
+            return HttpResult(None, {}, "", DeadlineExceeded(why), reconnected=reconnected)
         if error is not None or response is None:
             # Our kept-alive connection broken under the request, or re-opened for it.
             broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(

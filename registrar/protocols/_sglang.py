@@ -114,9 +114,8 @@ def _is_int(value: object) -> bool:
 def validate_payload(payload: object) -> dict[str, Any]:
     """A copy of `payload`, or one `ConfigError` listing every missing or wrong field."""
     if not isinstance(payload, Mapping):
-        raise ConfigError(
-            f"payload must be a mapping of SGLang registration fields, got {type(payload).__name__}"
-        )
+        kind = type(payload).__name__
+        raise ConfigError(f"payload must be a mapping of SGLang registration fields, got {kind}")
     problems = list(_problems(payload))
     if problems:
         raise ConfigError("invalid SGLang payload: " + "; ".join(problems))

@@ -122,10 +122,8 @@ class EtcdTransport:
         if code == Grpc.UNAUTHENTICATED or (code == Grpc.INVALID and "authentication" in message):
             hint = "check the etcd user and password"
         elif code == Grpc.PERMISSION:
-            hint = (
-                f"etcd user {self._client.settings.username!r} may not write "
-                f"{clean(self._key_text, 200)!r}; grant its role readwrite on the key"
-            )
+            user, key = self._client.settings.username, clean(self._key_text, 200)
+            hint = f"etcd user {user!r} may not write {key!r}; grant its role readwrite on the key"
         elif code == Grpc.INVALID and "user name is empty" in message:
             hint = "etcd requires authentication: give a username and password"
         else:
@@ -140,12 +138,9 @@ class EtcdTransport:
         if answer.body is None:  # not lost until no renewal was acknowledged for the TTL
             since = time.monotonic() - self._renewed_at
             if since > self._granted_ttl:
-                return RouteCheck(
-                    Route.MISSING,
-                    answer.status_code,
-                    f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
-                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})",
-                )
+                expired = f"over the lease TTL of {self._granted_ttl:g} s: the key has expired"
+                text = f"no renewal acknowledged for {since:.1f} s, {expired} ({answer.failure})"
+                return RouteCheck(Route.MISSING, answer.status_code, text)
             route = _unanswered(answer)
             refused = route is Route.UNREACHABLE and self._client.all_refused
             return RouteCheck(route, answer.status_code, answer.failure, refused=refused)

@@ -141,13 +141,9 @@ class SmgTransport:
                 return outcome
             if not self._draining_seen:
                 break
-        return RegisterOutcome(
-            Verdict.RETRY,
-            404,
-            f"the gateway dropped worker {clean(self._url, 200)} before "
-            "listing it ready: its add job failed (does the worker answer the gateway's "
-            "/health?) or the gateway restarted",
-        )
+        dropped = f"the gateway dropped worker {clean(self._url, 200)} before listing it ready"
+        why = "its add job failed (does the worker answer the gateway's /health?)"
+        return RegisterOutcome(Verdict.RETRY, 404, f"{dropped}: {why} or the gateway restarted")
 
     def _confirm(self, worker_id: str) -> RegisterOutcome | None:
         """Poll our worker until listed ready; None when the gateway does not know the id (POST
@@ -171,13 +167,10 @@ class SmgTransport:
             if left <= 0 or self._stopping.is_set():
                 job = info.get("job_status")
                 job = job if isinstance(job, dict) else {}
-                return RegisterOutcome(
-                    Verdict.RETRY,
-                    code,
-                    f"worker {clean(self._url, 200)} not listed ready within "
-                    f"{self._settings.confirm_timeout:g} s (status {clean(status, 40)!s}, job "
-                    f"{clean(job.get('status'), 40)!s})",
-                )
+                seen = f"status {clean(status, 40)}, job {clean(job.get('status'), 40)}"
+                within = f"within {self._settings.confirm_timeout:g} s"
+                text = f"worker {clean(self._url, 200)} not listed ready {within} ({seen})"
+                return RegisterOutcome(Verdict.RETRY, code, text)
             if self._clock.wait(self._stopping, min(delay, left)):
                 continue  # stopping: one last look, then the answer above
             delay = min(delay * 2, _POLL_MAX)
@@ -216,10 +209,8 @@ class SmgTransport:
             return self._http.unreachable(result)
         code = result.status_code
         if code in (400, 404):
-            evidence = (
-                f"the gateway does not know worker {self.worker_id} (it restarted, "
-                "or the worker was removed)"
-            )
+            gone = "(it restarted, or the worker was removed)"
+            evidence = f"the gateway does not know worker {self.worker_id} {gone}"
             self.worker_id = None
             return RouteCheck(Route.MISSING, code, evidence)
         info = result.json_object() if code == 200 else None
