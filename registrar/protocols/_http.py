@@ -265,13 +265,11 @@ class HttpTransport:
         elif isinstance(exc, TokenUnavailable):
             text = f"no bearer token: {exc}"
         elif isinstance(exc, TlsError):
+            found = describe_exception(exc)
+            text = f"TLS failed with {self.endpoint}: {found}"
             if isinstance(root_cause(exc), ssl.SSLCertVerificationError):
-                text = (
-                    f"TLS certificate verification failed for {self.endpoint}: "
-                    f"{describe_exception(exc)}; pass the server's CA bundle (ca_bundle=...)"
-                )
-            else:
-                text = f"TLS failed with {self.endpoint}: {describe_exception(exc)}"
+                fix = "pass the server's CA bundle (ca_bundle=...)"
+                text = f"TLS certificate verification failed for {self.endpoint}: {found}; {fix}"
         elif isinstance(exc, ConnectTimeout):
             text = f"connect timed out after {self._connect_timeout} s"
         elif isinstance(exc, ReadTimeout):
@@ -282,12 +280,9 @@ class HttpTransport:
 
     def unreachable(self, result: HttpResult) -> RouteCheck:
         assert result.error is not None
-        return RouteCheck(
-            Route.UNREACHABLE,
-            evidence=self.describe_error(result.error),
-            refused=result.refused,
-            broken=result.reconnected,
-        )
+        evidence = self.describe_error(result.error)
+        refused, broken = result.refused, result.reconnected
+        return RouteCheck(Route.UNREACHABLE, evidence=evidence, refused=refused, broken=broken)
 
     def excerpt(self, result: HttpResult) -> str:
         """A short, single-line, escaped, secret-free piece of a response body."""

@@ -216,10 +216,9 @@ class EtcdClient:
             return answer
         if answer.member_trouble:  # no member left to ask (or stopping)
             self.all_refused = refusals == count
+        text = f"{answer.endpoint}: {answer.message}"
         if len(failures) > 1:
             text = "no etcd endpoint answered: " + "; ".join(failures)
-        else:
-            text = f"{answer.endpoint}: {answer.message}"
         return replace(answer, failure=self.clean(text))
 
     def clean(self, text: str) -> str:

@@ -91,12 +91,8 @@ class EtcdTransport:
         return RegisterOutcome(Verdict.ACCEPTED, status_code=answer.status_code)
 
     def _put(self) -> EtcdAnswer:
-        body = {
-            "key": b64(self._key),
-            "value": b64(self._value),
-            "lease": str(self.lease),
-            "prev_kv": True,
-        }
+        value, lease = b64(self._value), str(self.lease)
+        body = {"key": b64(self._key), "value": value, "lease": lease, "prev_kv": True}
         return self._client.call("/v3/kv/put", body)
 
     def _not_written(self, answer: EtcdAnswer, what: str) -> RegisterOutcome:
