@@ -146,10 +146,8 @@ class WatchStream:
             status = lines[0].split(" ", 2)
             if len(status) < 2 or status[1] != "200":
                 raise StreamError(f"watch refused: {clean(lines[0], 80)}")
-            fields = {
-                name.strip().lower(): value.strip().lower()
-                for name, _, value in (line.partition(":") for line in lines[1:])
-            }
+            headers = (line.partition(":") for line in lines[1:])
+            fields = {name.strip().lower(): value.strip().lower() for name, _, value in headers}
             if "chunked" not in fields.get("transfer-encoding", ""):
                 raise StreamError("watch answer is not a stream")
             data = bytes(self._head[end + 4 :])

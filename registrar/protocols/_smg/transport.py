@@ -296,12 +296,8 @@ class SmgTransport:
             probe = self._send("GET", f"/workers/{worker_id}")
             if probe.error is None and probe.status_code in (400, 404):
                 self.worker_id = None
-                logger.info(
-                    "%s: worker %s removed after %.2f s",
-                    self.display_url,
-                    worker_id,
-                    self._clock.monotonic() - started,
-                )
+                took = self._clock.monotonic() - started
+                logger.info("%s: worker %s removed after %.2f s", self.display_url, worker_id, took)
                 return True
             left = started + self._settings.drain_timeout - self._clock.monotonic()
             if left <= 0:
