@@ -186,9 +186,8 @@ class HttpTransport:
             fired = self._watchdog.end()
         self._last_end = time.monotonic()
         # Evidence even of a request cut at its deadline; a moved address is a replaced server.
-        reconnected = (
-            was_alive and self._link.opened_count > opened_before
-        ) or self._link.moves > moves_before
+        reopened = was_alive and self._link.opened_count > opened_before
+        reconnected = reopened or self._link.moves > moves_before
         # A socket timeout as long as the deadline may beat the deadline thread: the same time
         # ran out. A lookup says so itself ("could not resolve NAME within 1.0 s").
         unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
@@ -208,9 +207,8 @@ class HttpTransport:
             return HttpResult(None, {}, "", DeadlineExceeded(why), reconnected=reconnected)
         if error is not None or response is None:
             # Our kept-alive connection broken under the request, or re-opened for it.
-            broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
-                error, TimeoutError | TlsError | LocalError | Unresolved
-            )
+            unbroken = isinstance(error, TimeoutError | TlsError | LocalError | Unresolved)
+            broken = isinstance(error, OSError | http.client.HTTPException) and not unbroken
             lost = (reconnected or (was_alive and broken)) and not self._refused
             return HttpResult(None, {}, "", error, reconnected=lost, refused=self._refused)
         text = body.decode("utf-8", "replace")
@@ -308,9 +306,7 @@ class HttpTransport:
             header = result.headers.get("Retry-After") if code in _RETRY_AFTER_CODES else None
             retry_after = parse_retry_after(header, time.time())
             detail = f"{label}: {body}" if body else label
-            return RegisterOutcome(
-                Verdict.RETRY, status_code=code, error=detail, retry_after=retry_after
-            )
+            return RegisterOutcome(Verdict.RETRY, code, detail, retry_after=retry_after)
         if code in (401, 403):
             hint = self._auth.hint(self.token_hint, self.token_how)
         elif 300 <= code < 400:

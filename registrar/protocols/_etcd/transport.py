@@ -105,10 +105,9 @@ class EtcdTransport:
                 # The server's alert is about our certificate, not its own.
                 cert = self._client.settings.cert
                 given = "was refused" if cert else "is required, and none was given"
-                text = self._client.clean(
-                    f"{answer.endpoint}: a TLS client certificate {given} ({answer.message}); "
-                    "pass cert=(certificate file, key file) signed by a CA the cluster trusts"
-                )
+                found = f"a TLS client certificate {given} ({answer.message})"
+                fix = "pass cert=(certificate file, key file) signed by a CA the cluster trusts"
+                text = self._client.clean(f"{answer.endpoint}: {found}; {fix}")
             verdict = Verdict.FATAL if fatal else Verdict.RETRY
             refused = not fatal and self._client.all_refused
             return RegisterOutcome(verdict, error=text, refused=refused)
