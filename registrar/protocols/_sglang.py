@@ -91,17 +91,14 @@ def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as d
 ) -> dict[str, Any]:
     """A complete payload for one rank: every required field a single-rank default unless given
     (any other field too may be passed as a keyword)."""
+    # Every size 1 and rank 0, in `_SIZE_RANK`'s order (the keys given below keep their place).
+    single = {name: 1 if name.endswith("_size") else 0 for pair in _SIZE_RANK for name in pair}
     return {
+        **single,
         "attn_tp_size": attn_tp_size,
         "attn_tp_rank": attn_tp_rank,
-        "attn_cp_size": 1,
-        "attn_cp_rank": 0,
-        "attn_dp_size": 1,
-        "attn_dp_rank": 0,
         "pp_size": pp_size,
         "pp_rank": pp_rank,
-        "system_dp_size": 1,
-        "system_dp_rank": 0,
         "rank_ip": rank_ip,
         "rank_port": rank_port,
         "page_size": page_size,
@@ -117,9 +114,8 @@ def _is_int(value: object) -> bool:
 def validate_payload(payload: object) -> dict[str, Any]:
     """A copy of `payload`, or one `ConfigError` listing every missing or wrong field."""
     if not isinstance(payload, Mapping):
-        raise ConfigError(
-            f"payload must be a mapping of SGLang registration fields, got {type(payload).__name__}"
-        )
+        kind = type(payload).__name__
+        raise ConfigError(f"payload must be a mapping of SGLang registration fields, got {kind}")
     problems = list(_problems(payload))
     if problems:
         raise ConfigError("invalid SGLang payload: " + "; ".join(problems))
@@ -152,12 +148,8 @@ def _problems(payload: Mapping[str, Any]) -> Iterator[str]:
 def rank_of(payload: Mapping[str, Any]) -> Rank:
     """The rank the server files this payload under."""
     dp = payload["system_dp_rank"] if payload["system_dp_size"] > 1 else payload["attn_dp_rank"]
-    return Rank(
-        dp=int(dp),
-        cp=int(payload["attn_cp_rank"]),
-        tp=int(payload["attn_tp_rank"]),
-        pp=int(payload["pp_rank"]),
-    )
+    ranks = (dp, payload["attn_cp_rank"], payload["attn_tp_rank"], payload["pp_rank"])
+    return Rank(*(int(rank) for rank in ranks))
 
 
 def bootstrap_token(  # noqa: PLR0911, PLR0913 - every source of the token, in its order
