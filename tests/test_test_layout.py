@@ -50,7 +50,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_registrar_unit.py",),
         "the loop on a fake clock (support.FakeClock)",
     ),
-    "registrar.core._notes": (("test_logging.py",), "the log lines the decision function asks for"),
     "registrar.core._outcome": (
         (
             "test_hostile_answers.py",
