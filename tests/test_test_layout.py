@@ -13,10 +13,6 @@ PACKAGE = Path(registrar.__file__).parent
 TESTS = Path(__file__).parent
 
 TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
-    "registrar.core._diagnostician": (
-        ("test_diagnosis.py", "test_diagnosis_staged.py"),
-        "when a diagnosis is stated and cleared is the diagnosis's own story",
-    ),
     "registrar.protocols._probe": (
         ("test_diagnosis_staged.py", "test_doctor.py"),
         "the probe is what sees each staged misconfiguration, for the registrar and doctor",
