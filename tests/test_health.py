@@ -18,8 +18,7 @@ from support import FakeClock, ScriptedTransport, accepted, fatal, retry, sglang
 import registrar
 from registrar import Backoff, Registrar, State
 from registrar.core._status import Status
-from registrar.surfaces.health import health_app, start_health_server
-from registrar.surfaces.health._document import render_health
+from registrar.surfaces.health import health_app, render_health, start_health_server
 from registrar.surfaces.metrics import RegistrarMetrics
 
 PAYLOAD = {"service": "demo", "secret_field": "do-not-show"}

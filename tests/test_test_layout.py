@@ -215,10 +215,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
     ),
-    "registrar.surfaces.health._document": (
-        ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
-        "one part of the health endpoint; its tests are the endpoint's",
-    ),
 }
 
 
