@@ -34,7 +34,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_decide_explorer.py",),
         "the actions the decision function returns, over the loop state it explores",
     ),
-    "registrar.core._aio": (("test_asyncio.py",), "the asyncio front"),
     "registrar.core._board": (
         (
             "test_concurrency.py",
