@@ -22,8 +22,7 @@ from prometheus_client import CollectorRegistry
 from support import FakeClock, ScriptedTransport, accepted, retry, sglang_payload, wait_until
 
 import registrar
-from registrar import ConfigError, Registrar, State
-from registrar.core._status import Status
+from registrar import ConfigError, Registrar, State, Status
 from registrar.surfaces.health import (
     HEALTH_CONTENT_TYPE,
     health_app,

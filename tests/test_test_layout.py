@@ -38,8 +38,10 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         (
             "test_concurrency.py",
             "test_registrar_unit.py",
+            "test_health.py",
+            "test_health_conventions.py",
         ),
-        "listeners and snapshots, under many threads and in order",
+        "snapshots and listeners, under many threads and in order, and as health shows them",
     ),
     "registrar.core._clock": (
         ("test_registrar_unit.py",),
@@ -73,13 +75,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
             "test_budget.py",
         ),
         "the runner performs the decisions (and asks on_failure): what the loop does, end to end",
-    ),
-    "registrar.core._status": (
-        (
-            "test_health.py",
-            "test_health_conventions.py",
-        ),
-        "the snapshot, as the health endpoints show it",
     ),
     "registrar.core._transport": (
         ("test_layout.py",),

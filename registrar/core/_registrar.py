@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Unpack
 
-from ._board import Listener, RequestEvent, RequestListener, StatusBoard
+from ._board import Changes, Listener, RequestEvent, RequestListener, Status, StatusBoard
 from ._clock import Clock
 from ._diagnosis import Code, Diagnosis, Evidence, diagnose
 from ._errors import ConfigError, StateError
@@ -24,7 +24,6 @@ from ._redact import encode_payload
 from ._registry import protocol_factory
 from ._runner import Controls, Runner
 from ._settings import Hooks, LoopSettings, Options, options_of, refuse_unknown, split_options
-from ._status import Changes, Status
 from ._transport import Abortable, Diagnosable, FleetSized, Resolving, Transport, WatchBounded
 
 logger = logging.getLogger("registrar")

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import _actions as act
-from ._board import RequestEvent, StatusBoard
+from ._board import Changes, RequestEvent, StatusBoard
 from ._decide import MAX_ERROR_TEXT, decide
 from ._machine import State, Trigger
 from ._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ._redact import clean
 from ._settings import POLICIES, Hooks, LoopSettings, OnFailureName
-from ._status import Changes
 from ._transport import Gated, IdleWatcher, Transport
 from ._waker import Waker
 
