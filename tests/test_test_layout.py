@@ -13,10 +13,6 @@ PACKAGE = Path(registrar.__file__).parent
 TESTS = Path(__file__).parent
 
 TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
-    "registrar.core._diagnostician": (
-        ("test_diagnosis.py", "test_diagnosis_staged.py"),
-        "when a diagnosis is stated and cleared is the diagnosis's own story",
-    ),
     "registrar.protocols._probe": (
         ("test_diagnosis_staged.py", "test_doctor.py"),
         "the probe is what sees each staged misconfiguration, for the registrar and doctor",
@@ -38,19 +34,19 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_decide_explorer.py",),
         "the actions the decision function returns, over the loop state it explores",
     ),
-    "registrar.core._aio": (("test_asyncio.py",), "the asyncio front"),
     "registrar.core._board": (
         (
             "test_concurrency.py",
             "test_registrar_unit.py",
+            "test_health.py",
+            "test_health_conventions.py",
         ),
-        "listeners and snapshots, under many threads and in order",
+        "snapshots and listeners, under many threads and in order, and as health shows them",
     ),
     "registrar.core._clock": (
         ("test_registrar_unit.py",),
         "the loop on a fake clock (support.FakeClock)",
     ),
-    "registrar.core._notes": (("test_logging.py",), "the log lines the decision function asks for"),
     "registrar.core._outcome": (
         (
             "test_hostile_answers.py",
@@ -79,13 +75,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
             "test_budget.py",
         ),
         "the runner performs the decisions (and asks on_failure): what the loop does, end to end",
-    ),
-    "registrar.core._status": (
-        (
-            "test_health.py",
-            "test_health_conventions.py",
-        ),
-        "the snapshot, as the health endpoints show it",
     ),
     "registrar.core._transport": (
         ("test_layout.py",),
@@ -219,10 +208,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.surfaces.cli._status": (
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
-    ),
-    "registrar.surfaces.health._document": (
-        ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
-        "one part of the health endpoint; its tests are the endpoint's",
     ),
 }
 

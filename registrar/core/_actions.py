@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ._board import Changes
 from ._machine import Trigger
 from ._outcome import RegisterOutcome, RouteCheck, Verdict
 from ._settings import OnFailureName
-from ._status import Changes
 
 
 class WaitKind(StrEnum):

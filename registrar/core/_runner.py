@@ -10,33 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._actions import (
-    Action,
-    Answered,
-    Check,
-    Checked,
-    Decision,
-    Fail,
-    Held,
-    Look,
-    Looked,
-    LoopState,
-    Observation,
-    Send,
-    Sent,
-    Started,
-    Stopping,
-    Wait,
-    Waited,
-    WaitKind,
-)
-from ._board import RequestEvent, StatusBoard
+from . import _actions as act
+from ._board import Changes, RequestEvent, StatusBoard
 from ._decide import MAX_ERROR_TEXT, decide
 from ._machine import State, Trigger
 from ._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ._redact import clean
 from ._settings import POLICIES, Hooks, LoopSettings, OnFailureName
-from ._status import Changes
 from ._transport import Gated, IdleWatcher, Transport
 from ._waker import Waker
 
@@ -98,8 +78,8 @@ class Runner:
                 self.board.deliver_all()
 
     def _loop(self) -> None:
-        state = LoopState(fleet=self.fleet, url=self.transport.display_url)
-        seen: Observation | None = Started()
+        state = act.LoopState(fleet=self.fleet, url=self.transport.display_url)
+        seen: act.Observation | None = act.Started()
         while seen is not None:
             now = self.hooks.clock.monotonic()
             decision = decide(self.settings, self.board.status, state, seen, now, self.hooks.rng)
@@ -110,36 +90,36 @@ class Runner:
             state = decision.state
             seen = self._perform(decision.action)
 
-    def _apply(self, decision: Decision, seen: Observation) -> bool:
+    def _apply(self, decision: act.Decision, seen: act.Observation) -> bool:
         """Publish the decision's status change in one snapshot; False when its trigger was
         refused. A backoff wait is published as when the next attempt is due."""
         changes, action = decision.changes, decision.action
-        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
+        if isinstance(action, act.Wait) and action.kind is act.WaitKind.BACKOFF and action.delay:
             changes = changes | {"next_attempt_at": self.hooks.clock.time() + action.delay}
             changes["retrying"] = True
-        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+        if decision.trigger is Trigger.SUCCEED and isinstance(seen, act.Sent):
             self.controls.take_reports()  # a report from before this PUT says nothing about it
         return self.board.apply(decision.trigger, changes)
 
-    def _perform(self, action: Action) -> Observation | None:
+    def _perform(self, action: act.Action) -> act.Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
-        if isinstance(action, Wait):
+        if isinstance(action, act.Wait):
             return self._wait(action)
-        if isinstance(action, Look | Send):
+        if isinstance(action, act.Look | act.Send):
             return self._register(action)
-        if isinstance(action, Check):
+        if isinstance(action, act.Check):
             reported = self.controls.take_reports()
             check = self._check()
             if self.controls.stopping:
-                return Stopping()
-            return Checked(check, reported, self.hooks.clock.time())
-        if isinstance(action, Fail):
-            return Answered(self._answer())
+                return act.Stopping()
+            return act.Checked(check, reported, self.hooks.clock.time())
+        if isinstance(action, act.Fail):
+            return act.Answered(self._answer())
         if action.exit_code is not None:
             self.hooks.exit(action.exit_code)
         return None
 
-    def _register(self, action: Look | Send) -> Observation:
+    def _register(self, action: act.Look | act.Send) -> act.Observation:
         """A look or an attempt; `Held` instead while a `Gated` transport has nothing to offer."""
         gate = self.transport
         if isinstance(gate, Gated):
@@ -148,19 +128,20 @@ class Runner:
             except Exception as exc:
                 reason = self._unexpected("not_ready", exc)
             if reason is not None:
-                return Held(reason, gate.ready_interval)
-        if isinstance(action, Look):
-            check = self._check()
-            return Stopping() if self.controls.stopping else Looked(check, self.hooks.clock.time())
+                return act.Held(reason, gate.ready_interval)
+        if isinstance(action, act.Look):
+            check, at = self._check(), self.hooks.clock.time()
+            return act.Stopping() if self.controls.stopping else act.Looked(check, at)
         return self._attempt(action)
 
-    def _wait(self, action: Wait) -> Observation:
-        if action.kind is WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
+    def _wait(self, action: act.Wait) -> act.Observation:
+        kind = action.kind
+        if kind is act.WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
             sign = self._idle(self.transport, action.delay)
         else:
-            interruptible = action.kind in (WaitKind.IDLE, WaitKind.CONTACT)
+            interruptible = kind in (act.WaitKind.IDLE, act.WaitKind.CONTACT)
             sign = None if self._sleep(action.delay, interruptible) else False
-        return Stopping() if sign is None else Waited(action.kind, sign, self.controls.reports)
+        return act.Stopping() if sign is None else act.Waited(kind, sign, self.controls.reports)
 
     def _sleep(self, delay: float | None, interruptible: bool) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
@@ -202,12 +183,12 @@ class Runner:
                 return None if controls.stopping else True
         return None
 
-    def _attempt(self, action: Send) -> Observation:
+    def _attempt(self, action: act.Send) -> act.Observation:
         """Send one registration, published as in flight when sent, not when decided (a `Gated`
         hold moves no counter); a refused probe is free (`Sent.free`): not reported."""
         with self.controls.gate:
             if self.controls.stopping:
-                return Stopping()
+                return act.Stopping()
             in_flight = Changes(attempt=action.number, next_attempt_at=None, retrying=True)
             self.board.apply(None, in_flight)
             started = time.monotonic()
@@ -218,7 +199,7 @@ class Runner:
             duration = time.monotonic() - started
         if outcome.error:  # any transport's words: one escaped, capped line in logs and status
             outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
-        sent = Sent(outcome, action.scheduled, self.hooks.clock.time())
+        sent = act.Sent(outcome, action.scheduled, self.hooks.clock.time())
         if not sent.free:
             event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
             self.board.emit(event)

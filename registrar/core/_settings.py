@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from . import _rules as rules
 from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
+from ._board import Status
 from ._clock import Clock, SystemClock
 from ._errors import ConfigError
-from ._status import Status
 from ._transport import Timeout, Token
 
 DEFAULT_BACKOFF = Backoff()

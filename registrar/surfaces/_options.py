@@ -23,7 +23,6 @@ ENV_PREFIX = "REGISTRAR_"
 class Option:
     name: str
     """`REGISTRAR_<NAME>` and `--<name>`."""
-    parse: Callable[[str], Any]
     example: str
     help: str
     settings: type[Any] | None = None
@@ -31,6 +30,7 @@ class Option:
     field: str | None = None
     kwarg: str | None = None
     """Its `Registrar` keyword for `options_from_env` (`backoff.<field>`: a field of `Backoff`)."""
+    parse: Callable[[str], Any] = str
     flag: bool = True
     """False: from the environment only (a secret must not show in `ps`)."""
     plugin: str | None = None
@@ -164,32 +164,26 @@ DEFAULT_HEALTH_HOST = "127.0.0.1"
 
 
 def _loop(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
-    return Option(name, parse, example, help, LoopSettings, name.lower(), name.lower(), **more)
+    return Option(name, example, help, LoopSettings, name.lower(), name.lower(), parse, **more)
 
 
 def _http(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
-    return Option(name, parse, example, help, HttpSettings, name.lower(), name.lower(), **more)
+    return Option(name, example, help, HttpSettings, name.lower(), name.lower(), parse, **more)
 
 
 def _backoff(name: str, field: str, example: str, help: str, **more: Any) -> Option:
-    return Option(name, number, example, help, Backoff, field, f"backoff.{field}", **more)
+    return Option(name, example, help, Backoff, field, f"backoff.{field}", parse=number, **more)
 
 
-def _etcd(
-    name: str, field: str, example: str, help: str, parse: Callable[[str], Any] = str, **more: Any
-) -> Option:
+def _etcd(name: str, field: str, example: str, help: str, **more: Any) -> Option:
     # A certificate and its key are one field of the settings (a pair): each file is checked
     # here, the pair when the settings are made.
     rule = rules.existing_path if field == "cert" else None
-    return Option(
-        name, parse, example, help, EtcdSettings, field, plugin=_NO_ETCD, rule=rule, **more
-    )
+    return Option(name, example, help, EtcdSettings, field, plugin=_NO_ETCD, rule=rule, **more)
 
 
-def _smg(
-    name: str, field: str, example: str, help: str, parse: Callable[[str], Any] = str, **more: Any
-) -> Option:
-    return Option(name, parse, example, help, SmgSettings, field, **more)
+def _smg(name: str, field: str, example: str, help: str, **more: Any) -> Option:
+    return Option(name, example, help, SmgSettings, field, **more)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -249,7 +243,6 @@ OPTIONS: tuple[Option, ...] = (
     _http("VERIFY", parse_flag, "true", "verify the server's TLS certificate"),
     Option(
         "CA_BUNDLE",
-        str,
         "/etc/ssl/bootstrap-ca.pem",
         "CA bundle (a file) or CA directory to verify an https server",
         HttpSettings,
@@ -266,7 +259,6 @@ OPTIONS: tuple[Option, ...] = (
     # The command's own (the plugin honours some: SGLang gives it the rest).
     Option(
         "URL",
-        str,
         "http://127.0.0.1:8998",
         "the bootstrap server (required, unless --etcd or --gateway)",
         HttpSettings,
@@ -275,7 +267,6 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "PAYLOAD",
-        str,
         "@/etc/registrar/rank0.json",
         "the payload: JSON, or @FILE to read it (required, unless --gateway)",
         plugin=_SGLANG_BUILDS,
@@ -283,7 +274,6 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "PROTOCOL",
-        str,
         "sglang",
         "sglang (PUT /route and watch the rank), http (PUT only), or any registered protocol "
         "(etcd, smg, ...): it takes the options that are its settings' fields (default: sglang)",
@@ -291,7 +281,6 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "TOKEN",
-        str,
         "s3cret",
         "bearer token (visible in ps: prefer TOKEN_FILE; "
         "default: $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)",
@@ -301,14 +290,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "TOKEN_FILE",
-        str,
         "/var/run/secrets/bootstrap/token",
         "file holding the bearer token, read again before each request (rotation)",
     ),
-    Option("RANK_IP", str, "10.0.0.5", "sets the payload's rank_ip", plugin=_SGLANG_ADDRESS),
+    Option("RANK_IP", "10.0.0.5", "sets the payload's rank_ip", plugin=_SGLANG_ADDRESS),
     Option(
         "RANK_IP_ENV",
-        str,
         "POD_IP",
         "the variable that holds the payload's rank_ip (Kubernetes: status.podIP)",
         plugin=_SGLANG_ADDRESS,
@@ -406,7 +393,6 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "HEALTH_HOST",
-        str,
         "0.0.0.0",
         f"address of the health server (default: {DEFAULT_HEALTH_HOST})",
         plugin=_REPORTED_BY_SGLANG,
@@ -414,24 +400,24 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "HEALTH_PORT",
-        parse_port,
         "8081",
         "serve /livez /readyz /health on this port (0: any free port)",
+        parse=parse_port,
         plugin=_REPORTED_BY_SGLANG,
         metavar="P",
     ),
     Option(
         "EXPOSE_PAYLOAD",
-        parse_flag,
         "false",
         "show the payload in /health",
+        parse=parse_flag,
         plugin=_REPORTED_BY_SGLANG,
     ),
     Option(
         "VERBOSE",
-        parse_flag,
         "false",
         "log each request with its status and time, and each route check",
+        parse=parse_flag,
     ),
 )
 """Every option, in the order `--help` and the docs list them."""

@@ -12,17 +12,14 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._version import __version__
+from ..core._board import RequestEvent, Status
 from ..core._diagnosis import Code
 from ..core._errors import ConfigError
 from ..core._machine import State
-from ..core._status import Status
-
-if TYPE_CHECKING:
-    from ..core._board import RequestEvent
-    from ..core._registrar import Registrar
+from ..core._registrar import Registrar
 
 __all__ = ["RegistrarMetrics", "metrics_available"]
 

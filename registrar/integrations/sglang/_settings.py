@@ -22,20 +22,20 @@ from ...surfaces.env import command_options_from_env, describe_env, options_from
 PLUGIN_ENV_VARS: tuple[Option, ...] = (
     Option(
         "INIT_WAIT",
-        parse_seconds_or_zero,
         "30",
         "seconds a prefill rank's init waits for its first registration (0, the default: none; "
         "registration goes on in the background either way)",
         kwarg="init_wait",
+        parse=parse_seconds_or_zero,
         rule=rules.seconds_or_zero,
     ),
     Option(
         "STRICT",
-        parse_flag,
         "1",
         "a patch that cannot be applied stops the server at load (default: one ERROR, and "
         "SGLang's own behaviour stands for that part)",
         kwarg="strict",
+        parse=parse_flag,
     ),
 )
 

@@ -13,6 +13,7 @@ from typing import Any
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._backoff import Backoff
+from ...core._board import Status
 from ...core._errors import describe_exception
 from ...core._group import RegistrarGroup
 from ...core._machine import State
@@ -20,7 +21,6 @@ from ...core._redact import load_json
 from ...core._registrar import Registrar
 from ...core._registry import protocol_factory
 from ...core._settings import LoopSettings, options_of
-from ...core._status import Status
 from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
 from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS
