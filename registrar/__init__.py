@@ -10,11 +10,10 @@ from .core._board import Status
 from .core._errors import ConfigError, RegistrarError, StateError
 from .core._group import RegistrarGroup
 from .core._machine import State
-from .core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from .core._registrar import Registrar, in_loop
 from .core._registry import register_protocol
 from .core._settings import HttpSettings
-from .core._transport import Transport
+from .core._transport import RegisterOutcome, Route, RouteCheck, Transport, Verdict
 from .protocols._http import HttpTransport
 from .protocols._sglang import make_payload
 

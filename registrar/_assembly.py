@@ -11,8 +11,7 @@ from .core._group import RegistrarGroup
 from .core._registrar import Registrar
 from .core._settings import LoopOptions, split_options
 from .protocols._etcd.settings import EtcdOptions, EtcdSettings
-from .protocols._smg.settings import SmgOptions, SmgSettings
-from .protocols._smg.spec import worker_spec
+from .protocols._smg.settings import SmgOptions, SmgSettings, worker_spec
 from .protocols._smg.transport import SmgTransport
 
 

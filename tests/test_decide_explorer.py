@@ -55,8 +55,8 @@ from registrar.core._backoff import Backoff
 from registrar.core._board import Status
 from registrar.core._decide import Decision, decide
 from registrar.core._machine import TRANSITIONS, State
-from registrar.core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.core._settings import LoopSettings
+from registrar.core._transport import RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.protocols._sglang import _Evidence
 
 TOPOLOGY = 2

@@ -47,13 +47,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_registrar_unit.py",),
         "the loop on a fake clock (support.FakeClock)",
     ),
-    "registrar.core._outcome": (
-        (
-            "test_hostile_answers.py",
-            "test_untrusted_text.py",
-        ),
-        "outcomes built from hostile answers",
-    ),
     "registrar.core._redact": (
         (
             "test_errors.py",
@@ -77,8 +70,12 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the runner performs the decisions (and asks on_failure): what the loop does, end to end",
     ),
     "registrar.core._transport": (
-        ("test_layout.py",),
-        "the transport protocols a third party implements",
+        (
+            "test_layout.py",
+            "test_hostile_answers.py",
+            "test_untrusted_text.py",
+        ),
+        "the transport protocols a third party implements; outcomes built from hostile answers",
     ),
     "registrar.core._waker": (
         (
@@ -170,8 +167,8 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the etcd settings value beside the loop's and HTTP's",
     ),
     "registrar.protocols._smg.settings": (
-        ("test_rules.py",),
-        "the gateway settings value beside the loop's and HTTP's",
+        ("test_rules.py", "test_smg_unit.py"),
+        "the gateway settings value beside the loop's and HTTP's; the worker spec it checks",
     ),
     "registrar.protocols._etcd.client": (
         ("test_etcd_unit.py", "test_etcd.py"),
@@ -192,10 +189,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.protocols._httpvalues": (
         ("test_hostile_answers.py", "test_token_provider.py", "test_security.py"),
         "the HTTP transport's values: Retry-After, results, the token, its provider, basic auth",
-    ),
-    "registrar.protocols._smg.spec": (
-        ("test_smg_unit.py",),
-        "one part of the smg protocol; its tests are the protocol's",
     ),
     "registrar.protocols._smg.transport": (
         ("test_smg_unit.py", "test_smg_gateway.py"),

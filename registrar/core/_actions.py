@@ -8,8 +8,8 @@ from enum import StrEnum
 
 from ._board import Changes
 from ._machine import Trigger
-from ._outcome import RegisterOutcome, RouteCheck, Verdict
 from ._settings import OnFailureName
+from ._transport import RegisterOutcome, RouteCheck, Verdict
 
 
 class WaitKind(StrEnum):

@@ -14,9 +14,9 @@ from . import _backoff as delays
 from ._actions import Decision, LoopState, Note
 from ._board import Changes, Status
 from ._machine import State, Trigger
-from ._outcome import Route, RouteCheck, Verdict
 from ._redact import clean
 from ._settings import EXIT_CODE, LoopSettings
+from ._transport import Route, RouteCheck, Verdict
 
 Draw = Callable[[], float]  # a random draw in [0, 1), asked only when a delay is chosen
 

@@ -17,10 +17,17 @@ from urllib3.exceptions import HTTPError
 from .._version import __version__
 from ..core._diagnosis import Evidence
 from ..core._errors import describe_exception, root_cause
-from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, redact_url
 from ..core._settings import HttpSettings
-from ..core._transport import Token, connect_read, deadline_seconds
+from ..core._transport import (
+    RegisterOutcome,
+    Route,
+    RouteCheck,
+    Token,
+    Verdict,
+    connect_read,
+    deadline_seconds,
+)
 from ..core._waker import Waker, wait_readable
 from ._deadline import DeadlineExceeded, Watchdog
 from ._httpconn import (

@@ -11,10 +11,9 @@ from typing import Any
 
 from ..core import _rules as rules
 from ..core._errors import ConfigError
-from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, json_object, load_json
 from ..core._settings import HttpSettings
-from ..core._transport import Token, file_token
+from ..core._transport import RegisterOutcome, Route, RouteCheck, Token, Verdict, file_token
 from ._http import HttpTransport
 from ._httpvalues import HttpResult, with_query
 from ._probe import Answer

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...core._errors import ConfigError
-from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core._redact import clean
+from ...core._transport import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core._waker import Waker
 from .._httpconn import TlsError
 from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
