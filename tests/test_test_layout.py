@@ -44,8 +44,12 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "snapshots and listeners, under many threads and in order, and as health shows them",
     ),
     "registrar.core._clock": (
-        ("test_registrar_unit.py",),
-        "the loop on a fake clock (support.FakeClock)",
+        (
+            "test_registrar_unit.py",
+            "test_layout.py",
+            "test_many_descriptors.py",
+        ),
+        "the loop on a fake clock (support.FakeClock); the selectable waker a transport waits on",
     ),
     "registrar.core._redact": (
         (
@@ -76,13 +80,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
             "test_untrusted_text.py",
         ),
         "the transport protocols a third party implements; outcomes built from hostile answers",
-    ),
-    "registrar.core._waker": (
-        (
-            "test_layout.py",
-            "test_many_descriptors.py",
-        ),
-        "the selectable waker a transport waits on",
     ),
     "registrar.devtools": (("test_layout.py",), "imported only by the commands that need it"),
     "registrar.devtools._demo": (("test_cli.py",), "`registrar demo`"),

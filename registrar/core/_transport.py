@@ -11,9 +11,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ._clock import Waker
 from ._diagnosis import Evidence
 from ._errors import ConfigError
-from ._waker import Waker
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole request, or a (connect, read) pair."""

@@ -15,6 +15,7 @@ import urllib3
 from urllib3.exceptions import HTTPError
 
 from .._version import __version__
+from ..core._clock import Waker, wait_readable
 from ..core._diagnosis import Evidence
 from ..core._errors import describe_exception, root_cause
 from ..core._redact import clean, redact_url
@@ -28,7 +29,6 @@ from ..core._transport import (
     connect_read,
     deadline_seconds,
 )
-from ..core._waker import Waker, wait_readable
 from ._deadline import DeadlineExceeded, Watchdog
 from ._httpconn import (
     ConnectTimeout,

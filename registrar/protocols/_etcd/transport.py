@@ -11,10 +11,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ...core._clock import Waker
 from ...core._errors import ConfigError
 from ...core._redact import clean
 from ...core._transport import RegisterOutcome, Route, RouteCheck, Verdict
-from ...core._waker import Waker
 from .._httpconn import TlsError
 from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
 from .settings import EtcdSettings

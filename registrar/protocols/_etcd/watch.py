@@ -16,10 +16,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..._version import __version__
+from ...core._clock import Waker, wait_readable
 from ...core._errors import describe_exception
 from ...core._redact import clean, load_json
 from ...core._transport import connect_read
-from ...core._waker import Waker, wait_readable
 from .._httpvalues import Endpoint
 from .._resolver import RESOLVER, connect
 from .client import EtcdClient, b64, int64, unb64

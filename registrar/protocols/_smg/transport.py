@@ -11,11 +11,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from ...core._clock import Clock, SystemClock
+from ...core._clock import Clock, SystemClock, Waker
 from ...core._redact import clean
 from ...core._settings import HttpSettings
 from ...core._transport import RegisterOutcome, Route, RouteCheck, Verdict
-from ...core._waker import Waker
 from .._http import HttpTransport
 from .._httpvalues import HttpResult
 from .settings import KEY_ENV, SmgSettings
