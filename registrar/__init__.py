@@ -6,9 +6,8 @@ from __future__ import annotations
 from ._assembly import etcd_registrar, smg_registrar, smg_registrars
 from ._version import __version__
 from .core._backoff import Backoff
-from .core._board import Status
+from .core._board import State, Status
 from .core._errors import ConfigError, RegistrarError, StateError
-from .core._machine import State
 from .core._registrar import Registrar, RegistrarGroup, in_loop
 from .core._registry import register_protocol
 from .core._settings import HttpSettings

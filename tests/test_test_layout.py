@@ -40,8 +40,10 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
             "test_registrar_unit.py",
             "test_health.py",
             "test_health_conventions.py",
+            "test_machine.py",
         ),
-        "snapshots and listeners, under many threads and in order, and as health shows them",
+        "the state machine; snapshots and listeners, under many threads and in order, and as "
+        "health shows them",
     ),
     "registrar.core._clock": (
         (

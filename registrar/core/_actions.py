@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ._board import Changes
-from ._machine import Trigger
+from ._board import Changes, Trigger
 from ._settings import OnFailureName
 from ._transport import RegisterOutcome, RouteCheck, Verdict
 

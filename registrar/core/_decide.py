@@ -12,8 +12,7 @@ from typing import assert_never
 from . import _actions as act
 from . import _backoff as delays
 from ._actions import Decision, LoopState, Note
-from ._board import Changes, Status
-from ._machine import State, Trigger
+from ._board import Changes, State, Status, Trigger
 from ._redact import clean
 from ._settings import EXIT_CODE, LoopSettings
 from ._transport import Route, RouteCheck, Verdict

@@ -16,11 +16,19 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Unpack
 
-from ._board import Changes, Listener, RequestEvent, RequestListener, Status, StatusBoard
+from ._board import (
+    Changes,
+    Listener,
+    RequestEvent,
+    RequestListener,
+    State,
+    Status,
+    StatusBoard,
+    Trigger,
+)
 from ._clock import Clock
 from ._diagnosis import Code, Diagnosis, Evidence, diagnose
 from ._errors import ConfigError, StateError
-from ._machine import State, Trigger
 from ._redact import encode_payload
 from ._registry import protocol_factory
 from ._runner import Controls, Runner

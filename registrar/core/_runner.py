@@ -11,10 +11,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import _actions as act
-from ._board import Changes, RequestEvent, StatusBoard
+from ._board import Changes, RequestEvent, State, StatusBoard, Trigger
 from ._clock import Waker
 from ._decide import MAX_ERROR_TEXT, decide
-from ._machine import State, Trigger
 from ._redact import clean
 from ._settings import POLICIES, Hooks, LoopSettings, OnFailureName
 from ._transport import Gated, IdleWatcher, RegisterOutcome, Route, RouteCheck, Transport, Verdict

@@ -15,10 +15,9 @@ from operator import attrgetter
 from typing import Any
 
 from .._version import __version__
-from ..core._board import RequestEvent, Status
+from ..core._board import RequestEvent, State, Status
 from ..core._diagnosis import Code
 from ..core._errors import ConfigError
-from ..core._machine import State
 from ..core._registrar import Registrar
 
 __all__ = ["RegistrarMetrics", "metrics_available"]

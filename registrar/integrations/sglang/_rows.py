@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from ...core._machine import State
+from ...core._board import State
 from ...core._registrar import Registrar
 from ...core._settings import EXIT_CODE
 from ...core._transport import Token

@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 from ..._version import __version__
 from ...core import _rules as rules
+from ...core._board import mermaid_diagram
 from ...core._errors import ConfigError, describe_exception
-from ...core._machine import mermaid_diagram
 from ...core._settings import EXIT_CODE
 from .._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_port
 

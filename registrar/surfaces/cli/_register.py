@@ -13,9 +13,8 @@ from typing import Any
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._backoff import Backoff
-from ...core._board import Status
+from ...core._board import State, Status
 from ...core._errors import describe_exception
-from ...core._machine import State
 from ...core._redact import load_json
 from ...core._registrar import Registrar, RegistrarGroup
 from ...core._registry import protocol_factory

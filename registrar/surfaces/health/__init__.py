@@ -20,9 +20,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import parse_qs
 
 from ..._version import __version__
-from ...core._board import Status, iso_utc
+from ...core._board import State, Status, iso_utc
 from ...core._diagnosis import hostport
-from ...core._machine import State
 from ...core._redact import clean
 from .._httpserver import HealthServer, StartResponse, WSGIApp
 from ..metrics import RegistrarMetrics, metrics_available
