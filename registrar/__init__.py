@@ -8,7 +8,8 @@ from ._version import __version__
 from .core._backoff import Backoff
 from .core._board import State, Status
 from .core._errors import ConfigError, RegistrarError, StateError
-from .core._registrar import Registrar, RegistrarGroup, in_loop
+from .core._group import RegistrarGroup
+from .core._registrar import Registrar, in_loop
 from .core._registry import register_protocol
 from .core._settings import HttpSettings
 from .core._transport import RegisterOutcome, Route, RouteCheck, Transport, Verdict

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
 from .core import _rules as rules
-from .core._registrar import Registrar, RegistrarGroup
+from .core._group import RegistrarGroup
+from .core._registrar import Registrar
 from .core._settings import LoopOptions, split_options
 from .protocols._etcd.settings import EtcdOptions, EtcdSettings
 from .protocols._smg.settings import SmgOptions, SmgSettings, worker_spec

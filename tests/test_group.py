@@ -11,7 +11,7 @@ import requests
 from support import ScriptedTransport, accepted, retry, wait_until
 
 from registrar import ConfigError, Registrar, State, Status
-from registrar.core._registrar import RegistrarGroup
+from registrar.core._group import RegistrarGroup
 from registrar.surfaces.health import answer_health, start_health_server
 
 UP, DOWN = "http://127.0.0.1:30001", "http://127.0.0.1:30002"

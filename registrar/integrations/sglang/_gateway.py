@@ -14,7 +14,7 @@ from typing import Any
 
 from ...core._diagnosis import hostport
 from ...core._errors import ConfigError
-from ...core._registrar import RegistrarGroup
+from ...core._group import RegistrarGroup
 from ...protocols._smg.settings import SmgSettings
 from ._rows import current_config
 from ._settings import GatewayConfig

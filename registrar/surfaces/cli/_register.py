@@ -15,8 +15,9 @@ from ...core import _rules as rules
 from ...core._backoff import Backoff
 from ...core._board import State, Status
 from ...core._errors import describe_exception
+from ...core._group import RegistrarGroup
 from ...core._redact import load_json
-from ...core._registrar import Registrar, RegistrarGroup
+from ...core._registrar import Registrar
 from ...core._registry import protocol_factory
 from ...core._settings import LoopSettings, options_of
 from ...protocols._sglang import bootstrap_token
