@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from ._assembly import etcd_registrar, smg_registrar, smg_registrars
 from ._version import __version__
-from .core._aio import in_loop
 from .core._backoff import Backoff
+from .core._board import State, Status
 from .core._errors import ConfigError, RegistrarError, StateError
 from .core._group import RegistrarGroup
-from .core._machine import State
-from .core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
-from .core._registrar import Registrar
+from .core._registrar import Registrar, in_loop
 from .core._registry import register_protocol
 from .core._settings import HttpSettings
-from .core._status import Status
-from .core._transport import Transport
+from .core._transport import RegisterOutcome, Route, RouteCheck, Transport, Verdict
 from .protocols._http import HttpTransport
 from .protocols._sglang import make_payload
 

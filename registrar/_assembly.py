@@ -11,8 +11,7 @@ from .core._group import RegistrarGroup
 from .core._registrar import Registrar
 from .core._settings import LoopOptions, split_options
 from .protocols._etcd.settings import EtcdOptions, EtcdSettings
-from .protocols._smg.settings import SmgOptions, SmgSettings
-from .protocols._smg.spec import worker_spec
+from .protocols._smg.settings import SmgOptions, SmgSettings, worker_spec
 from .protocols._smg.transport import SmgTransport
 
 
@@ -76,14 +75,9 @@ def smg_group(
         settings.bootstrap_port,
         **dict(spec or {}),
     )
-    return RegistrarGroup(
-        (
-            Registrar(
-                payload=payload,
-                transport=SmgTransport(settings, gateway, clock=loop.get("clock")),
-                **loop,
-            )
-            for gateway in settings.gateways
-        ),
-        stop_timeout=settings.stop_timeout,
-    )
+    clock = loop.get("clock")
+    members = [
+        Registrar(payload=payload, transport=SmgTransport(settings, url, clock=clock), **loop)
+        for url in settings.gateways
+    ]
+    return RegistrarGroup(members, stop_timeout=settings.stop_timeout)

@@ -10,7 +10,7 @@ from typing import Any
 from support import FakeClock, ScriptedTransport, accepted, retry, sglang_payload
 
 from registrar import Backoff, Registrar, State, Status, in_loop
-from registrar.core import _aio as aio
+from registrar.core import _registrar
 from registrar.devtools.bootstrap_server import BootstrapServer
 
 
@@ -75,7 +75,7 @@ def test_wait_for_async_times_out_and_leaves_no_waiter() -> None:
     late, cancelled = asyncio.run(main())
     assert late is False
     assert cancelled
-    assert not aio._WAITERS[reg]
+    assert not _registrar._WAITERS[reg]
     assert reg.state is State.STOPPED
 
 

@@ -25,7 +25,7 @@ from support import (
 )
 
 from registrar import Registrar, State
-from registrar.core._machine import mermaid_diagram
+from registrar.core._board import mermaid_diagram
 from registrar.devtools.bootstrap_server import BootstrapServer
 from registrar.surfaces.health import start_health_server
 

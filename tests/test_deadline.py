@@ -31,7 +31,7 @@ from hostile_server import (
 from support import sglang_payload, wait_until
 
 from registrar import Backoff, HttpSettings, Registrar, State
-from registrar.core._outcome import Route, Verdict
+from registrar.core._transport import Route, Verdict
 from registrar.protocols._deadline import DeadlineExceeded
 from registrar.protocols._deadline import Watchdog as _Watchdog
 from registrar.protocols._http import EXCERPT_BYTES, HttpTransport

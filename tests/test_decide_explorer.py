@@ -52,11 +52,10 @@ from registrar.core._actions import (
     WaitKind,
 )
 from registrar.core._backoff import Backoff
+from registrar.core._board import TRANSITIONS, State, Status
 from registrar.core._decide import Decision, decide
-from registrar.core._machine import TRANSITIONS, State
-from registrar.core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.core._settings import LoopSettings
-from registrar.core._status import Status
+from registrar.core._transport import RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.protocols._sglang import _Evidence
 
 TOPOLOGY = 2

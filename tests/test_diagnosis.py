@@ -22,8 +22,8 @@ from registrar.core._diagnosis import (
     port_problem,
     port_text,
 )
-from registrar.core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from registrar.core._settings import DEFAULT_DIAGNOSE_AFTER, LoopSettings
+from registrar.core._transport import RegisterOutcome, Route, RouteCheck, Verdict
 
 HOST = "10.0.0.5"
 

@@ -16,10 +16,8 @@ from prometheus_client import CollectorRegistry
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, sglang_payload, wait_until
 
 import registrar
-from registrar import Backoff, Registrar, State
-from registrar.core._status import Status
-from registrar.surfaces.health import health_app, start_health_server
-from registrar.surfaces.health._document import render_health
+from registrar import Backoff, Registrar, State, Status
+from registrar.surfaces.health import health_app, render_health, start_health_server
 from registrar.surfaces.metrics import RegistrarMetrics
 
 PAYLOAD = {"service": "demo", "secret_field": "do-not-show"}

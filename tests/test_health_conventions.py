@@ -22,10 +22,14 @@ from prometheus_client import CollectorRegistry
 from support import FakeClock, ScriptedTransport, accepted, retry, sglang_payload, wait_until
 
 import registrar
-from registrar import ConfigError, Registrar, State
-from registrar.core._status import Status
-from registrar.surfaces.health import health_app, health_asgi_app, start_health_server
-from registrar.surfaces.health._document import HEALTH_CONTENT_TYPE, render_health
+from registrar import ConfigError, Registrar, State, Status
+from registrar.surfaces.health import (
+    HEALTH_CONTENT_TYPE,
+    health_app,
+    health_asgi_app,
+    render_health,
+    start_health_server,
+)
 from registrar.surfaces.metrics import RegistrarMetrics
 
 PAYLOAD = sglang_payload(ip="10.0.0.5", port=20000)

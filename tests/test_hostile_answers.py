@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from support import ScriptedTransport, accepted, route, sglang_payload, wait_until
 
 from registrar import Backoff, HttpSettings, Registrar, State
-from registrar.core._outcome import Route
 from registrar.core._runner import UNEXPECTED
+from registrar.core._transport import Route
 from registrar.protocols._httpvalues import RETRY_AFTER_CEILING, parse_retry_after
 from registrar.protocols._sglang import SGLangTransport
 

@@ -32,9 +32,9 @@ from registrar import (
 )
 from registrar.core import _registry as registry
 from registrar.core._backoff import contact_delay
+from registrar.core._clock import Waker
 from registrar.core._registry import protocol_names
 from registrar.core._settings import DEFAULT_BACKOFF
-from registrar.core._waker import Waker
 from registrar.surfaces._options import OPTIONS as ENV_VARS
 from registrar.surfaces.env import describe_env, options_from_env
 

@@ -31,7 +31,7 @@ HOST = textwrap.dedent(
     reg.stop()
     server.close()
     # Nothing of the host's was reconfigured on the way: one filter, registrar's own.
-    from registrar.core._machine import ours_dropped
+    from registrar.core._board import ours_dropped
     assert logging.getLogger("transitions").level == logging.NOTSET
     assert logging.getLogger("transitions.core").level == logging.NOTSET
     assert logging.getLogger("transitions.core").filters == [ours_dropped]
@@ -80,7 +80,7 @@ def test_a_host_machine_is_still_heard() -> None:
 
 def test_our_machine_is_not_heard_when_dispatched_directly() -> None:
     extra = (
-        "from registrar.core._machine import State, build_machine; "
+        "from registrar.core._board import State, build_machine; "
         "build_machine(State.UNREGISTERED, lambda event: None).dispatch('start')"
     )
     lines = host_log("INFO", extra)

@@ -7,7 +7,7 @@ import pytest
 from transitions import EventData
 
 from registrar import State
-from registrar.core._machine import TRANSITIONS, Trigger, build_machine, mermaid_diagram
+from registrar.core._board import TRANSITIONS, Trigger, build_machine, mermaid_diagram
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"
 

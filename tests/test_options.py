@@ -73,7 +73,7 @@ def test_a_row_added_to_the_table_appears_in_all_four() -> None:
         import registrar.surfaces._options as options
         options.OPTIONS = (
             *options.OPTIONS,
-            options.Option("NEW_KNOB", options.parse_flag, "true", "a knob added in one row"),
+            options.Option("NEW_KNOB", "true", "a knob added in one row", parse=options.parse_flag),
         )
         from registrar.surfaces.env import command_options_from_env
         from registrar.surfaces.cli import build_parser

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from support import FakeClock, ScriptedTransport, accepted, fatal, retry, route, wait_until
 
 from registrar import Backoff, Registrar, Route, State
-from registrar.core._machine import TRANSITIONS
+from registrar.core._board import TRANSITIONS
 
 ALLOWED = {(s, d) for s, _, d in TRANSITIONS}
 OUTCOMES = st.sampled_from([accepted(), retry(), retry(429, "429", retry_after=2.0), fatal()])

@@ -25,8 +25,7 @@ from registrar.integrations.sglang._rows import rank_summary
 from registrar.protocols._resolver import FRESH, RESOLVER
 from registrar.surfaces.cli import EXIT_NOT_REGISTERED
 from registrar.surfaces.cli._status import cmd_status
-from registrar.surfaces.health import start_health_server
-from registrar.surfaces.health._document import render_health
+from registrar.surfaces.health import render_health, start_health_server
 
 HANG = 30.0
 """Only catches a hang, never a speed target."""

@@ -15,8 +15,12 @@ from support import CLI_ENV, FakeClock, wait_until
 from registrar import ConfigError, Registrar, Route, State, Verdict, smg_registrar
 from registrar.core._backoff import Backoff
 from registrar.protocols._httpvalues import HttpResult
-from registrar.protocols._smg.settings import DEFAULT_CONFIRM_TIMEOUT, SmgSettings
-from registrar.protocols._smg.spec import validate_spec, worker_spec
+from registrar.protocols._smg.settings import (
+    DEFAULT_CONFIRM_TIMEOUT,
+    SmgSettings,
+    validate_spec,
+    worker_spec,
+)
 from registrar.protocols._smg.transport import SmgTransport
 
 GATEWAY = "http://127.0.0.1:30000"

@@ -13,10 +13,6 @@ PACKAGE = Path(registrar.__file__).parent
 TESTS = Path(__file__).parent
 
 TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
-    "registrar.core._diagnostician": (
-        ("test_diagnosis.py", "test_diagnosis_staged.py"),
-        "when a diagnosis is stated and cleared is the diagnosis's own story",
-    ),
     "registrar.protocols._probe": (
         ("test_diagnosis_staged.py", "test_doctor.py"),
         "the probe is what sees each staged misconfiguration, for the registrar and doctor",
@@ -38,25 +34,24 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_decide_explorer.py",),
         "the actions the decision function returns, over the loop state it explores",
     ),
-    "registrar.core._aio": (("test_asyncio.py",), "the asyncio front"),
     "registrar.core._board": (
         (
             "test_concurrency.py",
             "test_registrar_unit.py",
+            "test_health.py",
+            "test_health_conventions.py",
+            "test_machine.py",
         ),
-        "listeners and snapshots, under many threads and in order",
+        "the state machine; snapshots and listeners, under many threads and in order, and as "
+        "health shows them",
     ),
     "registrar.core._clock": (
-        ("test_registrar_unit.py",),
-        "the loop on a fake clock (support.FakeClock)",
-    ),
-    "registrar.core._notes": (("test_logging.py",), "the log lines the decision function asks for"),
-    "registrar.core._outcome": (
         (
-            "test_hostile_answers.py",
-            "test_untrusted_text.py",
+            "test_registrar_unit.py",
+            "test_layout.py",
+            "test_many_descriptors.py",
         ),
-        "outcomes built from hostile answers",
+        "the loop on a fake clock (support.FakeClock); the selectable waker a transport waits on",
     ),
     "registrar.core._redact": (
         (
@@ -80,23 +75,13 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ),
         "the runner performs the decisions (and asks on_failure): what the loop does, end to end",
     ),
-    "registrar.core._status": (
-        (
-            "test_health.py",
-            "test_health_conventions.py",
-        ),
-        "the snapshot, as the health endpoints show it",
-    ),
     "registrar.core._transport": (
-        ("test_layout.py",),
-        "the transport protocols a third party implements",
-    ),
-    "registrar.core._waker": (
         (
             "test_layout.py",
-            "test_many_descriptors.py",
+            "test_hostile_answers.py",
+            "test_untrusted_text.py",
         ),
-        "the selectable waker a transport waits on",
+        "the transport protocols a third party implements; outcomes built from hostile answers",
     ),
     "registrar.devtools": (("test_layout.py",), "imported only by the commands that need it"),
     "registrar.devtools._demo": (("test_cli.py",), "`registrar demo`"),
@@ -181,8 +166,8 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         "the etcd settings value beside the loop's and HTTP's",
     ),
     "registrar.protocols._smg.settings": (
-        ("test_rules.py",),
-        "the gateway settings value beside the loop's and HTTP's",
+        ("test_rules.py", "test_smg_unit.py"),
+        "the gateway settings value beside the loop's and HTTP's; the worker spec it checks",
     ),
     "registrar.protocols._etcd.client": (
         ("test_etcd_unit.py", "test_etcd.py"),
@@ -204,10 +189,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_hostile_answers.py", "test_token_provider.py", "test_security.py"),
         "the HTTP transport's values: Retry-After, results, the token, its provider, basic auth",
     ),
-    "registrar.protocols._smg.spec": (
-        ("test_smg_unit.py",),
-        "one part of the smg protocol; its tests are the protocol's",
-    ),
     "registrar.protocols._smg.transport": (
         ("test_smg_unit.py", "test_smg_gateway.py"),
         "one part of the smg protocol; its tests are the protocol's",
@@ -219,10 +200,6 @@ TESTED_IN: dict[str, tuple[tuple[str, ...], str]] = {
     "registrar.surfaces.cli._status": (
         ("test_cli.py",),
         "one part of the `registrar` command; its tests run the command",
-    ),
-    "registrar.surfaces.health._document": (
-        ("test_health.py", "test_health_conventions.py", "test_health_server.py"),
-        "one part of the health endpoint; its tests are the endpoint's",
     ),
 }
 

@@ -14,8 +14,8 @@ from support import ScriptedTransport, accepted, retry, route, sglang_payload, w
 
 from registrar import Backoff, HttpSettings, Registrar, State
 from registrar.core import _rules as rules
-from registrar.core._outcome import Route
 from registrar.core._redact import MAX_SHOWN, clean
+from registrar.core._transport import Route
 from registrar.protocols._sglang import SGLangTransport
 
 URL = "http://127.0.0.1:8998"

@@ -1,4 +1,4 @@
-"""MkDocs hook: a backquoted path to a file of this repository (`registrar/core/_machine.py`,
+"""MkDocs hook: a backquoted path to a file of this repository (`registrar/core/_board.py`,
 `tests/sglang_real/`, ...) must exist, and a backquoted dotted name (`registrar.surfaces.env`)
 must import without a DeprecationWarning, so a page cannot cite a module that moved. Logged as
 a warning, which `mkdocs build --strict` turns into a failed build."""

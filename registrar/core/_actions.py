@@ -6,27 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ._machine import Trigger
-from ._outcome import RegisterOutcome, RouteCheck, Verdict
+from ._board import Changes, Trigger
 from ._settings import OnFailureName
-from ._status import Changes
+from ._transport import RegisterOutcome, RouteCheck, Verdict
 
 
 class WaitKind(StrEnum):
     """Which wait: what ends it early (a stop ends any) and what it publishes."""
 
-    BACKOFF = "backoff"
-    """Before an attempt: published as `next_attempt_at`."""
-    PROBE = "probe"
-    """Nothing listens (or the connection broke): look again soon, whatever is reported."""
-    IDLE = "idle"
-    """Between route checks (idle connection or clock); a report or a `Waited.sign` ends it."""
-    CONTACT = "contact"
-    """After a sign, spreading the fleet's checks; a report ends it."""
-    REPORT_SLOT = "report_slot"
-    """Holding a report-driven check until REPORT_CHECK_INTERVAL since the last check."""
-    READY = "ready"
-    """Holding an attempt while a `Gated` transport has nothing to offer."""
+    BACKOFF = "backoff"  # before an attempt: published as `next_attempt_at`
+    PROBE = "probe"  # nothing listens (or the connection broke): look again soon, reports or not
+    IDLE = "idle"  # between route checks (idle connection or clock); a report or a sign ends it
+    CONTACT = "contact"  # after a sign, spreading the fleet's checks; a report ends it
+    REPORT_SLOT = "report_slot"  # a report-driven check, held REPORT_CHECK_INTERVAL after the last
+    READY = "ready"  # holding an attempt while a `Gated` transport has nothing to offer
 
 
 @dataclass(frozen=True)
@@ -60,8 +53,7 @@ class Sent:
     @property
     def free(self) -> bool:
         """A refused probe: neither counted against the budget nor reported as a request."""
-        outcome = self.outcome
-        return not self.scheduled and outcome.refused and outcome.verdict is Verdict.RETRY
+        return not self.scheduled and self.outcome.refused and self.outcome.verdict is Verdict.RETRY
 
 
 @dataclass(frozen=True)
@@ -160,8 +152,7 @@ class LoopState:
     url: str = ""  # as shown, for the log lines
     ever_registered: bool = False
     # -- registering
-    # No registration was ever accepted when this run of attempts began: the budget counts.
-    startup: bool = True
+    startup: bool = True  # no registration accepted when this run began: the budget counts
     started: float = 0.0  # when this run of attempts began (monotonic seconds)
     streak: int = 0  # counted failed attempts in this run
     due: float | None = None  # while refused: the next counted attempt (probes before it: free)

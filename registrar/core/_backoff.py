@@ -57,8 +57,7 @@ DEFAULT_MAX_RETRY_AFTER = 60.0
 """The longest wait a server's `Retry-After` can impose: rate limits ask for seconds to a minute,
 and a rank waiting longer is a rank not serving; a hostile or mistaken header costs a minute."""
 
-WATCH_JITTER = 0.2
-"""Watch intervals are spread by ±20 % so a fleet's checks do not line up."""
+WATCH_JITTER = 0.2  # watch intervals are spread by ±20 % so a fleet's checks do not line up
 
 
 def retry_delay(
@@ -93,8 +92,7 @@ def first_watch_delay(interval: float, u: float) -> float:
 
 def rejoin_delay(backoff: Backoff, lost_after_put: int, u: float) -> float:
     """The wait before registering again once the route is found missing: none the first time
-    (docs/sglang.md); when it is lost right after our own PUT again and again, uniform over
-    [0, base) of the backoff."""
+    (docs/sglang.md); when lost right after our own PUT repeatedly, uniform over [0, `base`)."""
     return backoff.base(lost_after_put) * u if lost_after_put else 0.0
 
 

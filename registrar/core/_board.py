@@ -1,5 +1,8 @@
-"""The status board: the published `Status` snapshot, the `transitions` machine whose callback
-publishes it, and the listeners who hear every change in order (docs/state-machine.md)."""
+"""The status board: the states and the one table of what may follow what (`TRANSITIONS`), from
+which its `transitions` machine and the diagram of docs/state-machine.md are built (why the
+library's records are filtered: docs/operations.md); the published `Status` snapshot (immutable:
+what health endpoints, metrics and people read), which the machine's callback publishes; and the
+listeners who hear every change in order (docs/state-machine.md)."""
 
 from __future__ import annotations
 
@@ -7,17 +10,177 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal, TypedDict
 
-from transitions import EventData
+from transitions import EventData, Machine
+from transitions.extensions import GraphMachine
 
 from ._clock import Clock
+from ._diagnosis import Diagnosis
 from ._errors import ConfigError
-from ._machine import State, Trigger, build_machine
-from ._status import Changes, Status
 
 logger = logging.getLogger("registrar")
+
+MACHINE_NAME = "registrar-status"
+"""The name of every machine registrar builds; the library's log records begin with it."""
+
+
+class State(StrEnum):
+    """Where a registrar stands."""
+
+    UNREGISTERED = "unregistered"
+    """Created, not started."""
+    REGISTERING = "registering"
+    """Attempting the registration (at startup, or again after the route went missing)."""
+    REGISTERED = "registered"
+    """The bootstrap server accepted the registration; the route is being watched."""
+    FAILED = "failed"
+    """Startup budget spent or a configuration error; see `Status.next_attempt_at`."""
+    STOPPED = "stopped"
+    """`stop()` was called; no request is ever sent again."""
+
+
+class Trigger(StrEnum):
+    START = "start"
+    SUCCEED = "succeed"
+    GIVE_UP = "give_up"
+    LOSE = "lose"
+    STOP = "stop"
+
+
+TRANSITIONS: tuple[tuple[State, Trigger, State], ...] = (
+    (State.UNREGISTERED, Trigger.START, State.REGISTERING),
+    (State.REGISTERING, Trigger.SUCCEED, State.REGISTERED),
+    (State.REGISTERING, Trigger.GIVE_UP, State.FAILED),
+    # on_failure="retry": attempts go on in the background and a late success still counts.
+    (State.FAILED, Trigger.SUCCEED, State.REGISTERED),
+    (State.REGISTERED, Trigger.LOSE, State.REGISTERING),
+    *((source, Trigger.STOP, State.STOPPED) for source in State if source is not State.STOPPED),
+)
+"""Every allowed (source, trigger, destination); anything else is refused."""
+
+
+def ours_dropped(record: logging.LogRecord) -> bool:
+    """The `transitions.core` filter: drops the records of registrar's machines, and only those."""
+    args = record.args
+    first = args[0] if isinstance(args, tuple) and args else record.msg
+    return not str(first).startswith(MACHINE_NAME + ": ")
+
+
+logging.getLogger("transitions.core").addFilter(ours_dropped)  # the same object: added once
+
+
+def _config(initial: State) -> dict[str, Any]:
+    return {
+        "states": [s.value for s in State],
+        "transitions": [
+            {"trigger": t.value, "source": s.value, "dest": d.value} for s, t, d in TRANSITIONS
+        ],
+        "initial": initial.value,
+        "auto_transitions": False,
+        "name": MACHINE_NAME,
+    }
+
+
+def build_machine(initial: State, changed: Callable[[EventData], None]) -> Machine:
+    """A machine over the table, itself its model: a trigger the table does not allow from here
+    is refused (`dispatch` answers False); `changed` gets the event after each transition."""
+    return Machine(
+        **_config(initial),
+        ignore_invalid_triggers=True,
+        send_event=True,
+        after_state_change=changed,
+    )
+
+
+def mermaid_diagram() -> str:
+    """The state diagram as mermaid text, drawn by the library's engine (no graphviz)."""
+    graph = GraphMachine(**_config(State.UNREGISTERED), graph_engine="mermaid", title="registrar")
+    text: str = graph.get_graph().draw(None)
+    return "".join(line.rstrip() + "\n" for line in text.strip("\n").splitlines())
+
+
+def iso_utc(timestamp: float | None) -> str | None:
+    """An epoch timestamp as ISO 8601 UTC text (`2026-11-30T03:00:00.000Z`), or None."""
+    if timestamp is None:
+        return None
+    moment = datetime.fromtimestamp(timestamp, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+_TIMESTAMPS = ("since", "last_success_at", "next_attempt_at", "last_check_at", "last_request_at")
+
+
+@dataclass(frozen=True)
+class Status:
+    """One consistent view of a registrar, replaced whole on every change. Timestamps are
+    wall-clock epoch seconds (ISO 8601 UTC in `to_dict()`); `next_attempt_at` is None when no
+    attempt is scheduled (registered, an attempt in flight, or given up for good)."""
+
+    state: State
+    since: float
+    url: str
+    attempt: int = 0
+    """Attempts in the current run of failures (0 after a success)."""
+    attempts_total: int = 0
+    """Registration requests sent since start."""
+    last_error: str | None = None
+    last_success_at: float | None = None
+    next_attempt_at: float | None = None
+    registrations: int = 0
+    """Accepted registrations, the first one included."""
+    reregistrations: int = 0
+    """Times the route was found missing and registration started again."""
+    server_reachable: bool | None = None
+    """Whether the bootstrap server answered the last request (None before any)."""
+    last_check_at: float | None = None
+    route: str | None = None
+    """What the last route check found: present, conflict, missing, undetermined, unreachable;
+    None before any, and from an accepted registration until the check after it."""
+    retrying: bool = False
+    """True while attempts are scheduled or in flight (also in FAILED with on_failure="retry")."""
+    last_request_at: float | None = None
+    """When the last request (registration or check) ended: when `server_reachable` was read."""
+    resolution: str | None = None
+    """Read live: "resolving NAME (no answer for 3 s)" while a lookup stalls past its first
+    second, or the last good address in use while lookups fail; None while names resolve."""
+    thread_died: bool = False
+    """No thread will update this snapshot again (an unexpected error, or this process is a
+    fork): in the snapshot so a reader never sees "dead" without the reason (`last_error`)."""
+    diagnosis: Diagnosis | None = None
+    """What a probe saw after requests kept failing for `diagnose_after` seconds (a wrong port,
+    a name that does not resolve, ...); None while the server answers."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping of every field, in snake_case (`/health` converts to camelCase
+        by one rule: Python names in Python, JSON names on the wire)."""
+        data = asdict(self) | {"state": self.state.value}
+        return data | {key: iso_utc(data[key]) for key in _TIMESTAMPS}
+
+
+class Changes(TypedDict, total=False):
+    """The fields of `Status` a change sets (all but the state, its time and the URL, which
+    the machine and construction set): typed from `decide` to the snapshot."""
+
+    attempt: int
+    attempts_total: int
+    last_error: str | None
+    last_success_at: float | None
+    next_attempt_at: float | None
+    registrations: int
+    reregistrations: int
+    server_reachable: bool | None
+    last_check_at: float | None
+    route: str | None
+    retrying: bool
+    last_request_at: float | None
+    resolution: str | None
+    thread_died: bool
+    diagnosis: Diagnosis | None
+
 
 Listener = Callable[[State, State, Status], None]
 """Called as fn(old_state, new_state, status) after every transition, outside any lock."""

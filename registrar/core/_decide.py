@@ -6,46 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from logging import CRITICAL, ERROR, INFO, WARNING
 from typing import assert_never
 
-from ._actions import (
-    Answered,
-    Check,
-    Checked,
-    Decision,
-    Fail,
-    Held,
-    Look,
-    Looked,
-    LoopState,
-    Note,
-    Observation,
-    Send,
-    Sent,
-    Started,
-    Stop,
-    Stopping,
-    Wait,
-    Waited,
-    WaitKind,
-)
-from ._backoff import (
-    contact_delay,
-    first_watch_delay,
-    probe_delay,
-    rejoin_delay,
-    retry_delay,
-    watch_delay,
-)
-from ._machine import State, Trigger
-from ._notes import say
-from ._outcome import Route, RouteCheck, Verdict
+from . import _actions as act
+from . import _backoff as delays
+from ._actions import Decision, LoopState, Note
+from ._board import Changes, State, Status, Trigger
 from ._redact import clean
 from ._settings import EXIT_CODE, LoopSettings
-from ._status import Changes, Status
+from ._transport import Route, RouteCheck, Verdict
 
-Draw = Callable[[], float]
-"""A random draw in [0, 1), asked only when a delay is chosen."""
+Draw = Callable[[], float]  # a random draw in [0, 1), asked only when a delay is chosen
 
 MAX_BROKEN_CHECKS = 3
 """Checks in a row whose connection broke retried at the probe cadence, then the watch interval."""
@@ -65,37 +37,35 @@ def decide(  # noqa: PLR0913 - a pure function's inputs, each named
     settings: LoopSettings,
     status: Status,
     state: LoopState,
-    seen: Observation,
+    seen: act.Observation,
     now: float,
     draw: Draw,
 ) -> Decision:
-    """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`;
-    `draw` gives the random draws of the delays it chooses."""
+    """What to do after `seen`, at monotonic time `now`, the published snapshot being `status`."""
     given = _Given(settings, status, now, draw)
     match seen:
-        case Stopping():
-            decision = Decision(state, Stop())
-        case Started():
+        case act.Stopping():
+            decision = Decision(state, act.Stop())
+        case act.Started():
             decision = _look_or_send(_new_run(state, now), now)
-        case Waited():
+        case act.Waited():
             decision = _waited(given, state, seen)
-        case Held():
+        case act.Held():
             decision = _held(state, seen)
-        case Looked():  # a look or an attempt ends a hold
+        case act.Looked():  # a look or an attempt ends a hold
             decision = _looked(given, replace(state, holding=False), seen)
-        case Sent():
+        case act.Sent():
             decision = _sent(given, replace(state, holding=False), seen)
-        case Answered():
+        case act.Answered():
             decision = _answered(state, seen, now)
-        case Checked():
+        case act.Checked():
             decision = _checked(given, state, seen)
         case _:
             assert_never(seen)
-    if isinstance(seen, Looked | Checked) and seen.check is not None:
+    if isinstance(seen, act.Looked | act.Checked) and seen.check is not None:
         # What a check found is published whatever is decided on it.
-        check = seen.check
-        found = Changes(route=check.route.value, server_reachable=check.reachable)
-        decision = _with(decision, found | {"last_check_at": seen.at, "last_request_at": seen.at})
+        found = Changes(route=seen.check.route.value, server_reachable=seen.check.reachable)
+        return _with(decision, found | {"last_check_at": seen.at, "last_request_at": seen.at})
     return decision
 
 
@@ -109,33 +79,33 @@ class _Given:
     draw: Draw
 
     def retry_delay(self, streak: int, retry_after: float | None = None) -> float:
-        return retry_delay(
+        return delays.retry_delay(
             self.settings.backoff, streak, self.draw(), retry_after, self.settings.max_retry_after
         )
 
 
-def _waited(given: _Given, state: LoopState, seen: Waited) -> Decision:
+def _waited(given: _Given, state: LoopState, seen: act.Waited) -> Decision:
     now = given.now
-    if seen.kind is WaitKind.BACKOFF:
+    if seen.kind is act.WaitKind.BACKOFF:
         return _look_or_send(state, now)
-    if seen.kind is WaitKind.READY:
+    if seen.kind is act.WaitKind.READY:
         # The startup budget counts from when there was something to offer, not from this wait.
         return _look_or_send(replace(state, started=now) if _budgeted(given, state) else state, now)
-    if seen.kind is WaitKind.IDLE and seen.sign:
-        spread = contact_delay(state.fleet, given.draw())
+    if seen.kind is act.WaitKind.IDLE and seen.sign:
+        spread = delays.contact_delay(state.fleet, given.draw())
         note = say("sign", state.url, spread)
-        return Decision(state, Wait(spread, WaitKind.CONTACT), notes=(note,))
-    if seen.kind is WaitKind.IDLE and seen.reports and state.last_check_started is not None:
+        return Decision(state, act.Wait(spread, act.WaitKind.CONTACT), notes=(note,))
+    if seen.kind is act.WaitKind.IDLE and seen.reports and state.last_check_started is not None:
         due = state.last_check_started + REPORT_CHECK_INTERVAL - now
         if due > 0:
-            return Decision(state, Wait(due, WaitKind.REPORT_SLOT))
+            return Decision(state, act.Wait(due, act.WaitKind.REPORT_SLOT))
     return _check(state, now)
 
 
-def _held(state: LoopState, seen: Held) -> Decision:
+def _held(state: LoopState, seen: act.Held) -> Decision:
     notes = () if state.holding else (say("held", state.url, clean(seen.reason, 200)),)
     changes = Changes(last_error=f"not offered yet: {clean(seen.reason, MAX_ERROR_TEXT)}")
-    wait = Wait(seen.interval, WaitKind.READY)
+    wait = act.Wait(seen.interval, act.WaitKind.READY)
     return Decision(replace(state, holding=True), wait, changes=changes, notes=notes)
 
 
@@ -156,7 +126,7 @@ def _new_run(state: LoopState, now: float) -> LoopState:
 def _after(state: LoopState, now: float, delay: float, notes: tuple[Note, ...] = ()) -> Decision:
     """Wait `delay` (if any), then look or send."""
     if delay > 0:
-        return Decision(state, Wait(delay, WaitKind.BACKOFF), notes=notes)
+        return Decision(state, act.Wait(delay, act.WaitKind.BACKOFF), notes=notes)
     return replace(_look_or_send(state, now), notes=notes)
 
 
@@ -164,19 +134,19 @@ def _look_or_send(state: LoopState, now: float) -> Decision:
     # Look before the first registration until the server has answered a look once (not right
     # after a refusal: nothing listened), and after an attempt whose answer was lost.
     if (state.startup and not state.looked and not state.refused) or state.unanswered:
-        return Decision(state, Look(ours=state.unanswered > 0))
+        return Decision(state, act.Look(ours=state.unanswered > 0))
     return _send(state, now)
 
 
 def _send(state: LoopState, now: float) -> Decision:
-    return Decision(state, Send(state.streak + 1, state.due is None or now >= state.due))
+    return Decision(state, act.Send(state.streak + 1, state.due is None or now >= state.due))
 
 
 def _with(decision: Decision, changes: Changes) -> Decision:
     return replace(decision, changes=changes | decision.changes)
 
 
-def _looked(given: _Given, state: LoopState, seen: Looked) -> Decision:
+def _looked(given: _Given, state: LoopState, seen: act.Looked) -> Decision:
     check = seen.check
     if check is not None and check.route is Route.PRESENT:
         ours = state.unanswered > 0
@@ -211,7 +181,7 @@ def _may_hold_ours(check: RouteCheck) -> bool:
     return check.status_code == 503 and (check.count is None or check.count > 0)
 
 
-def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
+def _sent(given: _Given, state: LoopState, seen: act.Sent) -> Decision:
     outcome, now, status = seen.outcome, given.now, given.status
     changes = Changes(server_reachable=outcome.reachable, last_request_at=seen.at)
     if not seen.free:
@@ -228,7 +198,7 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     lost = retry and not (refused or outcome.unsent or outcome.reachable)
     unanswered = LOOKS_AFTER_UNANSWERED if lost else state.unanswered
     state = replace(state, refused=refused, unanswered=unanswered)
-    probe_wait = probe_delay(state.fleet, given.draw()) if refused else 0.0
+    probe_wait = delays.probe_delay(state.fleet, given.draw()) if refused else 0.0
     # A free probe, unless the next would start past `max_elapsed`: then this was the last try.
     if seen.free and not (_budgeted(given, state) and _out_of_time(given, state, probe_wait)):
         return _with(_after(state, now, probe_wait), changes)
@@ -248,7 +218,7 @@ def _sent(given: _Given, state: LoopState, seen: Sent) -> Decision:
     if due is None:
         note = say("failed", label, state.url, outcome.error, delay)
     else:
-        every = probe_delay(state.fleet, 0.5)
+        every = delays.probe_delay(state.fleet, 0.5)
         note = say("failed, probing", label, state.url, outcome.error, delay, every, due - now)
     return _with(_after(state, now, delay, (note,)), changes)
 
@@ -273,7 +243,7 @@ def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> De
     else:
         plural = "" if state.streak == 1 else "s"
         note = say("given up", state.url, state.streak, plural, error, name)
-    return Decision(state, Fail(state.streak, error, fatal), notes=(note,))
+    return Decision(state, act.Fail(state.streak, error, fatal), notes=(note,))
 
 
 def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
@@ -287,7 +257,7 @@ def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
     return _fail(given, state, error, True)
 
 
-def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
+def _answered(state: LoopState, seen: act.Answered, now: float) -> Decision:
     """FAILED, and what the policy answered: attempts go on in the background, or the loop ends."""
     if seen.answer == "retry":
         retry = (say("retry", state.delay),)
@@ -295,14 +265,13 @@ def _answered(state: LoopState, seen: Answered, now: float) -> Decision:
     code = EXIT_CODE if seen.answer == "exit" else None
     notes = () if code is None else (say("exit", code),)
     changes = Changes(next_attempt_at=None, retrying=False)
-    return Decision(state, Stop(code), Trigger.GIVE_UP, changes, notes)
+    return Decision(state, act.Stop(code), Trigger.GIVE_UP, changes, notes)
 
 
 def _registered(given: _Given, state: LoopState, at: float, added: int, note: Note) -> Decision:
     """Accepted, or found present: `added` registrations more (0 for an adoption)."""
-    count = given.status.registrations + added
     changes = Changes(attempt=0, last_error=None, next_attempt_at=None, retrying=False)
-    changes |= {"registrations": count, "last_success_at": at}
+    changes |= {"registrations": given.status.registrations + added, "last_success_at": at}
     # Check at once (the check right after the PUT or the adoption), then watch.
     watching = replace(state, ever_registered=True, checks=0, probing=False, broken=0)
     decision = _check(watching, given.now, just_put=True)
@@ -311,23 +280,23 @@ def _registered(given: _Given, state: LoopState, at: float, added: int, note: No
 
 def _check(state: LoopState, now: float, just_put: bool = False) -> Decision:
     state = replace(state, just_put=just_put, checks=state.checks + 1, last_check_started=now)
-    return Decision(state, Check())
+    return Decision(state, act.Check())
 
 
 def _watch_next(given: _Given, state: LoopState, notes: tuple[Note, ...] = ()) -> Decision:
     if state.probing or state.broken:
         # Probing already: a report cannot make it sooner, and must not loop (reports come ~1000/s).
-        wait = Wait(probe_delay(state.fleet, given.draw()), WaitKind.PROBE)
+        wait = act.Wait(delays.probe_delay(state.fleet, given.draw()), act.WaitKind.PROBE)
         return Decision(state, wait, notes=notes)
     delay = None
     interval = given.settings.watch_interval
     if interval is not None:
-        spread = first_watch_delay if state.checks == 1 else watch_delay
+        spread = delays.first_watch_delay if state.checks == 1 else delays.watch_delay
         delay = spread(interval, given.draw())
-    return Decision(state, Wait(delay, WaitKind.IDLE), notes=notes)
+    return Decision(state, act.Wait(delay, act.WaitKind.IDLE), notes=notes)
 
 
-def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
+def _checked(given: _Given, state: LoopState, seen: act.Checked) -> Decision:
     check = seen.check
     if check is None:
         if seen.reported:
@@ -361,7 +330,7 @@ def _checked(given: _Given, state: LoopState, seen: Checked) -> Decision:
 
 
 def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision:
-    every = probe_delay(state.fleet, 0.5)
+    every = delays.probe_delay(state.fleet, 0.5)
     if check.refused:
         notes = () if state.probing else (say("refused", state.url, check.evidence, every),)
         return _watch_next(given, replace(state, probing=True), notes)
@@ -378,8 +347,68 @@ def _unreachable(given: _Given, state: LoopState, check: RouteCheck) -> Decision
 def _lose(given: _Given, state: LoopState, evidence: str) -> Decision:
     """Back to registering; no wait before the first re-attempt the first time (the check that
     found the route missing was the fleet's spread first contact)."""
-    delay = rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
+    delay = delays.rejoin_delay(given.settings.backoff, state.lost_after_put, given.draw())
     note = say("lost", state.url, evidence, delay)
     decision = _after(_new_run(state, given.now), given.now, delay, (note,))
     lost = Changes(reregistrations=given.status.reregistrations + 1, retrying=True)
     return replace(_with(decision, lost), trigger=Trigger.LOSE)
+
+
+# The loop's log lines by name, made into `Note`s: `decide` returns them, the runner logs them.
+_LINES: dict[str, tuple[int, str]] = {
+    "accepted": (INFO, "%s with %s after %d attempt%s"),
+    "adopted": (INFO, "%s already holds our route (%s): adopted without registering again"),
+    "ours arrived": (
+        INFO,
+        "%s already holds our route (%s): our last attempt arrived though its answer was lost; "
+        "not sent again",
+    ),
+    "sign": (
+        INFO,
+        "%s: a sign the route may be gone (connection closed or watch event); checking in %.3f s",
+    ),
+    "held": (INFO, "%s: not offered yet: %s"),
+    "conflict": (
+        WARNING,
+        "%s already holds our rank at another address (%s); registering anyway: a server that "
+        "counts every registration (as SGLang's does) will count this rank twice",
+    ),
+    "hold": (
+        WARNING,
+        "our last attempt to %s went unanswered and the server now says %s; it names no rank "
+        "before the topology is ready, so the attempt may have arrived: not sending it again, "
+        "looking again in %.2f s",
+    ),
+    "still refused": (WARNING, "registration with %s still refused: %s; next attempt in %.2f s"),
+    "route conflict": (WARNING, "route conflict at %s: %s"),
+    "refused": (
+        WARNING,
+        "route check at %s failed: %s; probing every ~%.2f s until it listens again",
+    ),
+    "broken": (INFO, "route check at %s failed: %s; checking again in ~%.2f s"),
+    "check failed": (WARNING, "route check at %s failed: %s; checking again at the next interval"),
+    "lost": (WARNING, "route at %s is missing (%s); registering again in %.2f s"),
+    "failed": (WARNING, "registration attempt %s to %s failed: %s; next attempt in %.2f s"),
+    "failed, probing": (
+        WARNING,
+        "registration attempt %s to %s failed: %s; next attempt in %.2f s "
+        "(nothing listens: probing every ~%.2f s, the next counted attempt in %.2f s)",
+    ),
+    "refused for good": (
+        ERROR,
+        "registration with %s refused: %s; retrying cannot help until the configuration is "
+        "fixed; on_failure=%s",
+    ),
+    "given up": (ERROR, "registration with %s failed after %d attempt%s, last: %s; on_failure=%s"),
+    "retry": (WARNING, "still trying in the background; next attempt in %.2f s"),
+    "exit": (CRITICAL, "ending the process with status %d (on_failure='exit')"),
+    "unheeded": (
+        WARNING,
+        "route reported missing %d time%s, but the server says %s (%s); not registering again",
+    ),
+}
+
+
+def say(line: str, *args: object) -> Note:
+    level, message = _LINES[line]
+    return Note(level, message, args)

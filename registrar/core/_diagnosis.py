@@ -189,8 +189,7 @@ _ANSWERS: dict[Seen, tuple[Code, str]] = {
 
 
 def _refused(seen: Evidence, at: str) -> Diagnosis:
-    knock = next((k for k in seen.others if k.listens), None)
-    if knock is not None:
+    if (knock := next((k for k in seen.others if k.listens), None)) is not None:
         what = "answers HTTP" if knock.http else "accepts connections"
         return Diagnosis(
             Code.REFUSED_HOST_UP,

@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
+from ._board import State, Status
 from ._errors import ConfigError
-from ._machine import State
 from ._registrar import Registrar
-from ._status import Status
 
 
 class RegistrarGroup:

@@ -16,8 +16,7 @@ from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 from ._errors import ConfigError
 
-MAX_SHOWN = 300
-"""Characters of untrusted text shown in one log line or status field, at most."""
+MAX_SHOWN = 300  # characters of untrusted text shown in one log line or status field, at most
 
 MASK = "***"
 
@@ -42,10 +41,9 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    try:
+    port = None
+    with suppress(ValueError):
         port = parts.port
-    except ValueError:
-        port = None
     netloc = f"{MASK}@{host}" + (f":{port}" if port is not None else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
@@ -106,9 +104,8 @@ class Secrets:
 def clean(
     text: object, limit: int = MAX_SHOWN, secrets: Secrets = Secrets(), cut: bool = False
 ) -> str:
-    """`text` as one safe line: secrets masked, control characters escaped (`\\x0a`), and at
-    most `limit` characters followed by a note of how many more there were. `cut` says the
-    text is itself the start of something longer (a body read up to a cap)."""
+    """`text` as one safe line: secrets masked, control characters escaped (`\\x0a`), at most
+    `limit` characters, then " ..."; `cut`: `text` begins a longer one (a body read up to a cap)."""
     text = text if isinstance(text, str) else str(text)
     # Look at no more than can be shown: a multi-megabyte text costs what its start costs. The
     # margin is wide enough that a secret starting before the limit is masked whole.

@@ -4,36 +4,38 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, Unpack
 
-from ._aio import wait_for_state
-from ._board import Listener, RequestListener, StatusBoard
-from ._diagnostician import Diagnostician
+from ._board import (
+    Changes,
+    Listener,
+    RequestEvent,
+    RequestListener,
+    State,
+    Status,
+    StatusBoard,
+    Trigger,
+)
+from ._clock import Clock
+from ._diagnosis import Code, Diagnosis, Evidence, diagnose
 from ._errors import ConfigError, StateError
-from ._machine import State, Trigger
 from ._redact import encode_payload
 from ._registry import protocol_factory
 from ._runner import Controls, Runner
-from ._settings import (
-    Hooks,
-    LoopSettings,
-    Options,
-    options_of,
-    refuse_unknown,
-    split_options,
-)
-from ._status import Changes, Status
+from ._settings import Hooks, LoopSettings, Options, options_of, refuse_unknown, split_options
 from ._transport import Abortable, Diagnosable, FleetSized, Resolving, Transport, WatchBounded
 
 logger = logging.getLogger("registrar")
+aio_logger = logging.getLogger("registrar.core.aio")
 
 _REGISTRARS: weakref.WeakSet[Registrar] = weakref.WeakSet()
 """Every registrar of this process, for the fork hooks (weak: a hook keeps none alive)."""
@@ -78,11 +80,9 @@ def _built(
         names = options_of(kind)
         refuse_unknown(
             {k: v for k, v in options.items() if k not in names},
-            "Registrar",
             f"protocol {protocol!r} takes {', '.join(names)} ({kind.__name__}) and the loop's",
         )
-        missing = [name for name in options_of(kind, required=True) if name not in options]
-        if missing:
+        if missing := [name for name in options_of(kind, required=True) if name not in options]:
             raise ConfigError(
                 f"protocol {protocol!r} needs {', '.join(missing)} (fields of {kind.__name__})"
             )
@@ -94,7 +94,6 @@ def _built(
     else:
         refuse_unknown(
             {**options, **({} if url is None else {"url": url})},
-            "Registrar",
             f"settings= holds them (give them to {kind.__name__}, not beside it)",
         )
     return factory.build(payload, settings)
@@ -126,12 +125,9 @@ class Registrar:
         elif not isinstance(transport, Transport):
             raise ConfigError(f"transport must implement registrar.Transport, got {transport!r}")
         else:  # given: its settings are the transport's own
-            refuse_unknown(
-                given, "Registrar", "a transport given directly takes its settings itself"
-            )
+            refuse_unknown(given, "a transport given directly takes its settings itself")
         if isinstance(transport, WatchBounded):
-            chosen = "watch_interval" in options
-            fitted = transport.fit_watch_interval(loop.watch_interval, chosen)
+            fitted = transport.fit_watch_interval(loop.watch_interval, "watch_interval" in options)
             loop = replace(loop, watch_interval=fitted)
         self._transport = transport
         clock = hooks.clock
@@ -142,11 +138,8 @@ class Registrar:
             fleet=_fleet_size(transport, sent),
             transport=transport,
             payload=sent,
-            clock=clock,
-            rng=hooks.rng,
-            exit=hooks.exit,
+            hooks=hooks,
             board=self._board,
-            controls=Controls(),
         )
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -307,3 +300,188 @@ class Registrar:
                 ),
             )
         self._board.after_fork(status)
+
+
+_ANSWERED = frozenset({"accepted", "present", "missing", "conflict", "undetermined"})
+"""Request results that mean a bootstrap server answered as one (a route check's findings)."""
+
+
+class Diagnostician:
+    """When to diagnose: after `after` seconds of requests that reached no bootstrap server,
+    probe once with `gather` (off the registrar's thread), state the diagnosis once at WARNING
+    and publish it on `board`; clear it as soon as the server answers. A listener like any
+    other: the loop does not know it exists."""
+
+    def __init__(
+        self, board: StatusBoard, gather: Callable[[], Evidence], clock: Clock, after: float
+    ) -> None:
+        self._board = board
+        self._gather = gather
+        self._clock = clock
+        self._after = after
+        self._lock = threading.Lock()
+        self._since: float | None = None  # when this run of unanswered requests began
+        self._busy = False  # a probe is running, or this run was diagnosed already (once)
+        self._run = 0  # counts runs: a probe's finding for a run that ended is dropped
+        self._denied = False  # the last registration was refused for its credential (401/403)
+
+    def on_request(self, event: RequestEvent) -> None:
+        """After every request (on the registrar's thread): start, end, or probe a run."""
+        now = self._clock.monotonic()
+        if event.kind == "register":
+            self._denied = event.status_code in (401, 403)
+        if event.result in _ANSWERED:
+            with self._lock:
+                self._since, self._busy = None, False
+                self._run += 1
+            shown = self._board.status.diagnosis
+            if shown is not None:
+                self._board.apply(None, Changes(diagnosis=None))
+                logger.info("diagnosis %s cleared: the bootstrap server answers", shown.code)
+            return
+        with self._lock:
+            if self._since is None:
+                self._since = now
+            due = not self._busy and not self._denied and now - self._since >= self._after
+            self._busy |= due
+            run = self._run
+        if due:
+            # Off the registrar's thread: a probe may take a few connect timeouts, and the loop's
+            # timing must not change because a diagnosis is being made.
+            threading.Thread(
+                target=self._diagnose, args=(run,), name="registrar-diagnosis", daemon=True
+            ).start()
+
+    def on_transition(self, old: State, new: State, status: Status) -> None:
+        """Given up for good: no request will come to reach the threshold, so probe now, on
+        this thread: with on_failure="exit" the process ends right after, and the diagnosis is
+        what its last lines should say (the probe's steps are bounded)."""
+        if new is not State.FAILED or (status.retrying and not self._denied):
+            return
+        with self._lock:
+            if self._busy:
+                return
+            self._busy = True
+            run = self._run
+        if self._denied and status.last_error:
+            # The server's own words name the credential (and where to set it); a probe sends
+            # none, and a server whose GETs are open would look healthy to it.
+            denied = Diagnosis(Code.DENIED, status.last_error)
+            self._board.apply(None, Changes(diagnosis=denied))
+            self._say(denied)
+            return
+        self._diagnose(run)
+
+    def _diagnose(self, run: int) -> None:
+        try:
+            found = diagnose(self._gather())
+        except Exception:
+            logger.exception("the diagnosis probe failed; no diagnosis")
+            found = None
+        with self._lock:
+            if run != self._run:
+                return  # the server answered meanwhile: what the probe saw is old
+            if found is None:
+                # A bootstrap server answers the probe: nothing to say yet; look again later.
+                self._since, self._busy = self._clock.monotonic(), False
+                return
+            self._board.apply(None, Changes(diagnosis=found))
+        self._say(found)
+
+    def _say(self, found: Diagnosis) -> None:
+        status = self._board.status
+        logger.warning(
+            "registration with %s: %s [diagnosis %s]%s",
+            status.url,
+            found.sentence,
+            found.code,
+            "; still trying" if status.retrying else "",
+        )
+
+
+# The awaitable side of the thread engine, not a second engine: one listener per registrar hands
+# each change to waiting loops with `loop.call_soon_threadsafe` (nothing blocks or polls).
+class _Waiters(set[tuple[State, asyncio.AbstractEventLoop, asyncio.Future[None]]]):
+    """The futures waiting on one registrar (under _WAITERS_LOCK), fed by a single listener: so
+    waiting many times never grows the registrar's listener list."""
+
+    def __call__(self, old: State, new: State, status: Status) -> None:
+        with _WAITERS_LOCK:
+            ready = [entry for entry in self if entry[0] is new]
+            self.difference_update(ready)
+        for _, loop, future in ready:
+            # A closed loop raises RuntimeError: nobody waits there any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, future)
+
+
+_WAITERS: weakref.WeakKeyDictionary[Registrar, _Waiters] = weakref.WeakKeyDictionary()
+_WAITERS_LOCK = threading.Lock()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def wait_for_state(registrar: Registrar, state: State, timeout: float | None) -> bool:
+    """Wait in the running loop until `registrar` reaches `state`; False after `timeout`."""
+    target = State(state)
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+    entry = (target, loop, future)
+    with _WAITERS_LOCK:
+        if (waiters := _WAITERS.get(registrar)) is None:
+            waiters = _WAITERS[registrar] = _Waiters()
+            registrar.add_listener(waiters)
+        waiters.add(entry)
+    try:
+        # Checked after joining the waiters, so a transition in between is never missed.
+        if registrar.state is target:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            return False
+        return True
+    finally:
+        with _WAITERS_LOCK:
+            waiters.discard(entry)
+
+
+def in_loop(
+    listener: Callable[[State, State, Status], Awaitable[None] | None],
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> Callable[[State, State, Status], None]:
+    """Wrap `listener` so each transition is delivered into `loop` (None: the running one), not
+    called on the registrar's thread; a coroutine function runs as a task, logged if it fails."""
+    target = loop if loop is not None else asyncio.get_running_loop()
+
+    def run(old: State, new: State, status: Status) -> None:
+        try:
+            result = listener(old, new, status)
+        except Exception:
+            aio_logger.exception("listener %r failed on %s -> %s; ignored", listener, old, new)
+            return
+        if asyncio.iscoroutine(result):
+            task = target.create_task(result)
+            _TASKS.add(task)
+            task.add_done_callback(_finished)
+
+    def deliver(old: State, new: State, status: Status) -> None:
+        try:
+            target.call_soon_threadsafe(run, old, new, status)
+        except RuntimeError:
+            aio_logger.debug("event loop closed; transition %s -> %s not delivered", old, new)
+
+    return deliver
+
+
+_TASKS: set[asyncio.Task[Any]] = set()
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _TASKS.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        aio_logger.error("async listener failed; ignored", exc_info=task.exception())

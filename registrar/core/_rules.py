@@ -175,8 +175,7 @@ def url(value: object) -> str:
             "(a trailing newline from a file or variable?); remove it",
             shown,
         )
-    unfilled = port_problem(value)
-    if unfilled is not None:
+    if (unfilled := port_problem(value)) is not None:
         raise Invalid(f"{unfilled.sentence} [diagnosis {unfilled.code}]", shown)
     try:
         parts = urlsplit(value)

@@ -6,53 +6,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._actions import (
-    Action,
-    Answered,
-    Check,
-    Checked,
-    Decision,
-    Fail,
-    Held,
-    Look,
-    Looked,
-    LoopState,
-    Observation,
-    Send,
-    Sent,
-    Started,
-    Stopping,
-    Wait,
-    Waited,
-    WaitKind,
-)
-from ._board import RequestEvent, StatusBoard
-from ._clock import Clock
+from . import _actions as act
+from ._board import Changes, RequestEvent, State, StatusBoard, Trigger
+from ._clock import Waker
 from ._decide import MAX_ERROR_TEXT, decide
-from ._machine import State, Trigger
-from ._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ._redact import clean
-from ._settings import POLICIES, LoopSettings, OnFailureName
-from ._status import Changes
-from ._transport import Gated, IdleWatcher, Transport
-from ._waker import Waker
+from ._settings import POLICIES, Hooks, LoopSettings, OnFailureName
+from ._transport import Gated, IdleWatcher, RegisterOutcome, Route, RouteCheck, Transport, Verdict
 
 logger = logging.getLogger("registrar")
 
 UNEXPECTED = "registrar_unexpected"
 """Set on the log record of an exception a transport raised instead of returning an outcome."""
-_IDLE_SLICE = 3600.0
-"""With no watch interval, an idle watcher is asked to wait this long at a time."""
+_IDLE_SLICE = 3600.0  # with no watch interval, an idle watcher is asked to wait this long at a time
 
 
 @dataclass
 class Controls:
-    """What other threads use to reach the loop: the stop flag, the route-missing reports, the
-    waker that ends any wait, and the gate held while a request is in flight."""
+    """What other threads use to reach the loop; `gate` is held while a request is in flight."""
 
     stopping: bool = False
     reports: int = 0  # route-missing reports not yet acted on (coalesced into one check)
@@ -79,11 +54,9 @@ class Runner:
     fleet: int
     transport: Transport
     payload: Mapping[str, Any]
-    clock: Clock
-    rng: Callable[[], float]
-    exit: Callable[[int], None]
+    hooks: Hooks
     board: StatusBoard
-    controls: Controls
+    controls: Controls = field(default_factory=Controls)
     _unexpected_seen: set[str] = field(default_factory=set, init=False)
 
     def run(self) -> None:
@@ -103,11 +76,11 @@ class Runner:
                 self.board.deliver_all()
 
     def _loop(self) -> None:
-        state = LoopState(fleet=self.fleet, url=self.transport.display_url)
-        seen: Observation | None = Started()
+        state = act.LoopState(fleet=self.fleet, url=self.transport.display_url)
+        seen: act.Observation | None = act.Started()
         while seen is not None:
-            now = self.clock.monotonic()
-            decision = decide(self.settings, self.board.status, state, seen, now, self.rng)
+            now = self.hooks.clock.monotonic()
+            decision = decide(self.settings, self.board.status, state, seen, now, self.hooks.rng)
             for note in decision.notes:
                 logger.log(note.level, note.message, *note.args)
             if not self._apply(decision, seen):
@@ -115,36 +88,36 @@ class Runner:
             state = decision.state
             seen = self._perform(decision.action)
 
-    def _apply(self, decision: Decision, seen: Observation) -> bool:
+    def _apply(self, decision: act.Decision, seen: act.Observation) -> bool:
         """Publish the decision's status change in one snapshot; False when its trigger was
         refused. A backoff wait is published as when the next attempt is due."""
         changes, action = decision.changes, decision.action
-        if isinstance(action, Wait) and action.kind is WaitKind.BACKOFF and action.delay:
-            changes = changes | {"next_attempt_at": self.clock.time() + action.delay}
+        if isinstance(action, act.Wait) and action.kind is act.WaitKind.BACKOFF and action.delay:
+            changes = changes | {"next_attempt_at": self.hooks.clock.time() + action.delay}
             changes["retrying"] = True
-        if decision.trigger is Trigger.SUCCEED and isinstance(seen, Sent):
+        if decision.trigger is Trigger.SUCCEED and isinstance(seen, act.Sent):
             self.controls.take_reports()  # a report from before this PUT says nothing about it
         return self.board.apply(decision.trigger, changes)
 
-    def _perform(self, action: Action) -> Observation | None:
+    def _perform(self, action: act.Action) -> act.Observation | None:
         """Do `action`; what came of it, Stopping when stop() came first, None at the end."""
-        if isinstance(action, Wait):
+        if isinstance(action, act.Wait):
             return self._wait(action)
-        if isinstance(action, Look | Send):
+        if isinstance(action, act.Look | act.Send):
             return self._register(action)
-        if isinstance(action, Check):
+        if isinstance(action, act.Check):
             reported = self.controls.take_reports()
             check = self._check()
             if self.controls.stopping:
-                return Stopping()
-            return Checked(check, reported, self.clock.time())
-        if isinstance(action, Fail):
-            return Answered(self._answer())
+                return act.Stopping()
+            return act.Checked(check, reported, self.hooks.clock.time())
+        if isinstance(action, act.Fail):
+            return act.Answered(self._answer())
         if action.exit_code is not None:
-            self.exit(action.exit_code)
+            self.hooks.exit(action.exit_code)
         return None
 
-    def _register(self, action: Look | Send) -> Observation:
+    def _register(self, action: act.Look | act.Send) -> act.Observation:
         """A look or an attempt; `Held` instead while a `Gated` transport has nothing to offer."""
         gate = self.transport
         if isinstance(gate, Gated):
@@ -153,49 +126,49 @@ class Runner:
             except Exception as exc:
                 reason = self._unexpected("not_ready", exc)
             if reason is not None:
-                return Held(reason, gate.ready_interval)
-        if isinstance(action, Look):
-            check = self._check()
-            return Stopping() if self.controls.stopping else Looked(check, self.clock.time())
+                return act.Held(reason, gate.ready_interval)
+        if isinstance(action, act.Look):
+            check, at = self._check(), self.hooks.clock.time()
+            return act.Stopping() if self.controls.stopping else act.Looked(check, at)
         return self._attempt(action)
 
-    def _wait(self, action: Wait) -> Observation:
-        kind, delay = action.kind, action.delay
-        if kind is WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
-            sign = self._idle(self.transport, delay)
+    def _wait(self, action: act.Wait) -> act.Observation:
+        kind = action.kind
+        if kind is act.WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
+            sign = self._idle(self.transport, action.delay)
         else:
-            interruptible = kind in (WaitKind.IDLE, WaitKind.CONTACT)
-            sign = None if self._sleep(delay, interruptible) else False
-        return Stopping() if sign is None else Waited(kind, sign, self.controls.reports)
+            interruptible = kind in (act.WaitKind.IDLE, act.WaitKind.CONTACT)
+            sign = None if self._sleep(action.delay, interruptible) else False
+        return act.Stopping() if sign is None else act.Waited(kind, sign, self.controls.reports)
 
     def _sleep(self, delay: float | None, interruptible: bool) -> bool:
         """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
         `interruptible`, a route-missing report ends the wait early too."""
         controls = self.controls
-        end = None if delay is None else self.clock.monotonic() + delay
+        end = None if delay is None else self.hooks.clock.monotonic() + delay
         while True:
             if controls.stopping:
                 return True
             if interruptible and controls.reports:
                 return False
-            remaining = None if end is None else end - self.clock.monotonic()
+            remaining = None if end is None else end - self.hooks.clock.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            if self.clock.wait(controls.wake, remaining):
+            if self.hooks.clock.wait(controls.wake, remaining):
                 controls.wake.clear()  # a stop is seen at the top of the loop
 
     def _idle(self, transport: IdleWatcher, delay: float | None) -> bool | None:
         """Wait between route checks inside the transport: None when stopping, True on a sign
         that the route may be gone, False on timeout or a report."""
         controls = self.controls
-        end = None if delay is None else self.clock.monotonic() + delay
+        end = None if delay is None else self.hooks.clock.monotonic() + delay
         while not controls.stopping:
             if controls.reports:
                 return False
             if controls.wake.is_set():
                 controls.wake.clear()
                 continue
-            remaining = _IDLE_SLICE if end is None else end - self.clock.monotonic()
+            remaining = _IDLE_SLICE if end is None else end - self.hooks.clock.monotonic()
             if remaining <= 0:
                 return False
             try:
@@ -208,12 +181,12 @@ class Runner:
                 return None if controls.stopping else True
         return None
 
-    def _attempt(self, action: Send) -> Observation:
+    def _attempt(self, action: act.Send) -> act.Observation:
         """Send one registration, published as in flight when sent, not when decided (a `Gated`
         hold moves no counter); a refused probe is free (`Sent.free`): not reported."""
         with self.controls.gate:
             if self.controls.stopping:
-                return Stopping()
+                return act.Stopping()
             in_flight = Changes(attempt=action.number, next_attempt_at=None, retrying=True)
             self.board.apply(None, in_flight)
             started = time.monotonic()
@@ -224,7 +197,7 @@ class Runner:
             duration = time.monotonic() - started
         if outcome.error:  # any transport's words: one escaped, capped line in logs and status
             outcome = replace(outcome, error=clean(outcome.error, MAX_ERROR_TEXT))
-        sent = Sent(outcome, action.scheduled, self.clock.time())
+        sent = act.Sent(outcome, action.scheduled, self.hooks.clock.time())
         if not sent.free:
             event = RequestEvent("register", outcome.verdict.value, duration, outcome.status_code)
             self.board.emit(event)
@@ -239,8 +212,7 @@ class Runner:
             try:
                 check = self.transport.check(self.payload)
             except Exception as exc:
-                evidence = self._unexpected("check", exc)
-                check = RouteCheck(Route.UNDETERMINED, evidence=evidence)
+                check = RouteCheck(Route.UNDETERMINED, evidence=self._unexpected("check", exc))
             duration = time.monotonic() - started
         if check is None:
             return None
@@ -282,12 +254,9 @@ class Runner:
                 answer = policy(failed)
             except Exception:
                 logger.exception("on_failure callable failed; staying failed")
-                answer = "stop"
-            if answer is None:
-                answer = "stop"
-            elif answer not in POLICIES:
+                answer = None
+            if answer is not None and answer not in POLICIES:
                 logger.error("on_failure callable answered %r; staying failed", answer)
-                answer = "stop"
-        if answer == "retry" and self.controls.stopping:
+        if answer not in POLICIES or (answer == "retry" and self.controls.stopping):
             return "stop"
         return answer  # type: ignore[return-value]

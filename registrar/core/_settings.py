@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from . import _rules as rules
 from ._backoff import DEFAULT_MAX_RETRY_AFTER, Backoff
+from ._board import Status
 from ._clock import Clock, SystemClock
 from ._errors import ConfigError
-from ._status import Status
 from ._transport import Timeout, Token
 
 DEFAULT_BACKOFF = Backoff()
@@ -32,8 +32,7 @@ OnFailureName = Literal["retry", "stop", "exit"]
 OnFailure = OnFailureName | Callable[[Status], OnFailureName | None]
 """When the startup budget is spent; a callable is given the FAILED status (None means "stop")."""
 POLICIES = get_args(OnFailureName)
-EXIT_CODE = 3
-"""Process exit status for on_failure="exit"."""
+EXIT_CODE = 3  # the process's exit status for on_failure="exit"
 
 
 def default_exit(code: int) -> None:
@@ -79,11 +78,11 @@ def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any
     return {name: options.pop(name) for name in list(options) if name in names}
 
 
-def refuse_unknown(options: Mapping[str, Any], takes: str, fix: str) -> None:
-    """The run-time twin of the typed keywords, for callers without a type checker: one line
-    naming each option left over, what the caller takes and how to give the option instead."""
+def refuse_unknown(options: Mapping[str, Any], fix: str) -> None:
+    """`Registrar`'s run-time twin of its typed keywords, for callers without a type checker:
+    one line naming each option left over and how to give it instead."""
     if options:
-        raise ConfigError(f"{takes} got unexpected options {', '.join(sorted(options))}: {fix}")
+        raise ConfigError(f"Registrar got unexpected options {', '.join(sorted(options))}: {fix}")
 
 
 def options_of(settings: type[Any], required: bool = False) -> list[str]:

@@ -1,17 +1,19 @@
-"""The transport contract: what the registrar's loop asks of a protocol (`Transport`) and the
-optional abilities it detects (docs/architecture.md, "Adding a protocol in one file")."""
+"""The transport contract: what the registrar's loop asks of a protocol (`Transport`), the values
+it answers with (it classifies what a server said, never raises on it) and the optional abilities
+it detects (docs/architecture.md, "Adding a protocol in one file")."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ._clock import Waker
 from ._diagnosis import Evidence
 from ._errors import ConfigError
-from ._outcome import RegisterOutcome, RouteCheck
-from ._waker import Waker
 
 Timeout = float | tuple[float, float]
 """Seconds for the whole request, or a (connect, read) pair."""
@@ -28,6 +30,57 @@ def deadline_seconds(timeout: Timeout) -> float:
 
 def connect_read(timeout: Timeout) -> tuple[float, float]:
     return timeout if isinstance(timeout, tuple) else (timeout, timeout)
+
+
+class Verdict(StrEnum):
+    """What a registration attempt means for the next step."""
+
+    ACCEPTED = "accepted"
+    RETRY = "retry"  # transient: refused, reset, timed out, unresolvable, 5xx, 408, 429
+    FATAL = "fatal"
+    """The configuration is wrong (any other 4xx, TLS verification): retrying cannot help."""
+
+
+@dataclass(frozen=True)
+class RegisterOutcome:
+    verdict: Verdict
+    status_code: int | None = None
+    error: str | None = None
+    """Operator-readable, secret-free text naming the root cause or what to fix."""
+    retry_after: float | None = None  # seconds asked by the server (429/503 `Retry-After`)
+    refused: bool = False  # no process listens: probing again soon costs it nothing (no backoff)
+    unsent: bool = False  # it never left (the name did not resolve): no look for it is needed
+
+    @property
+    def reachable(self) -> bool:
+        return self.status_code is not None
+
+
+class Route(StrEnum):
+    PRESENT = "present"
+    CONFLICT = "conflict"  # our rank is registered with another address: warn, do not fight
+    MISSING = "missing"  # the server has forgotten us: register again
+    UNDETERMINED = "undetermined"  # cannot tell (e.g. other ranks still missing): keep watching
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class RouteCheck:
+    """The result of one route check, with the evidence that decided it."""
+
+    route: Route
+    status_code: int | None = None
+    evidence: str = ""
+    refused: bool = False  # UNREACHABLE, refused: the server is down; probed again at once
+    broken: bool = False
+    """UNREACHABLE: the kept-alive connection broke (the server going away or replaced)."""
+    count: int | None = None
+    """The registrations the server said it holds (SGLang's 503 "N workers registered"): after
+    an attempt whose answer was lost, only 0 proves it did not arrive."""
+
+    @property
+    def reachable(self) -> bool:
+        return self.route is not Route.UNREACHABLE
 
 
 @runtime_checkable

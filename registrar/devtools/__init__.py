@@ -1,2 +1,1 @@
-"""Development tools: a reference bootstrap server with SGLang's semantics (`registrar
-bootstrap`, and the demo's), and the demo itself."""
+"""Development tools: the demo, and its reference bootstrap server (`registrar bootstrap`)."""

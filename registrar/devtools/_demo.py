@@ -13,7 +13,7 @@ from typing import TextIO
 import requests
 
 from ..core._backoff import Backoff
-from ..core._machine import State
+from ..core._board import State
 from ..core._registrar import Registrar
 from ..protocols._sglang import make_payload
 from ..surfaces.health import start_health_server

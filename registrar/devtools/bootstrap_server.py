@@ -74,8 +74,7 @@ class RouteTable:
         # The layout checks; the last writer's values kept.
         layout = data.get("dsv41_spec_layout")
         if self.count and self.dsv41_spec_layout != layout:
-            text = "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks"
-            return 400, text, "text/plain"
+            return 400, "DeepSeek-V4.1 DSpark PD layout differs across prefill ranks", "text/plain"
         policy = data.get("decode_allocation_policy", "early")
         if self.count and self.decode_allocation_policy != policy:
             return 400, "Inconsistent prefill allocation policies", "text/plain"
@@ -130,10 +129,8 @@ class RouteTable:
         # Keys are the payload's values; the real nested lookup by int finds the same ones.
         found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
         if found is None:
-            text = (
-                f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
-            )
-            return 404, text, "text/plain"
+            ranks = f"dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
+            return 404, f"Bootstrap info not found for {ranks}", "text/plain"
         return 200, json.dumps(found), "application/json"
 
     def info(self) -> dict[str, Any]:
@@ -406,11 +403,8 @@ class BootstrapServer:
             return 404, "404: Not Found", "text/plain"
         if h.command not in ("GET", "PUT"):
             return 405, "Method not allowed", "application/json"
-        if (
-            h.command == "PUT"
-            and self.token is not None
-            and h.headers.get("Authorization") != f"Bearer {self.token}"
-        ):
+        denied = self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}"
+        if h.command == "PUT" and denied:
             return 401, "Unauthorized", "text/plain"
         # Under the lock, for the current lifetime only: no restart between the check and the use.
         with self._lock:

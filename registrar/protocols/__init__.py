@@ -13,8 +13,7 @@ from ._etcd.settings import EtcdSettings
 from ._etcd.transport import EtcdTransport
 from ._http import HttpTransport
 from ._sglang import SGLangTransport, validate_payload
-from ._smg.settings import SmgSettings
-from ._smg.spec import validate_spec, worker_spec
+from ._smg.settings import SmgSettings, validate_spec, worker_spec
 from ._smg.transport import SmgTransport
 
 

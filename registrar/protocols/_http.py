@@ -15,13 +15,20 @@ import urllib3
 from urllib3.exceptions import HTTPError
 
 from .._version import __version__
+from ..core._clock import Waker, wait_readable
 from ..core._diagnosis import Evidence
 from ..core._errors import describe_exception, root_cause
-from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, redact_url
 from ..core._settings import HttpSettings
-from ..core._transport import Token, connect_read, deadline_seconds
-from ..core._waker import Waker, wait_readable
+from ..core._transport import (
+    RegisterOutcome,
+    Route,
+    RouteCheck,
+    Token,
+    Verdict,
+    connect_read,
+    deadline_seconds,
+)
 from ._deadline import DeadlineExceeded, Watchdog
 from ._httpconn import (
     ConnectTimeout,
@@ -58,10 +65,9 @@ MAX_HARMLESS_CLOSES = 2  # closes a check showed harmless, after which closes ar
 
 
 class HttpTransport:
-    """Registers by sending the payload as JSON (`PUT {url}{path}`), from its settings value as
-    it is (validated once, when it was made); `timeout` bounds the whole request as docs/index.md
-    says. What a protocol fixes is a keyword: the path, the token and where it came from when
-    the protocol found it elsewhere (named in messages), a client certificate."""
+    """`PUT {url}{path}` with the payload as JSON, from its settings value as it is (validated
+    when it was made); `timeout` bounds the whole request (docs/index.md). A protocol fixes by
+    keyword the path, the token and where it came from (named in messages), a client certificate."""
 
     token_hint = "check the auth token"
     token_how = "pass one with token="
@@ -118,8 +124,7 @@ class HttpTransport:
         """True if the server closed the idle connection, as an exiting server process does at once:
         a sign the route may be gone long before the next check (docs/sglang.md)."""
         deadline = time.monotonic() + timeout
-        sock = self._link.sock if self._kept_alive else None
-        if not wait_readable(sock, timeout, waker):
+        if not wait_readable(self._link.sock if self._kept_alive else None, timeout, waker):
             return False
         # Readable while idle: closed, reset or written on unasked; not reusable either way.
         age = time.monotonic() - self._last_end
@@ -188,9 +193,8 @@ class HttpTransport:
             fired = self._watchdog.end()
         self._last_end = time.monotonic()
         # Evidence even of a request cut at its deadline; a moved address is a replaced server.
-        reconnected = (
-            was_alive and self._link.opened_count > opened_before
-        ) or self._link.moves > moves_before
+        reopened = was_alive and self._link.opened_count > opened_before
+        reconnected = reopened or self._link.moves > moves_before
         # A socket timeout as long as the deadline may beat the deadline thread: the same time
         # ran out. A lookup says so itself ("could not resolve NAME within 1.0 s").
         unresolved = isinstance(error, Unresolved) and not self._watchdog.by_abort
@@ -204,17 +208,14 @@ class HttpTransport:
         if abandoned:
             # Whatever the shutdown made the exchange look like (an EOF inside the headers can
             # pass for a complete answer).
-            exceeded = DeadlineExceeded(
-                "request abandoned: stopping"
-                if self._watchdog.by_abort
-                else f"no complete answer within the request deadline of {self.deadline:g} s"
-            )
-            return HttpResult(None, {}, "", exceeded, reconnected=reconnected)
+            why = f"no complete answer within the request deadline of {self.deadline:g} s"
+            if self._watchdog.by_abort:
+                why = "request abandoned: stopping"
+            return HttpResult(None, {}, "", DeadlineExceeded(why), reconnected=reconnected)
         if error is not None or response is None:
             # Our kept-alive connection broken under the request, or re-opened for it.
-            broken = isinstance(error, OSError | http.client.HTTPException) and not isinstance(
-                error, TimeoutError | TlsError | LocalError | Unresolved
-            )
+            unbroken = isinstance(error, TimeoutError | TlsError | LocalError | Unresolved)
+            broken = isinstance(error, OSError | http.client.HTTPException) and not unbroken
             lost = (reconnected or (was_alive and broken)) and not self._refused
             return HttpResult(None, {}, "", error, reconnected=lost, refused=self._refused)
         text = body.decode("utf-8", "replace")
@@ -269,13 +270,11 @@ class HttpTransport:
         elif isinstance(exc, TokenUnavailable):
             text = f"no bearer token: {exc}"
         elif isinstance(exc, TlsError):
+            found = describe_exception(exc)
+            text = f"TLS failed with {self.endpoint}: {found}"
             if isinstance(root_cause(exc), ssl.SSLCertVerificationError):
-                text = (
-                    f"TLS certificate verification failed for {self.endpoint}: "
-                    f"{describe_exception(exc)}; pass the server's CA bundle (ca_bundle=...)"
-                )
-            else:
-                text = f"TLS failed with {self.endpoint}: {describe_exception(exc)}"
+                fix = "pass the server's CA bundle (ca_bundle=...)"
+                text = f"TLS certificate verification failed for {self.endpoint}: {found}; {fix}"
         elif isinstance(exc, ConnectTimeout):
             text = f"connect timed out after {self._connect_timeout} s"
         elif isinstance(exc, ReadTimeout):
@@ -286,12 +285,9 @@ class HttpTransport:
 
     def unreachable(self, result: HttpResult) -> RouteCheck:
         assert result.error is not None
-        return RouteCheck(
-            Route.UNREACHABLE,
-            evidence=self.describe_error(result.error),
-            refused=result.refused,
-            broken=result.reconnected,
-        )
+        evidence = self.describe_error(result.error)
+        refused, broken = result.refused, result.reconnected
+        return RouteCheck(Route.UNREACHABLE, evidence=evidence, refused=refused, broken=broken)
 
     def excerpt(self, result: HttpResult) -> str:
         """A short, single-line, escaped, secret-free piece of a response body."""
@@ -317,9 +313,7 @@ class HttpTransport:
             header = result.headers.get("Retry-After") if code in _RETRY_AFTER_CODES else None
             retry_after = parse_retry_after(header, time.time())
             detail = f"{label}: {body}" if body else label
-            return RegisterOutcome(
-                Verdict.RETRY, status_code=code, error=detail, retry_after=retry_after
-            )
+            return RegisterOutcome(Verdict.RETRY, code, detail, retry_after=retry_after)
         if code in (401, 403):
             hint = self._auth.hint(self.token_hint, self.token_how)
         elif 300 <= code < 400:
@@ -349,11 +343,9 @@ class IdleCloses:
 
     def is_sign(self, age: float) -> bool:
         """Whether a close after `age` idle seconds is a sign (for a check to settle)."""
-        if (
-            age < KEEPALIVE_WINDOW
-            and self._harmless < MAX_HARMLESS_CLOSES
-            and (self._closes_idle_after is None or age < 0.5 * self._closes_idle_after)
-        ):
+        learned = self._closes_idle_after
+        early = learned is None or age < 0.5 * learned
+        if early and age < KEEPALIVE_WINDOW and self._harmless < MAX_HARMLESS_CLOSES:
             self._signal_age = age
             return True
         return False

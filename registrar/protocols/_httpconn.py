@@ -73,9 +73,8 @@ class TlsFiles:
             stamp = tuple(os.stat(path).st_mtime for path in self._files)
         except OSError as exc:
             which = "CA certificate bundle" if exc.filename == self._verify else "certificate"
-            raise LocalError(
-                f"could not read the TLS {which} {exc.filename!s}: {exc.strerror}"
-            ) from None
+            message = f"could not read the TLS {which} {exc.filename!s}: {exc.strerror}"
+            raise LocalError(message) from None
         if self._built is not None and self._built[0] == stamp:
             return self._built[1]
         what = f"CA certificate bundle {self._verify}"

@@ -175,10 +175,9 @@ class Resolver:
 
     def _start(self, name: _Name, host: str, now: float) -> _Pending:
         pending = name.pending = _Pending(now)
-        worker = threading.Thread(
+        threading.Thread(
             target=self._run, args=(name, pending, host), name="registrar-resolve", daemon=True
-        )
-        worker.start()
+        ).start()
         return pending
 
     def _run(self, name: _Name, pending: _Pending, host: str) -> None:
@@ -186,8 +185,7 @@ class Resolver:
         error: str | None = None
         found: tuple[Address, ...] = ()
         try:
-            lookup = self._lookup or socket.getaddrinfo
-            answer = lookup(host, None, 0, socket.SOCK_STREAM)
+            answer = (self._lookup or socket.getaddrinfo)(host, None, 0, socket.SOCK_STREAM)
             found = tuple((f, t, p, tuple(a)) for f, t, p, _, a in answer)
             if not found:
                 error = "no address"
@@ -228,9 +226,8 @@ class Resolver:
             if name is None:
                 return None
             good = f"; using its last good address {_shown(name.good)}" if name.good else ""
-            pending = name.pending
-            if pending is not None:
-                age = self._monotonic() - pending.started
+            if name.pending is not None:
+                age = self._monotonic() - name.pending.started
                 if age >= STALLED_AFTER:
                     return f"resolving {clean(host, 200)} (no answer for {age:.0f} s){good}"
             if name.error is not None and name.good is not None:

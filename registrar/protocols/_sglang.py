@@ -11,10 +11,9 @@ from typing import Any
 
 from ..core import _rules as rules
 from ..core._errors import ConfigError
-from ..core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ..core._redact import clean, json_object, load_json
 from ..core._settings import HttpSettings
-from ..core._transport import Token, file_token
+from ..core._transport import RegisterOutcome, Route, RouteCheck, Token, Verdict, file_token
 from ._http import HttpTransport
 from ._httpvalues import HttpResult, with_query
 from ._probe import Answer
@@ -91,17 +90,14 @@ def make_payload(  # noqa: PLR0913 - public: every payload field a keyword, as d
 ) -> dict[str, Any]:
     """A complete payload for one rank: every required field a single-rank default unless given
     (any other field too may be passed as a keyword)."""
+    # Every size 1 and rank 0, in `_SIZE_RANK`'s order (the keys given below keep their place).
+    single = {name: 1 if name.endswith("_size") else 0 for pair in _SIZE_RANK for name in pair}
     return {
+        **single,
         "attn_tp_size": attn_tp_size,
         "attn_tp_rank": attn_tp_rank,
-        "attn_cp_size": 1,
-        "attn_cp_rank": 0,
-        "attn_dp_size": 1,
-        "attn_dp_rank": 0,
         "pp_size": pp_size,
         "pp_rank": pp_rank,
-        "system_dp_size": 1,
-        "system_dp_rank": 0,
         "rank_ip": rank_ip,
         "rank_port": rank_port,
         "page_size": page_size,
@@ -117,9 +113,8 @@ def _is_int(value: object) -> bool:
 def validate_payload(payload: object) -> dict[str, Any]:
     """A copy of `payload`, or one `ConfigError` listing every missing or wrong field."""
     if not isinstance(payload, Mapping):
-        raise ConfigError(
-            f"payload must be a mapping of SGLang registration fields, got {type(payload).__name__}"
-        )
+        kind = type(payload).__name__
+        raise ConfigError(f"payload must be a mapping of SGLang registration fields, got {kind}")
     problems = list(_problems(payload))
     if problems:
         raise ConfigError("invalid SGLang payload: " + "; ".join(problems))
@@ -152,27 +147,29 @@ def _problems(payload: Mapping[str, Any]) -> Iterator[str]:
 def rank_of(payload: Mapping[str, Any]) -> Rank:
     """The rank the server files this payload under."""
     dp = payload["system_dp_rank"] if payload["system_dp_size"] > 1 else payload["attn_dp_rank"]
-    return Rank(
-        dp=int(dp),
-        cp=int(payload["attn_cp_rank"]),
-        tp=int(payload["attn_tp_rank"]),
-        pp=int(payload["pp_rank"]),
-    )
+    ranks = (dp, payload["attn_cp_rank"], payload["attn_tp_rank"], payload["pp_rank"])
+    return Rank(*(int(rank) for rank in ranks))
 
 
-def bootstrap_token(
+def bootstrap_token(  # noqa: PLR0911, PLR0913 - every source of the token, in its order
     token: Token | None = None,
     token_file: str | None = None,
     *,
     variable_file: str | None = None,
     variable: str | None = None,
+    broadcast: object = None,
+    api_key: object = None,
     env: Mapping[str, str] | None = None,
 ) -> tuple[Token | None, str]:
     """The bootstrap server's bearer token and where it came from: the one place deciding its
-    precedence, first found wins. Given directly (a flag, `token=`), then `--token-file`, then
-    `REGISTRAR_TOKEN_FILE` (not visible in ps), then `REGISTRAR_TOKEN` (each checked where it
-    was read: the options table, `HttpSettings`), then SGLang's own variable from `env` (the
-    process's when None; `{}` leaves it to the protocol). A file is read before each request."""
+    precedence, first found wins. Given directly (a flag, `token=`, the plugin's
+    `REGISTRAR_TOKEN(_FILE)`), then `--token-file`, then `REGISTRAR_TOKEN_FILE` (not visible in
+    ps), then `REGISTRAR_TOKEN` (each checked where it was read: the options table,
+    `HttpSettings`), then what SGLang itself would send (upstream PR #39416, not in 0.5.23): node
+    0's token, broadcast to every node as the KV manager's `bootstrap_auth_token` (a node's own
+    environment may differ), then SGLang's variable from `env` (the process's when None; `{}`
+    leaves it to the protocol), then its `--api-key` (a `broadcast` or `api_key` that is not a
+    non-empty string is none). A file is read before each request."""
     if token is not None:
         return token or None, "token" if token else TOKEN_ENV
     if token_file is not None:
@@ -181,7 +178,11 @@ def bootstrap_token(
         return file_token(variable_file, "REGISTRAR_TOKEN_FILE"), "token"
     if variable is not None:
         return variable or None, "token"
+    if isinstance(broadcast, str) and broadcast:
+        return broadcast, "bootstrap_auth_token"
     found = (os.environ if env is None else env).get(TOKEN_ENV)
+    if not found and isinstance(api_key, str) and api_key:
+        return api_key, "--api-key"
     return rules.applied(TOKEN_ENV, found, rules.header_token), TOKEN_ENV
 
 

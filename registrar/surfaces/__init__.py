@@ -1,2 +1,1 @@
-"""How people and machines reach a registrar: health endpoints, metrics, configuration from the
-environment, and the `registrar` command."""
+"""How people and machines reach a registrar: health, metrics, the environment, the command."""

@@ -54,8 +54,6 @@ def bind(
 class _Handler(WSGIRequestHandler):
     """wsgiref's handler, fed the head the reader holds: no client can pin it by sending slowly."""
 
-    server: HealthServer  # type: ignore[assignment]
-
     def setup(self) -> None:
         self.connection, head = self.request
         self.connection.settimeout(SEND_TIMEOUT)

@@ -23,7 +23,6 @@ ENV_PREFIX = "REGISTRAR_"
 class Option:
     name: str
     """`REGISTRAR_<NAME>` and `--<name>`."""
-    parse: Callable[[str], Any]
     example: str
     help: str
     settings: type[Any] | None = None
@@ -31,6 +30,7 @@ class Option:
     field: str | None = None
     kwarg: str | None = None
     """Its `Registrar` keyword for `options_from_env` (`backoff.<field>`: a field of `Backoff`)."""
+    parse: Callable[[str], Any] = str
     flag: bool = True
     """False: from the environment only (a secret must not show in `ps`)."""
     plugin: str | None = None
@@ -164,32 +164,26 @@ DEFAULT_HEALTH_HOST = "127.0.0.1"
 
 
 def _loop(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
-    return Option(name, parse, example, help, LoopSettings, name.lower(), name.lower(), **more)
+    return Option(name, example, help, LoopSettings, name.lower(), name.lower(), parse, **more)
 
 
 def _http(name: str, parse: Callable[[str], Any], example: str, help: str, **more: Any) -> Option:
-    return Option(name, parse, example, help, HttpSettings, name.lower(), name.lower(), **more)
+    return Option(name, example, help, HttpSettings, name.lower(), name.lower(), parse, **more)
 
 
 def _backoff(name: str, field: str, example: str, help: str, **more: Any) -> Option:
-    return Option(name, number, example, help, Backoff, field, f"backoff.{field}", **more)
+    return Option(name, example, help, Backoff, field, f"backoff.{field}", parse=number, **more)
 
 
-def _etcd(
-    name: str, field: str, parse: Callable[[str], Any], example: str, help: str, **more: Any
-) -> Option:
+def _etcd(name: str, field: str, example: str, help: str, **more: Any) -> Option:
     # A certificate and its key are one field of the settings (a pair): each file is checked
     # here, the pair when the settings are made.
     rule = rules.existing_path if field == "cert" else None
-    return Option(
-        name, parse, example, help, EtcdSettings, field, plugin=_NO_ETCD, rule=rule, **more
-    )
+    return Option(name, example, help, EtcdSettings, field, plugin=_NO_ETCD, rule=rule, **more)
 
 
-def _smg(
-    name: str, field: str, parse: Callable[[str], Any], example: str, help: str, **more: Any
-) -> Option:
-    return Option(name, parse, example, help, SmgSettings, field, **more)
+def _smg(name: str, field: str, example: str, help: str, **more: Any) -> Option:
+    return Option(name, example, help, SmgSettings, field, **more)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -249,7 +243,6 @@ OPTIONS: tuple[Option, ...] = (
     _http("VERIFY", parse_flag, "true", "verify the server's TLS certificate"),
     Option(
         "CA_BUNDLE",
-        str,
         "/etc/ssl/bootstrap-ca.pem",
         "CA bundle (a file) or CA directory to verify an https server",
         HttpSettings,
@@ -266,7 +259,6 @@ OPTIONS: tuple[Option, ...] = (
     # The command's own (the plugin honours some: SGLang gives it the rest).
     Option(
         "URL",
-        str,
         "http://127.0.0.1:8998",
         "the bootstrap server (required, unless --etcd or --gateway)",
         HttpSettings,
@@ -275,7 +267,6 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "PAYLOAD",
-        str,
         "@/etc/registrar/rank0.json",
         "the payload: JSON, or @FILE to read it (required, unless --gateway)",
         plugin=_SGLANG_BUILDS,
@@ -283,7 +274,6 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "PROTOCOL",
-        str,
         "sglang",
         "sglang (PUT /route and watch the rank), http (PUT only), or any registered protocol "
         "(etcd, smg, ...): it takes the options that are its settings' fields (default: sglang)",
@@ -291,7 +281,6 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "TOKEN",
-        str,
         "s3cret",
         "bearer token (visible in ps: prefer TOKEN_FILE; "
         "default: $SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)",
@@ -301,14 +290,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "TOKEN_FILE",
-        str,
         "/var/run/secrets/bootstrap/token",
         "file holding the bearer token, read again before each request (rotation)",
     ),
-    Option("RANK_IP", str, "10.0.0.5", "sets the payload's rank_ip", plugin=_SGLANG_ADDRESS),
+    Option("RANK_IP", "10.0.0.5", "sets the payload's rank_ip", plugin=_SGLANG_ADDRESS),
     Option(
         "RANK_IP_ENV",
-        str,
         "POD_IP",
         "the variable that holds the payload's rank_ip (Kubernetes: status.podIP)",
         plugin=_SGLANG_ADDRESS,
@@ -317,18 +304,16 @@ OPTIONS: tuple[Option, ...] = (
     _etcd(
         "ETCD",
         "endpoints",
-        str,
         "http://127.0.0.1:2379",
         "instead of URL: etcd client URLs, comma-separated (docs/etcd.md)",
         metavar="URLS",
     ),
-    _etcd("KEY", "key", str, "/services/prefill/rank0", "with ETCD: the key"),
-    _etcd("TTL", "ttl", seconds, "10", "with ETCD: the lease TTL, seconds", metavar="S"),
-    _etcd("ETCD_USER", "username", str, "registrar", "with ETCD: the etcd user", metavar="NAME"),
+    _etcd("KEY", "key", "/services/prefill/rank0", "with ETCD: the key"),
+    _etcd("TTL", "ttl", "10", "with ETCD: the lease TTL, seconds", parse=seconds, metavar="S"),
+    _etcd("ETCD_USER", "username", "registrar", "with ETCD: the etcd user", metavar="NAME"),
     _etcd(
         "ETCD_PASSWORD",
         "password",
-        str,
         "s3cret",
         "with ETCD_USER: the etcd password (from the environment only: no flag)",
         flag=False,
@@ -336,32 +321,25 @@ OPTIONS: tuple[Option, ...] = (
     _etcd(
         "ETCD_CERT",
         "cert",
-        str,
         "/etc/etcd/client.pem",
         "with ETCD: a TLS client certificate",
         metavar="FILE",
     ),
     _etcd(
-        "ETCD_CERT_KEY",
-        "cert",
-        str,
-        "/etc/etcd/client.key",
-        "with ETCD: its key file",
-        metavar="FILE",
+        "ETCD_CERT_KEY", "cert", "/etc/etcd/client.key", "with ETCD: its key file", metavar="FILE"
     ),
     _smg(
         "GATEWAY",
         "gateways",
-        rules.comma_list,
         "http://127.0.0.1:30000",
         "instead of URL: smg gateway URLs, comma-separated, or the flag repeated (docs/gateway.md)",
+        parse=rules.comma_list,
         repeat=True,
         metavar="URL",
     ),
     _smg(
         "WORKER_URL",
         "worker_url",
-        str,
         "http://10.0.0.5:30001",
         "with GATEWAY: the worker, as the gateway reaches it",
         show_default=False,
@@ -369,7 +347,6 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "WORKER_TYPE",
         "worker_type",
-        str,
         "prefill",
         "with GATEWAY: prefill, decode or regular",
         plugin=_FROM_SERVER_ARGS + " (--disaggregation-mode)",
@@ -378,16 +355,15 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "BOOTSTRAP_PORT",
         "bootstrap_port",
-        integer,
         "8998",
         "with GATEWAY: a prefill worker's bootstrap server port",
+        parse=integer,
         plugin=_FROM_SERVER_ARGS + " (--disaggregation-bootstrap-port)",
         metavar="N",
     ),
     _smg(
         "READY_URL",
         "ready",
-        str,
         "http://127.0.0.1:30001/ready",
         "with GATEWAY: offer the worker only while this answers 2xx (SGLang: /ready)",
         plugin="with REGISTRAR_GATEWAY the server's own /ready gates the offer",
@@ -395,15 +371,14 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "READY_GRACE",
         "grace",
-        seconds,
         "10",
         "with READY_URL: not ready this long, the worker is withdrawn",
+        parse=seconds,
         metavar="S",
     ),
     _smg(
         "GATEWAY_KEY_FILE",
         "key_file",
-        str,
         "/var/run/secrets/smg/key",
         "with GATEWAY: file holding the control-plane key, read before each request "
         "(else $REGISTRAR_GATEWAY_KEY)",
@@ -411,14 +386,13 @@ OPTIONS: tuple[Option, ...] = (
     _smg(
         "DRAIN_TIMEOUT",
         "drain_timeout",
-        seconds,
         "15",
         "with GATEWAY: at stop, wait this long for the gateway to remove the worker",
+        parse=seconds,
         metavar="S",
     ),
     Option(
         "HEALTH_HOST",
-        str,
         "0.0.0.0",
         f"address of the health server (default: {DEFAULT_HEALTH_HOST})",
         plugin=_REPORTED_BY_SGLANG,
@@ -426,24 +400,24 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "HEALTH_PORT",
-        parse_port,
         "8081",
         "serve /livez /readyz /health on this port (0: any free port)",
+        parse=parse_port,
         plugin=_REPORTED_BY_SGLANG,
         metavar="P",
     ),
     Option(
         "EXPOSE_PAYLOAD",
-        parse_flag,
         "false",
         "show the payload in /health",
+        parse=parse_flag,
         plugin=_REPORTED_BY_SGLANG,
     ),
     Option(
         "VERBOSE",
-        parse_flag,
         "false",
         "log each request with its status and time, and each route check",
+        parse=parse_flag,
     ),
 )
 """Every option, in the order `--help` and the docs list them."""

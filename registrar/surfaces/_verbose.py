@@ -19,7 +19,6 @@ def log_request(event: RequestEvent) -> None:
 
 
 def make_verbose(registrar: Registrar) -> None:
-    """Log each of `registrar`'s requests, whatever level the host gave the root logger (its
-    handlers still decide where they go)."""
+    """Log each of `registrar`'s requests, whatever the root's level (its handlers still decide)."""
     logging.getLogger("registrar").setLevel(logging.DEBUG)
     registrar.add_request_listener(log_request)

@@ -5,23 +5,20 @@ apart by constant `labels`: prometheus-client allows one collector per name and 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._version import __version__
+from ..core._board import RequestEvent, State, Status
 from ..core._diagnosis import Code
 from ..core._errors import ConfigError
-from ..core._machine import State
-from ..core._status import Status
-
-if TYPE_CHECKING:
-    from ..core._board import RequestEvent
-    from ..core._registrar import Registrar
+from ..core._registrar import Registrar
 
 __all__ = ["RegistrarMetrics", "metrics_available"]
 
@@ -68,26 +65,21 @@ class _Families:
         self.reregistrations = prom.Counter(
             "reregistrations", "Routes found missing and registered again", names, **kw
         )
-        self.server_reachable = prom.Gauge(
-            "server_reachable",
-            "1 when the bootstrap server answered the last request, 0 otherwise",
-            names,
-            **kw,
+        gauge = functools.partial(prom.Gauge, labelnames=names, **kw)
+        self.server_reachable = gauge(
+            "server_reachable", "1 when the bootstrap server answered the last request, 0 otherwise"
         )
-        self.last_success = prom.Gauge(
-            "last_success_timestamp_seconds", "When the last registration was accepted", names, **kw
+        self.last_success = gauge(
+            "last_success_timestamp_seconds", "When the last registration was accepted"
         )
-        self.next_attempt = prom.Gauge(
+        self.next_attempt = gauge(
             "next_attempt_timestamp_seconds",
             "When the next registration attempt is due (0: none scheduled)",
-            names,
-            **kw,
         )
-        self.diagnosis = prom.Gauge(
+        self.diagnosis = gauge(
             "diagnosis",
             "1 for the diagnosis stated now (a wrong port, host, scheme), by code; 0 otherwise",
-            [*names, "code"],
-            **kw,
+            labelnames=[*names, "code"],
         )
         self.duration = prom.Histogram(
             "request_duration_seconds",
@@ -131,8 +123,7 @@ class RegistrarMetrics:
         *,
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        prom = _prometheus()
-        self._prom = prom
+        self._prom = prom = _prometheus()
         self.registry = registry if registry is not None else prom.CollectorRegistry()
         constant = dict(labels or {})
         for name, value in constant.items():

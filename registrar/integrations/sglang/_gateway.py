@@ -121,8 +121,7 @@ def gateway_summary() -> list[dict[str, Any]] | None:
 
 
 def _worker_id(registrar: Any) -> str | None:
-    transport = getattr(registrar, "_transport", None)
-    found = getattr(transport, "worker_id", None)
+    found = getattr(getattr(registrar, "_transport", None), "worker_id", None)
     return found if isinstance(found, str) else None
 
 

@@ -57,8 +57,7 @@ TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
 def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER `get_internal_state`: the scheduler's, or (0.5.22+) its internal-state controller's."""
     state = getattr(result, "internal_state", None)
-    scheduler = getattr(owner, "scheduler", owner)
-    queue = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
+    queue = getattr(getattr(owner, "scheduler", owner), "disagg_prefill_bootstrap_queue", None)
     manager = getattr(queue, "kv_manager", None)
     if isinstance(state, dict) and manager is not None:
         state["registrar"] = rank_summary(manager)
@@ -68,8 +67,7 @@ def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> 
 def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server."""
     state = getattr(sys.modules.get(HTTP_SERVER), "_global_state", None)
-    manager = getattr(state, "tokenizer_manager", None)
-    server = getattr(manager, "bootstrap_server", None)
+    server = getattr(getattr(state, "tokenizer_manager", None), "bootstrap_server", None)
     if isinstance(result, dict) and hasattr(server, "prefill_port_table"):
         result["registrar_bootstrap"] = bootstrap_summary(server)
     gateways = gateway_summary()
@@ -155,7 +153,6 @@ def verify(strict: bool | None = None) -> list[str]:
             line,
         )
     else:
-        taken = len(_registered)
         register = next(c.target for c in current.choices if c.feature.name == "registration")
         around = register is not None and register.kind == "AROUND"
         lost = current.lost()
@@ -172,8 +169,8 @@ def verify(strict: bool | None = None) -> list[str]:
             ACTIVE,
             version,
             os.getpid(),
-            taken,
-            taken,
+            len(_registered),
+            len(_registered),
             " (captured from register_to_bootstrap)" if around else "",
             f"; not on this release: {cannot}" if cannot else "",
             f"; not with {RUST_MODE}: {moded}" if moded else "",

@@ -16,10 +16,11 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from ...core._machine import State
+from ...core._board import State
 from ...core._registrar import Registrar
 from ...core._settings import EXIT_CODE
-from ...protocols._sglang import TOKEN_ENV, rank_of
+from ...core._transport import Token
+from ...protocols._sglang import bootstrap_token, rank_of
 from ...surfaces._verbose import make_verbose
 from ._settings import PluginConfig, read_config
 from ._stale_prefill import close_checks
@@ -57,7 +58,7 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
     if previous is not None:
         previous.stop()
     options = dict(config.registrar)
-    options.setdefault("token", sglang_token(manager))  # REGISTRAR_TOKEN(_FILE) overrides it
+    options["token"] = sglang_token(manager, options.get("token"))
     if options.get("on_failure") == "exit":
         options["exit"] = _fail_rank
     registrar = Registrar(root, payload, **options)
@@ -82,14 +83,14 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
         )
 
 
-def sglang_token(manager: Any) -> str | None:
-    """The token SGLang itself would send (upstream PR #39416, not in 0.5.23): node 0's, broadcast
-    to every node as `bootstrap_auth_token` where the manager has it (a node's own environment
-    may differ), else `SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN`, else `--api-key`."""
-    broadcast = getattr(manager, "bootstrap_auth_token", None)
-    api_key = getattr(getattr(manager, "server_args", None), "api_key", None)
-    found = [t for t in (broadcast, os.environ.get(TOKEN_ENV), api_key) if isinstance(t, str) and t]
-    return found[0] if found else None
+def sglang_token(manager: Any, chosen: Token | None = None) -> Token | None:
+    """`bootstrap_token` of `chosen` (REGISTRAR_TOKEN(_FILE)) and what SGLang would send."""
+    token, _ = bootstrap_token(
+        chosen,
+        broadcast=getattr(manager, "bootstrap_auth_token", None),
+        api_key=getattr(getattr(manager, "server_args", None), "api_key", None),
+    )
+    return token
 
 
 def _fail_rank(code: int) -> None:
@@ -124,8 +125,7 @@ def before_teardown(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE `teardown_disaggregation`: a role switch ends this rank's registrations (the
     server has no DELETE; the new role registers anew if it is prefill)."""
     for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue"):
-        queue = getattr(scheduler, name, None)
-        manager = getattr(queue, "kv_manager", None)
+        manager = getattr(getattr(scheduler, name, None), "kv_manager", None)
         if manager is not None:
             stop_rows(manager, "PD role switch")
             close_checks(manager)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
-from ...core._transport import Token, file_token
+from ...core._transport import file_token
 from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
 from ...surfaces._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_seconds_or_zero
@@ -22,20 +22,20 @@ from ...surfaces.env import command_options_from_env, describe_env, options_from
 PLUGIN_ENV_VARS: tuple[Option, ...] = (
     Option(
         "INIT_WAIT",
-        parse_seconds_or_zero,
         "30",
         "seconds a prefill rank's init waits for its first registration (0, the default: none; "
         "registration goes on in the background either way)",
         kwarg="init_wait",
+        parse=parse_seconds_or_zero,
         rule=rules.seconds_or_zero,
     ),
     Option(
         "STRICT",
-        parse_flag,
         "1",
         "a patch that cannot be applied stops the server at load (default: one ERROR, and "
         "SGLang's own behaviour stands for that part)",
         kwarg="strict",
+        parse=parse_flag,
     ),
 )
 
@@ -43,7 +43,7 @@ PLUGIN_ENV_VARS: tuple[Option, ...] = (
 # `Registrar` keyword takes (the token, VERBOSE, the gateway's), and the gateway's, GATEWAY first.
 HONOURED: tuple[str, ...] = tuple(v.name for v in OPTIONS if v.plugin is None)
 _COMMAND_ONLY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.kwarg is None)
-_GATEWAY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.settings is SmgSettings)
+_GATEWAY_HONOURED = tuple(v for v in OPTIONS if v.plugin is None and v.settings is SmgSettings)
 REFUSED: dict[str, str] = {v.name: v.plugin for v in OPTIONS if v.plugin is not None}
 
 
@@ -88,7 +88,10 @@ def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
     options = options_from_env(env)
     command = command_options_from_env(env, names=_COMMAND_ONLY_HONOURED)
     own = options_from_env(env, table=PLUGIN_ENV_VARS)
-    token = _token(command)
+    # As `registrar register` reads them, checked now, not per rank; SGLang's sources: each row's.
+    token, _ = bootstrap_token(
+        variable_file=command.get("token_file"), variable=command.get("token"), env={}
+    )
     if token is not None:
         options["token"] = token
     return PluginConfig(
@@ -104,7 +107,7 @@ def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayC
     """None without `REGISTRAR_GATEWAY` (its companions alone are a `ConfigError`)."""
     gateways = command.get("gateway")
     if not gateways:
-        stray = [ENV_PREFIX + n for n in _GATEWAY_HONOURED[1:] if n.lower() in command]
+        stray = [ENV_PREFIX + o.name for o in _GATEWAY_HONOURED[1:] if o.key in command]
         if stray:
             raise ConfigError(
                 f"{', '.join(stray)} go with {ENV_PREFIX}GATEWAY; set it or unset them"
@@ -112,11 +115,7 @@ def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayC
         return None
     if command.get("gateway_key_file") is not None:
         file_token(command["gateway_key_file"], f"{ENV_PREFIX}GATEWAY_KEY_FILE")  # checked now
-    smg = {
-        str(o.field): command[o.key]
-        for o in OPTIONS
-        if o.settings is SmgSettings and o.key in command
-    }
+    smg = {str(o.field): command[o.key] for o in _GATEWAY_HONOURED if o.key in command}
     # The bootstrap token and the failure policy are a prefill rank's, not the gateway's.
     return GatewayConfig(
         smg={**smg, "gateways": tuple(gateways), **_picked(options, ("timeout", "verify"))},
@@ -126,15 +125,6 @@ def _gateway(command: Mapping[str, Any], options: Mapping[str, Any]) -> GatewayC
 
 def _picked(options: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return {name: options[name] for name in names if name in options}
-
-
-def _token(command: Mapping[str, Any]) -> Token | None:
-    """As `registrar register` reads them (`bootstrap_token`'s order), checked now, not per rank;
-    neither leaves SGLang's own variable to the registrar."""
-    token, _ = bootstrap_token(
-        variable_file=command.get("token_file"), variable=command.get("token"), env={}
-    )
-    return token
 
 
 def near_misses(environ: Mapping[str, str]) -> list[str]:

@@ -73,16 +73,14 @@ class Target:
     condition: Condition = "exists"
 
     def found(self, probe: Probe) -> bool:
-        if not probe.has(self.path):
-            return False
+        has = probe.has(self.path)
+        if not has or self.condition == "exists":
+            return has
+        text = probe.source(self.path)
         if self.condition == "own":
-            text = probe.source(self.path)
             return probe.own(self.path) and text is not None and "super()" not in text
-        if self.condition == "puts":
-            module = self.path.rsplit(".", 2)[0]
-            text = probe.source(self.path)
-            return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
-        return True
+        module = self.path.rsplit(".", 2)[0]  # "puts"
+        return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
 
     def covers(self, release: Release | None) -> bool:
         """None: an unknown release, taken as the newest."""
@@ -109,11 +107,14 @@ class Feature:
 
 
 _KV = "sglang.srt.disaggregation.common.conn.CommonKVManager"
-_MOONCAKE = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager"
+_REGISTER = f"{_KV}.register_to_bootstrap"
+_MOONCAKE_HB = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager._on_heartbeat_success"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 _HTTP_START = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 _ROLE_SWITCH = "sglang.srt.disaggregation.role_switch.teardown_disaggregation"
 _SERVER_INFO = "sglang.srt.utils.common.build_server_info"
+_CTRL = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+_SCHED = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
@@ -121,14 +122,7 @@ FEATURES: tuple[Feature, ...] = (
         "prefill ranks register in the background, looked-first and counted once",
         (
             Target(f"{_KV}._register_topology_row", "REPLACE", "register_row", (0, 5, 20)),
-            Target(
-                f"{_KV}.register_to_bootstrap",
-                "AROUND",
-                "capture_registration",
-                (0, 5, 11),
-                (0, 5, 19),
-                "puts",
-            ),
+            Target(_REGISTER, "AROUND", "capture_registration", (0, 5, 11), (0, 5, 19), "puts"),
         ),
         "SGLang's own blocking registration stands (no hook point)",
         required=True,
@@ -155,20 +149,8 @@ FEATURES: tuple[Feature, ...] = (
         "rank status",
         "/server_info's internal_states[i] carry each rank's registrations (`registrar`)",
         (
-            Target(
-                "sglang.srt.managers.scheduler_components.internal_state."
-                "SchedulerInternalStateController.get_internal_state",
-                "AFTER",
-                "after_internal_state",
-                (0, 5, 22),
-            ),
-            Target(
-                "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
-                "AFTER",
-                "after_internal_state",
-                (0, 5, 11),
-                (0, 5, 21),
-            ),
+            Target(f"{_CTRL}.get_internal_state", "AFTER", "after_internal_state", (0, 5, 22)),
+            Target(_SCHED, "AFTER", "after_internal_state", (0, 5, 11), (0, 5, 21)),
         ),
         "no `registrar` field in /server_info's internal states",
         rust_server="the Rust server's /server_info shows no rank's `registrar` rows",
@@ -191,16 +173,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "decode check (Mooncake)",
         "the same check where Mooncake overrides the heartbeat hook without super()",
-        (
-            Target(
-                f"{_MOONCAKE}._on_heartbeat_success",
-                "AFTER",
-                "after_heartbeat_success",
-                (0, 5, 13),
-                (0, 5, 19),
-                "own",
-            ),
-        ),
+        (Target(_MOONCAKE_HB, "AFTER", "after_heartbeat_success", (0, 5, 13), (0, 5, 19), "own"),),
         "nothing to do: Mooncake uses the common heartbeat hook",
         loss=False,
     ),

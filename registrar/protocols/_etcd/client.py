@@ -117,15 +117,11 @@ def parse_answer(
     if status == 200 and isinstance(document, dict) and "code" not in document:
         return EtcdAnswer(endpoint, status, body=document)
     code = document.get("code") if isinstance(document, dict) else None
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
     message = document.get("message") if isinstance(document, dict) else None
     if not isinstance(message, str) or not message:
         message = f"HTTP {status}: {' '.join(result.text.split())}"
-    return EtcdAnswer(
-        endpoint,
-        status,
-        code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-        message=clean(message, 200),
-    )
+    return EtcdAnswer(endpoint, status, code=code, message=clean(message, 200))
 
 
 class EtcdClient:
@@ -220,10 +216,9 @@ class EtcdClient:
             return answer
         if answer.member_trouble:  # no member left to ask (or stopping)
             self.all_refused = refusals == count
+        text = f"{answer.endpoint}: {answer.message}"
         if len(failures) > 1:
             text = "no etcd endpoint answered: " + "; ".join(failures)
-        else:
-            text = f"{answer.endpoint}: {answer.message}"
         return replace(answer, failure=self.clean(text))
 
     def clean(self, text: str) -> str:

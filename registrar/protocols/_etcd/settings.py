@@ -29,12 +29,9 @@ def _keepalive_fraction(value: object) -> float:
 def _cert(value: object) -> tuple[str, str] | None:
     if value is None:
         return None
-    if (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and all(isinstance(path, str) and os.path.isfile(path) for path in value)
-    ):
-        return (value[0], value[1])
+    pair = value if isinstance(value, tuple) and len(value) == 2 else ()
+    if pair and all(isinstance(path, str) and os.path.isfile(path) for path in pair):
+        return (pair[0], pair[1])
     raise rules.Invalid("must be a (certificate file, key file) pair of readable files")
 
 

@@ -11,10 +11,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ...core._clock import Waker
 from ...core._errors import ConfigError
-from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
 from ...core._redact import clean
-from ...core._waker import Waker
+from ...core._transport import RegisterOutcome, Route, RouteCheck, Verdict
 from .._httpconn import TlsError
 from .client import EtcdAnswer, EtcdClient, Grpc, b64, header_revision, int64, unb64
 from .settings import EtcdSettings
@@ -70,9 +70,8 @@ class EtcdTransport:
             self._granted_ttl = float(int64(answer.body.get("TTL")) or self._ttl)
             self._renewed_at = time.monotonic()
             if not self.lease:
-                return RegisterOutcome(
-                    Verdict.RETRY, status_code=answer.status_code, error="lease grant without an ID"
-                )
+                error = "lease grant without an ID"
+                return RegisterOutcome(Verdict.RETRY, answer.status_code, error)
             answer = self._put()
         if answer.body is None:
             return self._not_written(answer, "put")
@@ -92,12 +91,8 @@ class EtcdTransport:
         return RegisterOutcome(Verdict.ACCEPTED, status_code=answer.status_code)
 
     def _put(self) -> EtcdAnswer:
-        body = {
-            "key": b64(self._key),
-            "value": b64(self._value),
-            "lease": str(self.lease),
-            "prev_kv": True,
-        }
+        value, lease = b64(self._value), str(self.lease)
+        body = {"key": b64(self._key), "value": value, "lease": lease, "prev_kv": True}
         return self._client.call("/v3/kv/put", body)
 
     def _not_written(self, answer: EtcdAnswer, what: str) -> RegisterOutcome:
@@ -110,10 +105,9 @@ class EtcdTransport:
                 # The server's alert is about our certificate, not its own.
                 cert = self._client.settings.cert
                 given = "was refused" if cert else "is required, and none was given"
-                text = self._client.clean(
-                    f"{answer.endpoint}: a TLS client certificate {given} ({answer.message}); "
-                    "pass cert=(certificate file, key file) signed by a CA the cluster trusts"
-                )
+                found = f"a TLS client certificate {given} ({answer.message})"
+                fix = "pass cert=(certificate file, key file) signed by a CA the cluster trusts"
+                text = self._client.clean(f"{answer.endpoint}: {found}; {fix}")
             verdict = Verdict.FATAL if fatal else Verdict.RETRY
             refused = not fatal and self._client.all_refused
             return RegisterOutcome(verdict, error=text, refused=refused)
@@ -123,10 +117,8 @@ class EtcdTransport:
         if code == Grpc.UNAUTHENTICATED or (code == Grpc.INVALID and "authentication" in message):
             hint = "check the etcd user and password"
         elif code == Grpc.PERMISSION:
-            hint = (
-                f"etcd user {self._client.settings.username!r} may not write "
-                f"{clean(self._key_text, 200)!r}; grant its role readwrite on the key"
-            )
+            user, key = self._client.settings.username, clean(self._key_text, 200)
+            hint = f"etcd user {user!r} may not write {key!r}; grant its role readwrite on the key"
         elif code == Grpc.INVALID and "user name is empty" in message:
             hint = "etcd requires authentication: give a username and password"
         else:
@@ -141,22 +133,16 @@ class EtcdTransport:
         if answer.body is None:  # not lost until no renewal was acknowledged for the TTL
             since = time.monotonic() - self._renewed_at
             if since > self._granted_ttl:
-                return RouteCheck(
-                    Route.MISSING,
-                    answer.status_code,
-                    f"no renewal acknowledged for {since:.1f} s, over the lease TTL of "
-                    f"{self._granted_ttl:g} s: the key has expired ({answer.failure})",
-                )
+                expired = f"over the lease TTL of {self._granted_ttl:g} s: the key has expired"
+                text = f"no renewal acknowledged for {since:.1f} s, {expired} ({answer.failure})"
+                return RouteCheck(Route.MISSING, answer.status_code, text)
             route = _unanswered(answer)
             refused = route is Route.UNREACHABLE and self._client.all_refused
             return RouteCheck(route, answer.status_code, answer.failure, refused=refused)
         ttl = int64(answer.body.get("TTL"))
         if ttl <= 0:
-            return RouteCheck(
-                Route.MISSING,
-                answer.status_code,
-                f"lease {self.lease:x} has expired or was revoked",
-            )
+            text = f"lease {self.lease:x} has expired or was revoked"
+            return RouteCheck(Route.MISSING, answer.status_code, text)
         self._granted_ttl = float(ttl)
         self._renewed_at = time.monotonic()
         answer = self._client.call("/v3/kv/range", {"key": b64(self._key)})

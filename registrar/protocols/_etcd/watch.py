@@ -16,10 +16,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..._version import __version__
+from ...core._clock import Waker, wait_readable
 from ...core._errors import describe_exception
 from ...core._redact import clean, load_json
 from ...core._transport import connect_read
-from ...core._waker import Waker, wait_readable
 from .._httpvalues import Endpoint
 from .._resolver import RESOLVER, connect
 from .client import EtcdClient, b64, int64, unb64
@@ -31,8 +31,7 @@ MAX_WATCH_MESSAGE = 1024 * 1024
 _MAX_HEAD = 16 * 1024
 _MAX_SIZE_LINE = 1024
 _READ = 64 * 1024
-_WATCH_RETRY = 1.0
-"""Seconds between attempts to re-open a broken watch (jittered by +-50 %)."""
+_WATCH_RETRY = 1.0  # seconds between attempts to re-open a broken watch (jittered by +-50 %)
 
 
 class StreamError(ValueError):
@@ -147,10 +146,8 @@ class WatchStream:
             status = lines[0].split(" ", 2)
             if len(status) < 2 or status[1] != "200":
                 raise StreamError(f"watch refused: {clean(lines[0], 80)}")
-            fields = {
-                name.strip().lower(): value.strip().lower()
-                for name, _, value in (line.partition(":") for line in lines[1:])
-            }
+            headers = (line.partition(":") for line in lines[1:])
+            fields = {name.strip().lower(): value.strip().lower() for name, _, value in headers}
             if "chunked" not in fields.get("transfer-encoding", ""):
                 raise StreamError("watch answer is not a stream")
             data = bytes(self._head[end + 4 :])
@@ -240,8 +237,7 @@ class KeyWatch:
             self._stream = WatchStream(self._client, index, self._request(index))
         except (OSError, ValueError) as exc:
             logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
-            self._broken = True
-            self._next_try = now + _WATCH_RETRY * (0.5 + random.random())
+            self.close(broken=True)
         return self._stream
 
     def _on_message(

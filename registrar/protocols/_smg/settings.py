@@ -1,21 +1,51 @@
-"""The smg gateway options and every rule of them (docs/gateway.md, "Settings")."""
+"""The smg gateway options and every rule of them (docs/gateway.md, "Settings"), and the
+`POST /workers` body (the gateway's WorkerSpec), checked once where a registrar is configured:
+a bad field is one `ConfigError` naming it, not a 400 at every attempt."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 from ...core import _rules as rules
 from ...core._errors import ConfigError
 from ...core._transport import Timeout, Token, deadline_seconds, file_token
-from . import spec
 
 KEY_ENV = "REGISTRAR_GATEWAY_KEY"
 DEFAULT_CONFIRM_TIMEOUT = 30.0
 """A stand-in worker is listed in about 0.1 s; one whose /health fails is dropped in about 2 s."""
 _seconds = rules.number_within(lambda v: 0 < v < 1e9, "must be a positive number of seconds")
+WORKER_TYPES = ("prefill", "decode", "regular")
+
+
+def worker_type_rule(value: object) -> str:
+    """The rule of a worker's type (the spec's field and `SmgSettings.worker_type`)."""
+    if value not in WORKER_TYPES:
+        raise rules.Invalid(f"must be one of {', '.join(WORKER_TYPES)}")
+    return str(value)
+
+
+def worker_spec(
+    url: str, worker_type: str = "regular", bootstrap_port: int | None = None, **fields: Any
+) -> dict[str, Any]:
+    """The body for a worker at `url`; other WorkerSpec fields (priority, labels...) pass."""
+    port = {} if bootstrap_port is None else {"bootstrap_port": bootstrap_port}
+    return validate_spec({"url": url, "worker_type": worker_type, **fields, **port})
+
+
+def validate_spec(payload: object) -> dict[str, Any]:
+    """A copy of `payload` with its URL normalised, or one `ConfigError` naming the field."""
+    if not isinstance(payload, Mapping):
+        raise ConfigError(f"payload must be a worker spec mapping, got {type(payload).__name__}")
+    spec = dict(payload)
+    spec["url"] = rules.applied("worker url", spec.get("url"), rules.url)
+    kind = rules.applied("worker_type", spec.setdefault("worker_type", "regular"), worker_type_rule)
+    port = rules.applied("bootstrap_port", spec.get("bootstrap_port"), rules.port_or_none)
+    if port is not None and kind != "prefill":
+        raise ConfigError("bootstrap_port is for a prefill worker (worker_type=prefill)")
+    return spec
 
 
 class SmgOptions(TypedDict, total=False):
@@ -52,7 +82,7 @@ class SmgSettings:
     RULES: ClassVar[Mapping[str, rules.Rule]] = {
         "gateways": rules.urls("gateway", "http://127.0.0.1:30000"),
         "worker_url": lambda value: None if value is None else rules.url(value),
-        "worker_type": spec.worker_type,
+        "worker_type": worker_type_rule,
         "bootstrap_port": rules.port_or_none,
         "ready": lambda value: value if value is None or callable(value) else rules.url(value),
         "grace": _seconds,

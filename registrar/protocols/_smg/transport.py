@@ -11,11 +11,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from ...core._clock import Clock, SystemClock
-from ...core._outcome import RegisterOutcome, Route, RouteCheck, Verdict
+from ...core._clock import Clock, SystemClock, Waker
 from ...core._redact import clean
 from ...core._settings import HttpSettings
-from ...core._waker import Waker
+from ...core._transport import RegisterOutcome, Route, RouteCheck, Verdict
 from .._http import HttpTransport
 from .._httpvalues import HttpResult
 from .settings import KEY_ENV, SmgSettings
@@ -141,13 +140,9 @@ class SmgTransport:
                 return outcome
             if not self._draining_seen:
                 break
-        return RegisterOutcome(
-            Verdict.RETRY,
-            404,
-            f"the gateway dropped worker {clean(self._url, 200)} before "
-            "listing it ready: its add job failed (does the worker answer the gateway's "
-            "/health?) or the gateway restarted",
-        )
+        dropped = f"the gateway dropped worker {clean(self._url, 200)} before listing it ready"
+        why = "its add job failed (does the worker answer the gateway's /health?)"
+        return RegisterOutcome(Verdict.RETRY, 404, f"{dropped}: {why} or the gateway restarted")
 
     def _confirm(self, worker_id: str) -> RegisterOutcome | None:
         """Poll our worker until listed ready; None when the gateway does not know the id (POST
@@ -171,13 +166,10 @@ class SmgTransport:
             if left <= 0 or self._stopping.is_set():
                 job = info.get("job_status")
                 job = job if isinstance(job, dict) else {}
-                return RegisterOutcome(
-                    Verdict.RETRY,
-                    code,
-                    f"worker {clean(self._url, 200)} not listed ready within "
-                    f"{self._settings.confirm_timeout:g} s (status {clean(status, 40)!s}, job "
-                    f"{clean(job.get('status'), 40)!s})",
-                )
+                seen = f"status {clean(status, 40)}, job {clean(job.get('status'), 40)}"
+                within = f"within {self._settings.confirm_timeout:g} s"
+                text = f"worker {clean(self._url, 200)} not listed ready {within} ({seen})"
+                return RegisterOutcome(Verdict.RETRY, code, text)
             if self._clock.wait(self._stopping, min(delay, left)):
                 continue  # stopping: one last look, then the answer above
             delay = min(delay * 2, _POLL_MAX)
@@ -202,13 +194,10 @@ class SmgTransport:
                 unready,
                 reason,
             )
-            removed = self._remove(wait=False)
-            return RouteCheck(
-                Route.MISSING,
-                None,
-                f"withdrawn: not ready for {unready:.1f} s ({reason})"
-                + ("" if removed else "; the gateway did not take the removal"),
-            )
+            evidence = f"withdrawn: not ready for {unready:.1f} s ({reason})"
+            if not self._remove(wait=False):
+                evidence += "; the gateway did not take the removal"
+            return RouteCheck(Route.MISSING, None, evidence)
         check = self._classify(self._send("GET", f"/workers/{self.worker_id}"))
         self._http.settle_idle_signal(check.route is Route.PRESENT)
         return check
@@ -219,10 +208,8 @@ class SmgTransport:
             return self._http.unreachable(result)
         code = result.status_code
         if code in (400, 404):
-            evidence = (
-                f"the gateway does not know worker {self.worker_id} (it restarted, "
-                "or the worker was removed)"
-            )
+            gone = "(it restarted, or the worker was removed)"
+            evidence = f"the gateway does not know worker {self.worker_id} {gone}"
             self.worker_id = None
             return RouteCheck(Route.MISSING, code, evidence)
         info = result.json_object() if code == 200 else None
@@ -236,24 +223,16 @@ class SmgTransport:
         result = self._send("GET", "/workers", limit=MAX_LIST_BYTES)
         if result.error is not None:
             return self._http.unreachable(result)
-        if result.status_code != 200:
-            return RouteCheck(
-                Route.UNDETERMINED,
-                result.status_code,
-                f"unexpected {result.status_code} for the worker list: "
-                f"{self._http.excerpt(result)}",
-            )
+        code = result.status_code
+        if code != 200:
+            text = f"unexpected {code} for the worker list: {self._http.excerpt(result)}"
+            return RouteCheck(Route.UNDETERMINED, code, text)
         ours = (self._url or "").rstrip("/")
         listed = (result.json_object() or {}).get("workers")
         if not isinstance(listed, list):
             return RouteCheck(Route.UNDETERMINED, 200, "the worker list could not be read")
-        mine = [
-            w
-            for w in listed
-            if isinstance(w, dict)
-            and str(w.get("url", "")).rstrip("/") == ours
-            and isinstance(w.get("id"), str)
-        ]
+        mine = [w for w in listed if isinstance(w, dict) and isinstance(w.get("id"), str)]
+        mine = [w for w in mine if str(w.get("url", "")).rstrip("/") == ours]
         if not mine:
             return RouteCheck(Route.MISSING, 200, f"the gateway lists no worker at {ours}")
         self.worker_id = str(mine[0]["id"])
@@ -269,9 +248,8 @@ class SmgTransport:
         passing = _PASSING.get(str(info.get("status")))
         if passing is not None:
             return RouteCheck(Route.UNDETERMINED, code, passing)
-        health = (
-            "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
-        )
+        healthy = info.get("is_healthy", True)
+        health = "healthy" if healthy else "not healthy by the gateway's checks"
         status = clean(info.get("status"), 40)
         return RouteCheck(Route.PRESENT, code, f"listed as {self.worker_id} ({status}, {health})")
 
@@ -317,12 +295,8 @@ class SmgTransport:
             probe = self._send("GET", f"/workers/{worker_id}")
             if probe.error is None and probe.status_code in (400, 404):
                 self.worker_id = None
-                logger.info(
-                    "%s: worker %s removed after %.2f s",
-                    self.display_url,
-                    worker_id,
-                    self._clock.monotonic() - started,
-                )
+                took = self._clock.monotonic() - started
+                logger.info("%s: worker %s removed after %.2f s", self.display_url, worker_id, took)
                 return True
             left = started + self._settings.drain_timeout - self._clock.monotonic()
             if left <= 0:

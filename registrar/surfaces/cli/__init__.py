@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 from ..._version import __version__
 from ...core import _rules as rules
+from ...core._board import mermaid_diagram
 from ...core._errors import ConfigError, describe_exception
-from ...core._machine import mermaid_diagram
 from ...core._settings import EXIT_CODE
 from .._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_port
 
@@ -214,12 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"registrar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    env_help = "\n".join(
-        ["environment (the flag wins; every option has a flag but those marked):"]
-        + [
-            f"  {ENV_PREFIX + o.name:<28} {o.help}{'' if o.flag else '  [no flag]'}"
-            for o in OPTIONS
-        ]
+    variables = "\n".join(
+        f"  {ENV_PREFIX + o.name:<28} {o.help}{'' if o.flag else '  [no flag]'}" for o in OPTIONS
     )
     reg = sub.add_parser(
         "register",
@@ -228,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         "and serve /livez /readyz /health (and /metrics with the extra) when --health-port "
         "is given. Stops cleanly with exit 0 on SIGTERM or SIGINT; a second one ends it at "
         "once. Every option can also be set by a REGISTRAR_* variable (below).",
-        epilog=f"{EXAMPLES_REGISTER}\n{env_help}\n\n{_REGISTER_EXITS}\n",
+        epilog=f"{EXAMPLES_REGISTER}\nenvironment (the flag wins; every option has a flag but "
+        f"those marked):\n{variables}\n\n{_REGISTER_EXITS}\n",
         argument_default=argparse.SUPPRESS,  # unset flags stay unset: the environment may say
     )
     for option in OPTIONS:

@@ -13,14 +13,13 @@ from typing import Any
 from ..._version import __version__
 from ...core import _rules as rules
 from ...core._backoff import Backoff
+from ...core._board import State, Status
 from ...core._errors import describe_exception
 from ...core._group import RegistrarGroup
-from ...core._machine import State
 from ...core._redact import load_json
 from ...core._registrar import Registrar
 from ...core._registry import protocol_factory
 from ...core._settings import LoopSettings, options_of
-from ...core._status import Status
 from ...protocols._sglang import bootstrap_token
 from ...protocols._smg.settings import SmgSettings
 from .._options import DEFAULT_HEALTH_HOST, ENV_PREFIX, OPTIONS
@@ -110,11 +109,9 @@ def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
 
 def _cert(chosen: dict[str, Any]) -> tuple[str, str] | None:
     cert, cert_key = chosen.get("etcd_cert"), chosen.get("etcd_cert_key")
-    if cert is None or cert_key is None:
-        if (cert is None) != (cert_key is None):
-            raise UsageError("--etcd-cert and --etcd-cert-key go together")
-        return None
-    return (cert, cert_key)
+    if (cert is None) != (cert_key is None):
+        raise UsageError("--etcd-cert and --etcd-cert-key go together")
+    return None if cert is None or cert_key is None else (cert, cert_key)
 
 
 def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: str) -> Any:
@@ -126,9 +123,8 @@ def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: 
     given: dict[str, Any] = {}
     for option in OPTIONS:
         field = "token" if option.key == "token_file" else option.field
-        if option.key in _MODES or option.key not in chosen or field is None:
-            continue
-        if option.settings in (LoopSettings, Backoff):
+        loop = option.settings in (LoopSettings, Backoff)
+        if loop or option.key in _MODES or option.key not in chosen or field is None:
             continue
         if field not in names:
             shown = option.flag_name if option.key in flags else ENV_PREFIX + option.name
@@ -192,8 +188,7 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
             raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
     for required in () if gateway else ("payload",) if etcd else ("url", "payload"):
         if chosen.get(required) is None:
-            variable = f"{ENV_PREFIX}{required.upper()}"
-            raise UsageError(f"--{required} is required (or set {variable})")
+            raise UsageError(f"--{required} is required (or set {ENV_PREFIX}{required.upper()})")
     loop = _loop_options(chosen)
     if gateway:
         from ..._assembly import smg_group  # noqa: PLC0415 - only --gateway needs it

@@ -11,8 +11,8 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+from ...core._board import State
 from ...core._errors import describe_exception
-from ...core._machine import State
 from ...core._redact import clean, load_json, redact_url
 from ...core._settings import HttpSettings
 from ...protocols._http import HttpTransport
