@@ -8,10 +8,12 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from registrar import ConfigError
 from registrar._assembly import etcd_registrar
-from registrar.protocols._etcd.client import parse_answer
+from registrar.protocols._etcd.client import int64, parse_answer
 from registrar.protocols._etcd.settings import EtcdSettings
 from registrar.protocols._etcd.transport import EtcdTransport
 from registrar.protocols._etcd.watch import ChunkedLines, StreamError, watch_change
@@ -159,3 +161,29 @@ def test_etcd_registrar_derives_and_bounds_the_watch_interval() -> None:
     assert reg.status().url == "http://127.0.0.1:2379 key /k"
     with pytest.raises(ConfigError, match="watch_interval must be within"):
         etcd_registrar("http://127.0.0.1:2379", "/k", {"a": 1}, ttl=9, watch_interval=5)
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [
+        ("42", 42),
+        ("-7", -7),
+        (42, 42),
+        ("²", 0),
+        ("--5", 0),
+        ("-", 0),
+        ("", 0),
+        (" 5", 0),
+        ("9" * 20, 0),
+        (True, 0),
+        (None, 0),
+        ("٣", 0),
+    ],
+)
+def test_an_int64_field_reads_ascii_digits_else_zero(sent: object, read: int) -> None:
+    assert int64(sent) == read
+
+
+@given(st.one_of(st.text(max_size=25), st.integers(), st.floats(), st.none(), st.booleans()))
+def test_no_answer_field_makes_int64_raise(sent: object) -> None:
+    assert isinstance(int64(sent), int)

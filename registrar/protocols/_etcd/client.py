@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -59,10 +60,11 @@ def unb64(text: object) -> bytes | None:
 
 
 def int64(value: object) -> int:
-    """An int64 the gateway sent as a string (omitted or unreadable: 0)."""
+    """An int64 the gateway sent as a string (omitted or unreadable: 0). ASCII digits only:
+    `str.isdigit` also takes "²", which `int` refuses, so a hostile answer could raise."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 20:
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value):
         return int(value)
     return 0
 
