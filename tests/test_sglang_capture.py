@@ -49,23 +49,24 @@ def sglang_module() -> dict[str, Any]:
 
 
 def test_sglangs_put_is_captured_on_its_thread_and_answered_as_a_success(
-    server: BootstrapServer,
+    server: BootstrapServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     namespace = sglang_module()
     manager = SimpleNamespace(url=server.url, payload=sglang_payload(tp_rank=1, tp_size=2))
     started: list[tuple[str, dict[str, Any]]] = []
-    rows.capture_registration(
-        namespace["register_to_bootstrap"],
-        manager,
-        register=lambda m, url, payload: started.append((url, payload)),
+    monkeypatch.setattr(
+        rows, "register_row", lambda m, url, payload: started.append((url, payload))
     )
+    rows.capture_registration(namespace["register_to_bootstrap"], manager)
     assert manager.tries == 1  # SGLang's loop ended at its first try
     assert started == [(f"{server.url}/route", manager.payload)]  # SGLang's URL and payload
     assert server.registered_count == 0  # nothing reached the server: the registrar will
     assert namespace["requests"] is requests  # put back
 
 
-def test_other_threads_reach_the_real_requests_meanwhile(server: BootstrapServer) -> None:
+def test_other_threads_reach_the_real_requests_meanwhile(
+    server: BootstrapServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     namespace = sglang_module()
     inside, release = threading.Event(), threading.Event()
     answers: list[int] = []
@@ -90,9 +91,8 @@ def test_other_threads_reach_the_real_requests_meanwhile(server: BootstrapServer
     thread.start()
     manager = SimpleNamespace(url=server.url, payload=sglang_payload(tp_rank=1, tp_size=2))
     captured: list[Any] = []
-    rows.capture_registration(
-        namespace["slow"], manager, register=lambda m, url, payload: captured.append(payload)
-    )
+    monkeypatch.setattr(rows, "register_row", lambda m, url, payload: captured.append(payload))
+    rows.capture_registration(namespace["slow"], manager)
     thread.join(10)
     assert answers == [200]
     assert server.registered_count == 1  # the other thread's PUT, sent for real
@@ -101,7 +101,7 @@ def test_other_threads_reach_the_real_requests_meanwhile(server: BootstrapServer
 
 
 def test_a_row_whose_registrar_cannot_start_is_sent_as_sglang_would(
-    server: BootstrapServer, caplog: pytest.LogCaptureFixture
+    server: BootstrapServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     namespace = sglang_module()
     manager = SimpleNamespace(url=server.url, payload=sglang_payload())
@@ -109,8 +109,9 @@ def test_a_row_whose_registrar_cannot_start_is_sent_as_sglang_would(
     def broken(*args: Any) -> None:
         raise RuntimeError("cannot start")
 
+    monkeypatch.setattr(rows, "register_row", broken)
     with caplog.at_level(logging.ERROR):
-        rows.capture_registration(namespace["register_to_bootstrap"], manager, register=broken)
+        rows.capture_registration(namespace["register_to_bootstrap"], manager)
     assert server.registered_count == 1  # SGLang's own PUT, once
     assert "sending SGLang's PUT once instead" in caplog.text
 

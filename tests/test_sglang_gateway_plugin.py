@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from registrar import ConfigError
+from registrar import ConfigError, _assembly
 from registrar.integrations.sglang import _gateway as gateway
 from registrar.integrations.sglang import _plugin as plugin
 from registrar.integrations.sglang import _rows as rows
@@ -65,18 +65,18 @@ class FakeGroup:
 
 
 @pytest.fixture
-def calls() -> Any:
+def calls(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """What is asked of the group `gateway.start` builds, a `FakeGroup` from the builder it uses."""
     made: list[str] = []
+    monkeypatch.setattr(_assembly, "smg_group", lambda *a: FakeGroup(made, *a))
     yield made
     gateway.drain("test end")
 
 
 def _start(calls: list[str], config: gateway.GatewayConfig, args: Any) -> FakeGroup:
-    def make(*a: Any) -> FakeGroup:
-        return FakeGroup(calls, *a)
-
-    group = gateway.start(config, args, lambda: True, make=make)
+    group = gateway.start(config, args, lambda: True)
     assert isinstance(group, FakeGroup)
+    assert group.calls is calls
     return group
 
 

@@ -9,7 +9,7 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from ...core._diagnosis import hostport
@@ -55,22 +55,14 @@ def worker_of(server_args: Any, worker_url: str | None = None) -> dict[str, Any]
     return worker
 
 
-def start(
-    config: GatewayConfig,
-    server_args: Any,
-    ready: Callable[[], bool],
-    *,
-    make: Callable[[SmgSettings, None, Mapping[str, Any]], RegistrarGroup] | None = None,
-) -> RegistrarGroup:
+def start(config: GatewayConfig, server_args: Any, ready: Callable[[], bool]) -> RegistrarGroup:
     """The plugin keeps one group, built as the library's (`smg_group`): a new one replaces it."""
     global _group
     worker = worker_of(server_args, config.smg.get("worker_url"))
     settings = SmgSettings(**{**config.smg, **worker}, ready=ready)
-    if make is None:
-        from ..._assembly import smg_group  # noqa: PLC0415 - only with a gateway
+    from ..._assembly import smg_group  # noqa: PLC0415 - only with a gateway
 
-        make = smg_group
-    group = make(settings, None, {**config.loop, "max_attempts": None})
+    group = smg_group(settings, None, {**config.loop, "max_attempts": None})
     with _lock:
         previous, _group = _group, group
     if previous is not None:

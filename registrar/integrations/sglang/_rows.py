@@ -199,20 +199,16 @@ def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
 
 
 def capture_registration(
-    original: Callable[..., Any],
-    manager: Any,
-    *args: Any,
-    register: Callable[[Any, str, dict[str, Any]], None] = register_row,
-    **kwargs: Any,
+    original: Callable[..., Any], manager: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    """AROUND `register_to_bootstrap`: each captured row starts a registrar (`register`); one whose
-    registrar cannot start is sent once as SGLang would, never leaving the rank unregistered."""
+    """AROUND `register_to_bootstrap`: `register_row` for each captured row; one whose registrar
+    cannot start is sent once as SGLang would, never leaving the rank unregistered."""
     namespace = inspect.unwrap(original).__globals__
     with capturing(namespace) as rows:
         result = original(manager, *args, **kwargs)
     for url, payload in rows:
         try:
-            register(manager, url, payload)
+            register_row(manager, url, payload)
         except Exception:
             logger.exception(
                 "sglang-registrar: could not start the registrar for %s; sending SGLang's PUT "
