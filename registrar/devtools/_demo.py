@@ -4,7 +4,6 @@ forgets every route and the route registered again, narrated as it happens on 12
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,7 +58,7 @@ class _Say(logging.Handler):
         return 1 if self.problems else 0
 
 
-def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: float = 1.0) -> int:
+def run_demo(out: TextIO) -> int:
     """Run the demo; 0 when every step happened, 1 otherwise."""
     say = _Say(out)
     # registrar's log told through `say`, the rest quieted; their levels restored at the end
@@ -88,7 +87,7 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
         say(f"bootstrap server {server.url} is not up yet; health on {health.url}")
         say.expect_readyz(health.url, 503, "before registration")
         reg.start()
-        time.sleep(server_delay)
+        time.sleep(2.5)  # the startup race: the server comes up after the registrar
         server.start()
         up_at = say.elapsed()
         say("bootstrap server is up (empty)")
@@ -99,10 +98,10 @@ def run_demo(out: TextIO = sys.stdout, *, server_delay: float = 2.5, down_for: f
         time.sleep(1.5)
         say(
             f"the route is {reg.status().route or 'not checked yet'}; restarting the bootstrap "
-            f"server, down for {down_for:.1f} s: it forgets every route"
+            "server, down for 1.0 s: it forgets every route"
         )
         first_lifetime = server.registered_count
-        server.restart(down_for=down_for)
+        server.restart(down_for=1.0)
         back_at = say.elapsed()
         say("bootstrap server is back (empty)")
         if not _wait(lambda: reg.status().registrations >= 2 and reg.state is State.REGISTERED, 15):
