@@ -148,17 +148,30 @@ class Deployment:
         self.processes.append(process)
         return process
 
-    def sglang(self, name: str, port: int, flags: list[str], env: dict[str, str]) -> Process:
+    def sglang(
+        self, name: str, port: int, flags: list[str], env: dict[str, str], tp: int = 1
+    ) -> Process:
+        """`launch_server` on `port`; with `tp` > 1 one scheduler process per rank, each rank's
+        OpenMP threads bound to a core of its own (`SGLANG_CPU_OMP_THREADS_BIND`, 0|1 for 2)."""
+        parallel: list[str] = []
+        if tp > 1:
+            parallel = ["--tp", str(tp)]
+            env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(map(str, range(tp))), **env}
         cmd = [
             sys.executable, "-m", "sglang.launch_server",
             "--model-path", str(self.model),
             "--host", HOST, "--port", str(port),
-            *CPU_FLAGS, *flags,
+            *CPU_FLAGS, *parallel, *flags,
         ]  # fmt: skip
         return self._launch(name, cmd, env, f"http://{HOST}:{port}")
 
     def prefill(
-        self, port: int, bootstrap_port: int, env: dict[str, str], extra: tuple[str, ...] = ()
+        self,
+        port: int,
+        bootstrap_port: int,
+        env: dict[str, str],
+        extra: tuple[str, ...] = (),
+        tp: int = 1,
     ) -> Process:
         flags = [
             *PD_FLAGS,
@@ -168,9 +181,11 @@ class Deployment:
             "--disable-overlap-schedule",
             *extra,
         ]  # fmt: skip
-        return self.sglang("prefill", port, flags, env)
+        return self.sglang("prefill", port, flags, env, tp)
 
-    def decode(self, port: int, env: dict[str, str], extra: tuple[str, ...] = ()) -> Process:
+    def decode(
+        self, port: int, env: dict[str, str], extra: tuple[str, ...] = (), tp: int = 1
+    ) -> Process:
         flags = [
             *PD_FLAGS,
             "--disaggregation-mode", "decode",
@@ -178,7 +193,7 @@ class Deployment:
             "--disaggregation-decode-retraction-backup", "cpu_tensor",
             *extra,
         ]  # fmt: skip
-        return self.sglang("decode", port, flags, env)
+        return self.sglang("decode", port, flags, env, tp)
 
     def single(self, port: int, env: dict[str, str]) -> Process:
         return self.sglang("single", port, ["--disable-overlap-schedule"], env)
@@ -211,8 +226,11 @@ class Deployment:
             process.stop()
 
 
-def wait_http(process: Process, path: str, timeout: float, ok: int = 200) -> float:
-    """Wait until `GET path` answers `ok`; the seconds since the process was launched."""
+def wait_http(
+    process: Process, path: str, timeout: float, ok: int = 200, every: float = 0.5
+) -> float:
+    """Wait until `GET path` answers `ok` (asked every `every` seconds); the seconds since the
+    process was launched."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not process.alive():
@@ -221,7 +239,7 @@ def wait_http(process: Process, path: str, timeout: float, ok: int = 200) -> flo
         with contextlib.suppress(requests.RequestException):
             if requests.get(process.url + path, timeout=5).status_code == ok:
                 return time.monotonic() - process.started
-        time.sleep(0.5)
+        time.sleep(every)
     raise AssertionError(f"{process.name}: no {ok} on {path} in {timeout} s:\n{process.tail()}")
 
 

@@ -11,9 +11,12 @@ SGLang is changed and nothing here ships in registrar's wheel.
   before 0.5.23 have neither the attribute nor the path).
 - The bootstrap server (in the prefill's HTTP process): with `E2E_CONTROL_DIR` set, a small
   control server on 127.0.0.1 lets the test hold its start (`E2E_BOOTSTRAP_HOLD=1`), start it,
-  stop it and start a fresh one on the same port, and read each lifetime's PUT count.
-- The decode's heartbeat (in the decode's scheduler process, same variable): a control server
-  that makes it tolerate missed heartbeats for a while, and shows the decode's cached rows.
+  stop it and start a fresh one on the same port, and read each lifetime's PUT count and its
+  accepted PUTs per rank. With `E2E_BOOTSTRAP_REFUSE_TP=N` the server answers the PUTs of
+  attention-TP rank N with 503 (as a server not ready yet would) until `/admit`, so a test
+  can look at a table with that rank's row missing.
+- The decode's heartbeat (in each decode scheduler process, same variable): a control server
+  per rank that makes it tolerate missed heartbeats for a while, and shows its cached rows.
 - With `E2E_HOOKS_RAISE=1`, every hook registrar's plugin installs raises (raising.py).
 """
 
@@ -149,9 +152,11 @@ def _no_host_tensor_indices(module: ModuleType) -> None:
 class _Bootstrap:
     """The bootstrap servers of this process, one per lifetime, and their control."""
 
-    def __init__(self, control_dir: Path, hold: bool) -> None:
+    def __init__(self, control_dir: Path, hold: bool, refuse_tp: int | None = None) -> None:
         self.control_dir = control_dir
         self.hold = hold
+        self.refuse_tp = refuse_tp
+        self.refused: dict[str, int] = {}
         self.lock = threading.Lock()
         self.servers: list[Any] = []
         self.listening_at: list[float] = []
@@ -177,6 +182,30 @@ class _Bootstrap:
             bootstrap._start(server)
 
         cls.run = run
+        original_put = cls._handle_route_put
+
+        async def _handle_route_put(server: Any, request: Any) -> Any:
+            data = await request.json()  # aiohttp keeps the body: SGLang's handler reads it too
+            rank = _rank(data)
+            if bootstrap.refuse_tp is not None and data.get("attn_tp_rank") == bootstrap.refuse_tp:
+                bootstrap.refused[rank] = bootstrap.refused.get(rank, 0) + 1
+                _say(f"bootstrap server: PUT of rank {rank} refused (503) until admitted")
+                from aiohttp import web  # SGLang's own dependency, there in its processes
+
+                return web.Response(text="e2e: rank refused until admitted", status=503)
+            answer = await original_put(server, request)
+            if answer.status == 200:
+                puts = server.__dict__.setdefault(_PUTS, {})
+                puts[rank] = puts.get(rank, 0) + 1
+            return answer
+
+        cls._handle_route_put = _handle_route_put
+
+    def admit(self) -> dict[str, Any]:
+        """Accept every rank's PUTs from now on."""
+        self.refuse_tp = None
+        _say("bootstrap server: every rank's PUT admitted")
+        return self.state()
 
     def _start(self, server: Any) -> None:
         assert self.original_run is not None
@@ -225,15 +254,26 @@ class _Bootstrap:
             "held": self.held is not None,
             "listening": bool(self.servers) and _listening(self.servers[-1].port),
             "lifetimes": [
-                {"count": int(s._registered_count), "rows": _rows(s)} for s in self.servers
+                {
+                    "count": int(s._registered_count),
+                    "rows": _rows(s),
+                    "puts": dict(s.__dict__.get(_PUTS, {})),
+                }
+                for s in self.servers
             ],
+            "refused": dict(self.refused),
             "listening_at": self.listening_at,
             "stopped_at": self.stopped_at,
         }
 
     def _serve_control(self) -> None:
         if self.control is None:
-            actions = {"/start": self.start_held, "/stop": self.stop, "/start-new": self.start_new}
+            actions = {
+                "/start": self.start_held,
+                "/stop": self.stop,
+                "/start-new": self.start_new,
+                "/admit": self.admit,
+            }
             self.control = _Control(self.control_dir, "bootstrap", self.state, actions)
 
 
@@ -303,9 +343,11 @@ class _Decode:
             mode = getattr(manager, "disaggregation_mode", None)
             if getattr(mode, "value", mode) == "decode" and decode.manager is None:
                 decode.manager = manager
+                # One scheduler process per rank: rank 0's file is `decode-control.json`.
+                rank = getattr(getattr(manager, "kv_args", None), "engine_rank", 0) or 0
                 decode.control = _Control(
                     decode.control_dir,
-                    "decode",
+                    f"decode-{rank}" if rank else "decode",
                     decode.state,
                     {"/heartbeat-tolerant": decode.tolerant, "/heartbeat-default": decode.restore},
                 )
@@ -336,6 +378,18 @@ class _Decode:
                 for key, entries in list(manager.connection_pool.items())
             },
         }
+
+
+_PUTS = "_e2e_accepted_puts"
+"""On a bootstrap server object: its accepted PUTs per rank (`_rank`), this lifetime."""
+
+
+def _rank(data: dict[str, Any]) -> str:
+    """A PUT's row, as the server files it (dp is the system DP rank where there is one)."""
+    system = data.get("system_dp_size", 1) != 1
+    dp = data.get("system_dp_rank") if system else data.get("attn_dp_rank")
+    cp, tp, pp = data.get("attn_cp_rank"), data.get("attn_tp_rank"), data.get("pp_rank")
+    return f"dp {dp} cp {cp} tp {tp} pp {pp}"
 
 
 def _rows(server: Any) -> list[list[Any]]:
@@ -378,7 +432,12 @@ def install() -> None:
     patches: dict[str, Callable[[ModuleType], None]] = {_MOONCAKE: _no_host_tensor_indices}
     control_dir = os.environ.get("E2E_CONTROL_DIR")
     if control_dir:
-        bootstrap = _Bootstrap(Path(control_dir), os.environ.get("E2E_BOOTSTRAP_HOLD") == "1")
+        refuse = os.environ.get("E2E_BOOTSTRAP_REFUSE_TP")
+        bootstrap = _Bootstrap(
+            Path(control_dir),
+            os.environ.get("E2E_BOOTSTRAP_HOLD") == "1",
+            int(refuse) if refuse else None,
+        )
         decode = _Decode(Path(control_dir))
 
         def patch_common(module: ModuleType) -> None:

@@ -121,10 +121,15 @@ class Record:
 
 
 class Stack:
-    """A prefill/decode deployment with the router in front, all started on free ports."""
+    """A prefill/decode deployment with the router in front, all started on free ports; the
+    prefill on `tp` ranks (one node), the decode on `decode_tp`."""
 
-    def __init__(self, registrar: bool, model: Path, logs: Path) -> None:
+    def __init__(
+        self, registrar: bool, model: Path, logs: Path, tp: int = 1, decode_tp: int = 1
+    ) -> None:
         self.registrar = registrar
+        self.tp = tp
+        self.decode_tp = decode_tp
         self.logs = logs
         self.deploy = Deployment(model, logs)
         self.prefill_port = process_port()
@@ -137,21 +142,23 @@ class Stack:
         self.single: Process | None = None
         """A reference server without disaggregation, when `start(single=True)`."""
         self.control_url = ""
-        self.decode_control_url = ""
+        self.decode_control_urls: list[str] = []
+        """One control server per decode rank (its scheduler process), rank 0 first."""
         self.launches = 0
 
     # ------------------------------------------------------------ starting and stopping
 
-    def start(self, *, hold: bool, single: bool = False) -> None:
-        """Decode and prefill (its bootstrap server held if `hold`) at once, and a single
-        reference server beside them if asked; then the router once they answer."""
+    def start(self, *, hold: bool, single: bool = False, refuse_tp: int | None = None) -> None:
+        """Decode and prefill (its bootstrap server held if `hold`, refusing the PUTs of TP rank
+        `refuse_tp` until admitted) at once, and a single reference server beside them if asked;
+        then the router once they answer."""
         if single:
             self.single = self.deploy.single(process_port(), server_env(plugin=False))
         decode_dir = self.logs / "control-decode"
         decode_dir.mkdir()
         env = server_env(plugin=self.registrar, control_dir=decode_dir)
-        self.decode = self.deploy.decode(self.decode_port, env)
-        self.launch_prefill(hold=hold)
+        self.decode = self.deploy.decode(self.decode_port, env, tp=self.decode_tp)
+        self.launch_prefill(hold=hold, refuse_tp=refuse_tp)
         with ThreadPoolExecutor(3) as pool:
             waits = [
                 pool.submit(wait_http, p, "/health", SERVE_TIMEOUT)
@@ -162,22 +169,27 @@ class Stack:
                 wait.result()
         assert self.prefill is not None
         assert self.decode is not None
-        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=1)
+        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=self.tp)
         assert_plugin_lines(self.decode, plugin=self.registrar)
-        self.decode_control_url = read_control(self.decode, decode_dir, "decode")
+        self.decode_control_urls = [
+            read_control(self.decode, decode_dir, f"decode-{rank}" if rank else "decode")
+            for rank in range(self.decode_tp)
+        ]
         self.router = self.deploy.router(
             self.router_port, (self.prefill.url, self.bootstrap_port, self.decode.url)
         )
         self.wait_router_ready()
 
-    def launch_prefill(self, *, hold: bool) -> Process:
+    def launch_prefill(self, *, hold: bool, refuse_tp: int | None = None) -> Process:
         control_dir = self.logs / f"control-{self.launches}"
         control_dir.mkdir()
         self.launches += 1
         env = server_env(plugin=self.registrar, control_dir=control_dir)
         if hold:
             env["E2E_BOOTSTRAP_HOLD"] = "1"
-        self.prefill = self.deploy.prefill(self.prefill_port, self.bootstrap_port, env)
+        if refuse_tp is not None:
+            env["E2E_BOOTSTRAP_REFUSE_TP"] = str(refuse_tp)
+        self.prefill = self.deploy.prefill(self.prefill_port, self.bootstrap_port, env, tp=self.tp)
         self.control_url = read_control(self.prefill, control_dir)
         return self.prefill
 
@@ -191,10 +203,10 @@ class Stack:
             self.prefill.stop()
         return self.launch_prefill(hold=False)
 
-    def wait_prefill_up(self) -> None:
+    def wait_prefill_up(self, every: float = 0.5) -> None:
         assert self.prefill is not None
-        wait_http(self.prefill, "/health", SERVE_TIMEOUT)
-        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=1)
+        wait_http(self.prefill, "/health", SERVE_TIMEOUT, every=every)
+        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=self.tp)
 
     def wait_router_ready(self, timeout: float = 120.0) -> None:
         assert self.router is not None
@@ -214,7 +226,13 @@ class Stack:
         return control(self.control_url, action)
 
     def decode_heartbeat(self, action: str | None = None) -> dict[str, Any]:
-        return control(self.decode_control_url, action)
+        """The action on every decode rank's heartbeat; decode rank 0's state."""
+        states = [control(url, action) for url in self.decode_control_urls]
+        return states[0]
+
+    def decode_states(self) -> list[dict[str, Any]]:
+        """Each decode rank's cached prefill rows and heartbeat setting."""
+        return [control(url) for url in self.decode_control_urls]
 
     def health(self, step: str) -> dict[str, Any]:
         """What each health endpoint says now."""
