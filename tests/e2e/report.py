@@ -24,12 +24,20 @@ TITLES = {
     "3": "3. The prefill killed and relaunched",
     "5": "5. Greedy outputs, prefill/decode pair against a single server",
     "6": "6. The router knows no worker but what the plugin tells it: killed, restarted, drained",
+    "t1": "t1. TP 2 prefill: the bootstrap server listens after both ranks' upstream retry budget",
+    "t2": "t2. TP 2 prefill killed and relaunched under a TP 2 decode",
 }
 EVENT_ZERO = {
     "1": "bootstrap server listening",
     "2": "bootstrap server listening again",
     "3": "prefill killed",
+    "t1": "bootstrap server listening",
+    "t2": "prefill killed",
 }
+PAIRED = ("1", "2", "3")
+"""Scenarios run without and with registrar, drawn and tabled side by side."""
+TOPOLOGY = ("t1", "t2")
+"""The same for the topology scenarios (tests/e2e/test_topology.py), tabled after the rest."""
 ENDPOINTS = (
     "prefill /health",
     "prefill /ready",
@@ -55,7 +63,7 @@ def draw(records: dict[tuple[str, bool], dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scenarios = [s for s in ("1", "2", "3") if any((s, r) in records for r in (False, True))]
+    scenarios = [s for s in (*PAIRED, *TOPOLOGY) if any((s, r) in records for r in (False, True))]
     fig, axes = plt.subplots(len(scenarios), 1, figsize=(11, 2.3 * len(scenarios)), squeeze=False)
     for ax, scenario in zip(axes[:, 0], scenarios, strict=True):
         for lane, registrar in enumerate((False, True)):
@@ -81,22 +89,27 @@ def draw(records: dict[tuple[str, bool], dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _paired(records: dict[tuple[str, bool], dict[str, Any]], scenario: str) -> list[str]:
+    without, with_ = records.get((scenario, False)), records.get((scenario, True))
+    if without is None and with_ is None:
+        return []
+    out = [f"#### {TITLES[scenario]}", ""]
+    out += ["| step | endpoint | without registrar | with registrar |", "|---|---|---|---|"]
+    steps = [h["step"] for h in (with_ or without or {}).get("health", [])]
+    steps += [h["step"] for h in (without or {}).get("health", []) if h["step"] not in steps]
+    for step in steps:
+        rows = [_health(r, step) for r in (without, with_)]
+        for endpoint in ENDPOINTS:
+            values = [row.get(endpoint, "-") for row in rows]
+            out.append(f"| {step} | {endpoint} | {values[0]} | {values[1]} |")
+    out.append("")
+    return out + _figures(without, with_)
+
+
 def tables(records: dict[tuple[str, bool], dict[str, Any]]) -> str:
     out = []
-    for scenario in ("1", "2", "3"):
-        without, with_ = records.get((scenario, False)), records.get((scenario, True))
-        if without is None and with_ is None:
-            continue
-        out += [f"#### {TITLES[scenario]}", ""]
-        out += ["| step | endpoint | without registrar | with registrar |", "|---|---|---|---|"]
-        steps = [h["step"] for h in (with_ or without or {}).get("health", [])]
-        for step in steps:
-            rows = [_health(r, step) for r in (without, with_)]
-            for endpoint in ENDPOINTS:
-                values = [row.get(endpoint, "-") for row in rows]
-                out.append(f"| {step} | {endpoint} | {values[0]} | {values[1]} |")
-        out.append("")
-        out += _figures(without, with_)
+    for scenario in PAIRED:
+        out += _paired(records, scenario)
     five = records.get(("5", True))
     if five is not None:
         out += [f"#### {TITLES['5']}", "", "| prompt | prefill/decode | single server |"]
@@ -107,6 +120,8 @@ def tables(records: dict[tuple[str, bool], dict[str, Any]]) -> str:
     six = records.get(("6", True))
     if six is not None:
         out += [f"#### {TITLES['6']}", "", *_figures(None, six)]
+    for scenario in TOPOLOGY:
+        out += _paired(records, scenario)
     return "\n".join(out)
 
 

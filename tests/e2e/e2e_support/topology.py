@@ -1,0 +1,293 @@
+"""The topology scenarios (issue 36): the deployments people run have several prefill ranks. Each
+runs on a `Stack` whose prefill is TP 2 (one scheduler process, and with registrar one
+registrar, per rank) beside a TP 2 decode, with and without registrar, requests through the
+router all along, and leaves a `Record` for the report like the 1-rank scenarios.
+
+Beside the probe, a `ReadyWatch` asks the prefill's `/ready` and then its bootstrap server's
+table all along: a 200 followed by a table with a row missing is a `/ready` that said ready
+with a row missing (rows only come in during a lifetime, so the order of the two asks makes
+every such sample a real one).
+
+Times in a record are seconds from the scenario's event: the bootstrap server listening (t1),
+the prefill killed (t2).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import requests
+
+from .scenarios import (
+    FAIL_WINDOW,
+    PLUGIN_STARTED,
+    RECOVER_BOUND,
+    REGISTRAR_DROPPED,
+    UPSTREAM_BUDGET,
+    UPSTREAM_GAVE_UP,
+    _failures,
+    _finish,
+    _serve_again,
+    _serving,
+)
+from .stack import Probe, Record, Sample, Stack
+
+__all__ = ["ReadyWatch", "tp_race", "tp_relaunch"]
+
+RELAUNCH_BOUND = 1.0
+"""With registrar the relaunched prefill serves within this of its `/health` (issue 36)."""
+ROUTED_TO_SERVED = "router routing again to first served request sent (s)"
+"""The issue's 1-s figure, from the moment the router routes to the relaunched prefill again
+(what the deployment does from then on), not from its /health: on /health the router only
+looks again at its next 2-s health check."""
+NO_WORKERS = "no_available_workers"
+"""smg's 503 while it lists no healthy worker of a kind."""
+REFUSED_TP = 1
+"""In t1 the bootstrap server refuses this rank's PUTs (503) until the test has seen `/ready`
+with its row missing; then it admits them."""
+
+
+class ReadyWatch:
+    """The prefill's `/ready`, then its bootstrap server's rows, every `gap` seconds."""
+
+    def __init__(self, stack: Stack, zero: float, gap: float = 0.25) -> None:
+        self.stack = stack
+        self.zero = zero
+        self.gap = gap
+        self.samples: list[tuple[float, int, int]] = []
+        """(seconds from zero, /ready status, rows in the table asked after it)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ReadyWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            at = time.monotonic() - self.zero
+            prefill = self.stack.prefill
+            try:
+                assert prefill is not None
+                ready = requests.get(prefill.url + "/ready", timeout=5).status_code
+                lifetimes = self.stack.bootstrap()["lifetimes"]
+            except (requests.RequestException, AssertionError):
+                pass  # down, or relaunching: nothing to compare
+            else:
+                rows = len(lifetimes[-1]["rows"]) if lifetimes else 0
+                self.samples.append((round(at, 2), ready, rows))
+            self._stop.wait(self.gap)
+
+    def ready_with_rows_missing(self) -> list[tuple[float, int, int]]:
+        return [s for s in self.samples if s[1] == 200 and s[2] < self.stack.tp]
+
+    def figures(self, record: Record) -> None:
+        seen = list(self.samples)
+        record.figures["/ready asked (times)"] = len(seen)
+        missing = [s for s in seen if s[1] == 200 and s[2] < self.stack.tp]
+        record.figures["/ready 200 with a row missing (times)"] = len(missing)
+        partial = [s for s in seen if 0 < s[2] < self.stack.tp]
+        record.figures["/ready while rows were partly in"] = _codes(partial)
+
+
+def _codes(samples: list[tuple[float, int, int]]) -> str:
+    counts: dict[int, int] = {}
+    for _, code, _ in samples:
+        counts[code] = counts.get(code, 0) + 1
+    return ", ".join(f"{n} x {code}" for code, n in sorted(counts.items())) or "never seen"
+
+
+def _count_log(process: Any, text: str, count: int, timeout: float, start: int = 0) -> float:
+    """Until `text` is in the log `count` times (once per rank); when it happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.text()[start:].count(text) >= count:
+            return time.monotonic()
+        time.sleep(0.25)
+    raise AssertionError(
+        f"{process.name} logged {text!r} fewer than {count} times in {timeout} s:\n{process.tail()}"
+    )
+
+
+def _state_until(stack: Stack, check: Any, what: str, timeout: float = RECOVER_BOUND) -> float:
+    """Until the bootstrap server's state passes `check`; when it did."""
+    deadline = time.monotonic() + timeout
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            state = stack.bootstrap()
+        except requests.RequestException:
+            state = {}
+        if state and check(state):
+            return time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not in {timeout} s: {state}")
+
+
+def _first_served(probe: Probe, after: float, timeout: float) -> Sample | None:
+    """The first request sent after `after` (the kill) that was served, waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = next((s for s in list(probe.samples) if s.ok and s.t >= after), None)
+        if found is not None or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def _first_routed(probe: Probe, after: float) -> Sample | None:
+    """The first request sent after `after` (the relaunched prefill's /health) that the router
+    did not refuse for want of a healthy prefill: it lists the prefill again (smg looks at its
+    workers every 2 s here, so that is 0-2 s after /health, whatever registrar does)."""
+    return next(
+        (s for s in list(probe.samples) if s.t >= after and NO_WORKERS not in s.detail), None
+    )
+
+
+def _puts(stack: Stack) -> list[dict[str, int]]:
+    """Accepted PUTs per rank in each lifetime of the current prefill's bootstrap server."""
+    return [life["puts"] for life in stack.bootstrap()["lifetimes"]]
+
+
+def _each_rank_once(stack: Stack) -> dict[str, int]:
+    return {f"dp 0 cp 0 tp {tp} pp 0": 1 for tp in range(stack.tp)}
+
+
+def tp_race(stack: Stack, record: Record) -> None:
+    """t1. The seed's race at TP 2: node 0's bootstrap server comes up after the upstream retry
+    budget of both ranks is spent. With registrar, rank 1's PUTs are then refused for a moment:
+    `/ready` must say 503 while its row is missing."""
+    assert stack.prefill is not None
+    if stack.registrar:
+        seen = _count_log(stack.prefill, PLUGIN_STARTED, stack.tp, 120)
+        time.sleep(max(0.0, seen + UPSTREAM_BUDGET - time.monotonic()))
+    else:
+        _count_log(stack.prefill, UPSTREAM_GAVE_UP, stack.tp, 120)
+        record.notes.append(f"prefill log, once per rank: {UPSTREAM_GAVE_UP!r}")
+    start = time.monotonic()
+    with Probe(stack.router_url, start) as probe, ReadyWatch(stack, start) as watch:
+        _state_until(stack, lambda s: s["held"], "the bootstrap server held")
+        record.health.append(stack.health("bootstrap server not listening yet"))
+        stack.bootstrap("start")
+        zero = time.monotonic() - start
+        record.events["bootstrap server listening"] = zero
+        if stack.registrar:
+            first_in = _state_until(
+                stack,
+                lambda s: s["refused"] and s["lifetimes"][-1]["rows"],
+                f"a row in and rank tp {REFUSED_TP}'s PUT refused",
+            )
+            record.events[f"one row in, tp {REFUSED_TP} refused"] = first_in - start
+            record.health.append(stack.health(f"rank tp {REFUSED_TP} refused"))
+            stack.bootstrap("admit")
+            admitted = time.monotonic() - start
+            record.events[f"tp {REFUSED_TP} admitted"] = admitted
+            all_in = _state_until(
+                stack, lambda s: len(s["lifetimes"][-1]["rows"]) == stack.tp, "every row in"
+            )
+            record.events["every row in"] = all_in - start
+            first = probe.wait_ok(RECOVER_BOUND, after=admitted)
+            assert first is not None, f"not served after the race: {probe.samples[-3:]}"
+            record.figures["listening to first success (s)"] = round(first.done - zero, 2)
+            record.figures["admitted to first success (s)"] = round(first.done - admitted, 2)
+            # Watch on a little: requests go on being served, /ready stays what it says.
+            probe.wait_ok(10, after=first.done + 2)
+        else:
+            probe.wait_ok(FAIL_WINDOW, after=zero)  # a request served would end the watch
+        record.health.append(stack.health("bootstrap server listening"))
+    _finish(record, probe, zero)
+    record.events = {k: round(v - zero, 2) for k, v in record.events.items()}
+    watch.figures(record)
+    record.figures["failures after listening"] = _failures(probe, zero)
+    record.figures["accepted PUTs per rank per lifetime"] = _puts(stack)
+    served = [s for s in probe.since(zero) if s.ok]
+    if stack.registrar:
+        steps = {h["step"]: h for h in record.health}
+        assert steps["bootstrap server not listening yet"]["prefill /ready"] == "503", steps
+        assert steps[f"rank tp {REFUSED_TP} refused"]["prefill /ready"] == "503", steps
+        assert record.health[-1]["prefill /ready"] == "200", record.health
+        assert not watch.ready_with_rows_missing(), watch.ready_with_rows_missing()[:5]
+        assert record.figures["accepted PUTs per rank per lifetime"] == [_each_rank_once(stack)]
+    else:
+        assert not served, f"served without registrar after the race: {served[:3]}"
+        assert record.figures["accepted PUTs per rank per lifetime"] == [{}]
+
+
+def tp_relaunch(stack: Stack, record: Record) -> None:
+    """t2. The TP 2 prefill killed and relaunched under the live TP 2 decode and the router, the
+    decode's heartbeat made to tolerate the outage (as in scenario 3): the time from the
+    relaunched prefill's `/health` to the first request served, and each decode rank dropping
+    its cached rows of the dead prefill once."""
+    assert stack.decode is not None
+    assert stack.prefill is not None
+    if not stack.registrar:
+        _serve_again(stack, record, "t1 left the deployment failing")
+    start = time.monotonic()
+    # Requests 0.2 s apart: the figure is read to the gap (the router answers 503 at once while
+    # it lists no prefill).
+    with Probe(stack.router_url, start, gap=0.2) as probe, ReadyWatch(stack, start) as watch:
+        _serving(stack, probe, record)
+        mark = len(stack.decode.text())
+        stack.decode_heartbeat("heartbeat-tolerant")
+        zero = time.monotonic() - start
+        record.events["prefill killed"] = zero
+        stack.relaunch_prefill(kill=True)
+        stack.wait_prefill_up(every=0.05)
+        up = time.monotonic() - start
+        record.events["prefill /health 200"] = up
+        record.health.append(stack.health("prefill up again"))
+        all_in = _state_until(
+            stack, lambda s: len(s["lifetimes"][-1]["rows"]) == stack.tp, "every row in"
+        )
+        record.events["every row in"] = all_in - start
+        first = _first_served(probe, zero, RECOVER_BOUND if stack.registrar else FAIL_WINDOW)
+        routed = _first_routed(probe, up)
+        if routed is not None:
+            record.figures["/health to the router routing again (s)"] = round(routed.t - up, 2)
+        if first is not None:
+            # Sent: from then on the deployment serves; answered: plus one request's time on
+            # this machine (1-2 s at load 20 on 2 cores, ~0.2 s idle).
+            record.figures["/health to first served request sent (s)"] = round(first.t - up, 2)
+            record.figures["/health to first served request answered (s)"] = round(
+                first.done - up, 2
+            )
+            routed_at = up if routed is None else routed.t
+            record.figures[ROUTED_TO_SERVED] = round(first.t - routed_at, 2)
+            probe.wait_ok(10, after=first.done + 2)
+        else:
+            none = f"none in {FAIL_WINDOW:.0f} s"
+            record.figures["/health to first served request sent (s)"] = none
+            record.figures[ROUTED_TO_SERVED] = none
+        record.health.append(stack.health("after the relaunch"))
+        decodes = stack.decode_states()
+        stack.decode_heartbeat("heartbeat-default")
+    decode_log = stack.decode.text()[mark:]
+    record.notes.append(
+        "the decode's heartbeat did not drop the dead prefill (made to tolerate the outage on "
+        "every decode rank, as in scenario 3)"
+    )
+    drops = decode_log.count(REGISTRAR_DROPPED)
+    record.figures["decode drops by registrar (one per decode rank expected)"] = drops
+    _finish(record, probe, zero)
+    record.events = {k: round(v - zero, 2) for k, v in record.events.items()}
+    watch.figures(record)
+    record.figures["failures after /health"] = _failures(probe, up)
+    record.figures["accepted PUTs per rank per lifetime"] = _puts(stack)
+    assert record.figures["accepted PUTs per rank per lifetime"] == [_each_rank_once(stack)]
+    served = [s for s in probe.since(up) if s.ok]
+    if stack.registrar:
+        assert drops == stack.decode_tp, f"{drops} drops:\n{decode_log[-3000:]}"
+        new = {(row[4], row[5]) for row in stack.bootstrap()["lifetimes"][-1]["rows"]}
+        cached = {tuple(a) for d in decodes for rows in d["rows"].values() for a in rows}
+        assert cached, f"the decode caches nothing of the prefill: {decodes}"
+        assert cached <= new, f"the decode caches {cached}, the prefill is at {new}"
+        assert not watch.ready_with_rows_missing(), watch.ready_with_rows_missing()[:5]
+        figure = record.figures[ROUTED_TO_SERVED]
+        assert figure <= RELAUNCH_BOUND, f"served {figure} s after routed: {probe.samples}"
+    else:
+        assert not served, f"served with stale addresses cached on the decode: {served[:3]}"
