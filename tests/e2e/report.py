@@ -26,6 +26,9 @@ TITLES = {
     "6": "6. The router knows no worker but what the plugin tells it: killed, restarted, drained",
     "t1": "t1. TP 2 prefill: the bootstrap server listens after both ranks' upstream retry budget",
     "t2": "t2. TP 2 prefill killed and relaunched under a TP 2 decode",
+    "n1": "n1. Two prefill nodes: node 1's rank and a bootstrap server on node 0 that starts late",
+    "n2": "n2. Two prefill nodes relaunched as a group under a live decode",
+    "n3": "n3. Node 1 of two dies, node 0 is left running",
 }
 EVENT_ZERO = {
     "1": "bootstrap server listening",
@@ -33,11 +36,15 @@ EVENT_ZERO = {
     "3": "prefill killed",
     "t1": "bootstrap server listening",
     "t2": "prefill killed",
+    "n1": "bootstrap server listening",
+    "n2": "prefill killed",
+    "n3": "node 1 killed",
 }
 PAIRED = ("1", "2", "3")
 """Scenarios run without and with registrar, drawn and tabled side by side."""
-TOPOLOGY = ("t1", "t2")
-"""The same for the topology scenarios (tests/e2e/test_topology.py), tabled after the rest."""
+TOPOLOGY = ("t1", "t2", "n1", "n2", "n3")
+"""The same for the topology scenarios (tests/e2e/test_topology.py, test_two_nodes.py), tabled
+after the rest."""
 ENDPOINTS = (
     "prefill /health",
     "prefill /ready",

@@ -25,6 +25,7 @@ from support import process_port
 __all__ = [
     "CPU_FLAGS",
     "Deployment",
+    "Node",
     "Process",
     "server_env",
 ]
@@ -56,7 +57,9 @@ TIMEOUTS = {
 }
 
 
-def server_env(*, plugin: bool, control_dir: Path | None = None, **extra: str) -> dict[str, str]:
+def server_env(
+    *, plugin: bool, control_dir: Path | None = None, host: str = HOST, **extra: str
+) -> dict[str, str]:
     """The environment of an SGLang server: CPU engine, Mooncake over TCP, the test-only start-up
     module first on PYTHONPATH, registrar from this checkout, and registrar's plugin loaded or
     filtered out through SGLang's own `SGLANG_PLUGINS`."""
@@ -66,8 +69,9 @@ def server_env(*, plugin: bool, control_dir: Path | None = None, **extra: str) -
     )
     env.update(
         SGLANG_USE_CPU_ENGINE="1",
-        # Every address SGLang and Mooncake publish (rank_ip, the engine's hostname) on loopback.
-        SGLANG_HOST_IP=HOST,
+        # Every address SGLang and Mooncake publish (rank_ip, the engine's hostname) on the
+        # host's own: loopback, or a node's address inside its namespace.
+        SGLANG_HOST_IP=host,
         MC_FORCE_TCP="1",
         MOONCAKE_PROTOCOL="tcp",
         SGLANG_PLUGINS="registrar" if plugin else "none-registrar-filtered-out",
@@ -77,6 +81,16 @@ def server_env(*, plugin: bool, control_dir: Path | None = None, **extra: str) -
         env["E2E_CONTROL_DIR"] = str(control_dir)
     env.update(extra)
     return env
+
+
+@dataclass(frozen=True)
+class Node:
+    """A prefill node other than the test's own host: its node rank, address and the command
+    prefix that runs a process there."""
+
+    rank: int
+    host: str
+    prefix: list[str]
 
 
 @dataclass
@@ -127,9 +141,10 @@ class Process:
 class Deployment:
     """The processes of one test: launched, waited for, and all stopped at the end."""
 
-    def __init__(self, model: Path, logs: Path) -> None:
+    def __init__(self, model: Path, logs: Path, host: str = HOST) -> None:
         self.model = model
         self.logs = logs
+        self.host = host
         self.processes: list[Process] = []
 
     def _launch(self, name: str, cmd: list[str], env: dict[str, str], url: str) -> Process:
@@ -149,21 +164,30 @@ class Deployment:
         return process
 
     def sglang(
-        self, name: str, port: int, flags: list[str], env: dict[str, str], tp: int = 1
+        self,
+        name: str,
+        port: int,
+        flags: list[str],
+        env: dict[str, str],
+        tp: int = 1,
+        node: Node | None = None,
     ) -> Process:
         """`launch_server` on `port`; with `tp` > 1 one scheduler process per rank, each rank's
-        OpenMP threads bound to a core of its own (`SGLANG_CPU_OMP_THREADS_BIND`, 0|1 for 2)."""
+        OpenMP threads bound to a core of its own (`SGLANG_CPU_OMP_THREADS_BIND`, 0|1 for 2,
+        indexed by the global rank, so every node gets the whole list). On another `node`, its
+        address and command prefix (`netns.Nodes`)."""
+        host, prefix = (self.host, []) if node is None else (node.host, node.prefix)
         parallel: list[str] = []
         if tp > 1:
             parallel = ["--tp", str(tp)]
             env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(map(str, range(tp))), **env}
         cmd = [
-            sys.executable, "-m", "sglang.launch_server",
+            *prefix, sys.executable, "-m", "sglang.launch_server",
             "--model-path", str(self.model),
-            "--host", HOST, "--port", str(port),
+            "--host", host, "--port", str(port),
             *CPU_FLAGS, *parallel, *flags,
         ]  # fmt: skip
-        return self._launch(name, cmd, env, f"http://{HOST}:{port}")
+        return self._launch(name, cmd, env, f"http://{host}:{port}")
 
     def prefill(
         self,
@@ -172,6 +196,7 @@ class Deployment:
         env: dict[str, str],
         extra: tuple[str, ...] = (),
         tp: int = 1,
+        node: Node | None = None,
     ) -> Process:
         flags = [
             *PD_FLAGS,
@@ -181,7 +206,8 @@ class Deployment:
             "--disable-overlap-schedule",
             *extra,
         ]  # fmt: skip
-        return self.sglang("prefill", port, flags, env, tp)
+        name = "prefill" if node is None else f"prefill-node-{node.rank}"
+        return self.sglang(name, port, flags, env, tp, node)
 
     def decode(
         self, port: int, env: dict[str, str], extra: tuple[str, ...] = (), tp: int = 1
@@ -211,15 +237,15 @@ class Deployment:
             static = ["--prefill", prefill, str(bootstrap_port), "--decode", decode]
         cmd = [
             smg, "launch", "--pd-disaggregation", *static,
-            "--host", HOST, "--port", str(port),
+            "--host", self.host, "--port", str(port),
             # The timeline shows the servers, not the router's own retry and breaker policy, and
             # the router looks at its workers every 2 s instead of every 30 s / 60 s.
             "--disable-retries", "--disable-circuit-breaker",
             "--worker-startup-check-interval", "1", "--health-check-interval-secs", "2",
-            "--prometheus-host", HOST, "--prometheus-port", str(process_port()),
+            "--prometheus-host", self.host, "--prometheus-port", str(process_port(self.host)),
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REGISTRAR_", "E2E_"))}
-        return self._launch("router", cmd, env, f"http://{HOST}:{port}")
+        return self._launch("router", cmd, env, f"http://{self.host}:{port}")
 
     def stop_all(self) -> None:
         for process in reversed(self.processes):

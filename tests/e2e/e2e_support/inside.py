@@ -211,7 +211,7 @@ class _Bootstrap:
         assert self.original_run is not None
         self.original_run(server)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not _listening(server.port):
+        while time.monotonic() < deadline and not _listening(server):
             time.sleep(0.02)
         self.listening_at.append(time.time())
         _say(f"bootstrap server listening on port {server.port}")
@@ -232,7 +232,7 @@ class _Bootstrap:
             loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(server._background_tasks)])
         server.close()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _listening(server.port):
+        while time.monotonic() < deadline and _listening(server):
             time.sleep(0.02)
         self.stopped_at.append(time.time())
         _say(f"bootstrap server on port {server.port} stopped")
@@ -252,7 +252,7 @@ class _Bootstrap:
         return {
             "pid": os.getpid(),
             "held": self.held is not None,
-            "listening": bool(self.servers) and _listening(self.servers[-1].port),
+            "listening": bool(self.servers) and _listening(self.servers[-1]),
             "lifetimes": [
                 {
                     "count": int(s._registered_count),
@@ -412,9 +412,11 @@ def _tokenizer_manager() -> Any:
     return getattr(state, "tokenizer_manager", None)
 
 
-def _listening(port: int) -> bool:
+def _listening(server: Any) -> bool:
+    """Whether the bootstrap server answers on its own host (`--host`: a node's address in the
+    two-node scenarios)."""
     with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((getattr(server, "host", None) or "127.0.0.1", server.port)) == 0
 
 
 def _say(text: str) -> None:

@@ -20,7 +20,9 @@ import requests
 from support import process_port
 
 from .deploy import (
+    HOST,
     Deployment,
+    Node,
     Process,
     control,
     read_control,
@@ -28,6 +30,7 @@ from .deploy import (
     wait_http,
 )
 from .lines import assert_plugin_lines
+from .netns import Nodes
 
 __all__ = ["PROMPTS", "Probe", "Sample", "Stack", "generate"]
 
@@ -122,21 +125,34 @@ class Record:
 
 class Stack:
     """A prefill/decode deployment with the router in front, all started on free ports; the
-    prefill on `tp` ranks (one node), the decode on `decode_tp`."""
+    prefill on `tp` ranks, on one node or, given `nodes` (the test already inside node 0's
+    namespace), half of them on each of two; the decode on `decode_tp`, on node 0."""
 
     def __init__(
-        self, registrar: bool, model: Path, logs: Path, tp: int = 1, decode_tp: int = 1
+        self,
+        registrar: bool,
+        model: Path,
+        logs: Path,
+        tp: int = 1,
+        decode_tp: int = 1,
+        nodes: Nodes | None = None,
     ) -> None:
         self.registrar = registrar
         self.tp = tp
         self.decode_tp = decode_tp
         self.logs = logs
-        self.deploy = Deployment(model, logs)
-        self.prefill_port = process_port()
-        self.bootstrap_port = process_port()
-        self.decode_port = process_port()
-        self.router_port = process_port()
+        self.nodes = nodes
+        self.host = HOST if nodes is None else nodes.addresses[0]
+        self.deploy = Deployment(model, logs, self.host)
+        self.prefill_port = process_port(self.host)
+        self.bootstrap_port = process_port(self.host)
+        self.decode_port = process_port(self.host)
+        self.router_port = process_port(self.host)
+        self.dist_port = process_port(self.host)
         self.prefill: Process | None = None
+        """The prefill's node 0 (its HTTP server and bootstrap server)."""
+        self.prefill_nodes: list[Process] = []
+        """Every prefill node, node 0 first."""
         self.decode: Process | None = None
         self.router: Process | None = None
         self.single: Process | None = None
@@ -156,7 +172,7 @@ class Stack:
             self.single = self.deploy.single(process_port(), server_env(plugin=False))
         decode_dir = self.logs / "control-decode"
         decode_dir.mkdir()
-        env = server_env(plugin=self.registrar, control_dir=decode_dir)
+        env = server_env(plugin=self.registrar, control_dir=decode_dir, host=self.host)
         self.decode = self.deploy.decode(self.decode_port, env, tp=self.decode_tp)
         self.launch_prefill(hold=hold, refuse_tp=refuse_tp)
         with ThreadPoolExecutor(3) as pool:
@@ -169,7 +185,7 @@ class Stack:
                 wait.result()
         assert self.prefill is not None
         assert self.decode is not None
-        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=self.tp)
+        self.assert_prefill_lines()
         assert_plugin_lines(self.decode, plugin=self.registrar)
         self.decode_control_urls = [
             read_control(self.decode, decode_dir, f"decode-{rank}" if rank else "decode")
@@ -184,29 +200,68 @@ class Stack:
         control_dir = self.logs / f"control-{self.launches}"
         control_dir.mkdir()
         self.launches += 1
-        env = server_env(plugin=self.registrar, control_dir=control_dir)
+        env = server_env(plugin=self.registrar, control_dir=control_dir, host=self.host)
         if hold:
             env["E2E_BOOTSTRAP_HOLD"] = "1"
         if refuse_tp is not None:
             env["E2E_BOOTSTRAP_REFUSE_TP"] = str(refuse_tp)
-        self.prefill = self.deploy.prefill(self.prefill_port, self.bootstrap_port, env, tp=self.tp)
+        if self.nodes is None:
+            self.prefill = self.deploy.prefill(
+                self.prefill_port, self.bootstrap_port, env, tp=self.tp
+            )
+            self.prefill_nodes = [self.prefill]
+        else:
+            self.prefill_nodes = [self._launch_node(rank, env) for rank in (0, 1)]
+            self.prefill = self.prefill_nodes[0]
         self.control_url = read_control(self.prefill, control_dir)
         return self.prefill
 
+    def _launch_node(self, rank: int, env: dict[str, str]) -> Process:
+        """Prefill node `rank` of two (`--nnodes 2`, gloo on the node's veth: without
+        `GLOO_SOCKET_IFNAME` it dials the address the host name resolves to, 127.0.0.1)."""
+        assert self.nodes is not None
+        group = (
+            "--nnodes", "2", "--node-rank", str(rank),
+            "--dist-init-addr", f"{self.host}:{self.dist_port}",
+        )  # fmt: skip
+        link = {"GLOO_SOCKET_IFNAME": self.nodes.links[rank]}
+        if rank == 0:
+            env = {**env, **link}
+            return self.deploy.prefill(
+                self.prefill_port, self.bootstrap_port, env, group, tp=self.tp
+            )
+        host = self.nodes.addresses[rank]
+        node_env = server_env(plugin=self.registrar, host=host, **link)
+        node = Node(rank, host, self.nodes.on_node_1([]))
+        return self.deploy.prefill(
+            self.prefill_port, self.bootstrap_port, node_env, group, tp=self.tp, node=node
+        )
+
     def relaunch_prefill(self, *, kill: bool) -> Process:
-        """End the prefill (SIGKILL to its group for a crash, else SIGTERM) and launch it again
-        on the same ports, its bootstrap server not held."""
-        assert self.prefill is not None
-        if kill:
-            self.prefill.kill()
-        else:
-            self.prefill.stop()
+        """End the prefill, every node of it as a group controller would (SIGKILL to each
+        process group for a crash, else SIGTERM), and launch it again on the same ports, its
+        bootstrap server not held."""
+        for node in self.prefill_nodes:
+            if kill:
+                node.kill()
+            else:
+                node.stop()
         return self.launch_prefill(hold=False)
 
     def wait_prefill_up(self, every: float = 0.5) -> None:
         assert self.prefill is not None
         wait_http(self.prefill, "/health", SERVE_TIMEOUT, every=every)
-        assert_plugin_lines(self.prefill, plugin=self.registrar, rows=self.tp)
+        self.assert_prefill_lines()
+
+    def assert_prefill_lines(self) -> None:
+        """The plugin's lines in every prefill node's log: its rows' share on each."""
+        for node in self.prefill_nodes:
+            rows = self.tp // len(self.prefill_nodes)
+            assert_plugin_lines(node, plugin=self.registrar, rows=rows)
+
+    def prefill_text(self) -> str:
+        """The logs of every prefill node, node 0 first."""
+        return "".join(node.text() for node in self.prefill_nodes)
 
     def wait_router_ready(self, timeout: float = 120.0) -> None:
         assert self.router is not None

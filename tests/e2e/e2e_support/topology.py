@@ -34,7 +34,7 @@ from .scenarios import (
 )
 from .stack import Probe, Record, Sample, Stack
 
-__all__ = ["ReadyWatch", "tp_race", "tp_relaunch"]
+__all__ = ["ReadyWatch", "node_dies", "tp_race", "tp_relaunch"]
 
 RELAUNCH_BOUND = 1.0
 """With registrar the relaunched prefill serves within this of its `/health` (issue 36)."""
@@ -103,16 +103,16 @@ def _codes(samples: list[tuple[float, int, int]]) -> str:
     return ", ".join(f"{n} x {code}" for code, n in sorted(counts.items())) or "never seen"
 
 
-def _count_log(process: Any, text: str, count: int, timeout: float, start: int = 0) -> float:
-    """Until `text` is in the log `count` times (once per rank); when it happened."""
+def _count_log(stack: Stack, text: str, count: int, timeout: float) -> float:
+    """Until `text` is in the prefill's logs (every node's) `count` times (once per rank); when
+    it happened."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.text()[start:].count(text) >= count:
+        if stack.prefill_text().count(text) >= count:
             return time.monotonic()
         time.sleep(0.25)
-    raise AssertionError(
-        f"{process.name} logged {text!r} fewer than {count} times in {timeout} s:\n{process.tail()}"
-    )
+    tails = "\n".join(node.tail() for node in stack.prefill_nodes)
+    raise AssertionError(f"the prefill logged {text!r} < {count} times in {timeout} s:\n{tails}")
 
 
 def _state_until(stack: Stack, check: Any, what: str, timeout: float = RECOVER_BOUND) -> float:
@@ -164,10 +164,10 @@ def tp_race(stack: Stack, record: Record) -> None:
     `/ready` must say 503 while its row is missing."""
     assert stack.prefill is not None
     if stack.registrar:
-        seen = _count_log(stack.prefill, PLUGIN_STARTED, stack.tp, 120)
+        seen = _count_log(stack, PLUGIN_STARTED, stack.tp, 120)
         time.sleep(max(0.0, seen + UPSTREAM_BUDGET - time.monotonic()))
     else:
-        _count_log(stack.prefill, UPSTREAM_GAVE_UP, stack.tp, 120)
+        _count_log(stack, UPSTREAM_GAVE_UP, stack.tp, 120)
         record.notes.append(f"prefill log, once per rank: {UPSTREAM_GAVE_UP!r}")
     start = time.monotonic()
     with Probe(stack.router_url, start) as probe, ReadyWatch(stack, start) as watch:
@@ -291,3 +291,89 @@ def tp_relaunch(stack: Stack, record: Record) -> None:
         assert figure <= RELAUNCH_BOUND, f"served {figure} s after routed: {probe.samples}"
     else:
         assert not served, f"served with stale addresses cached on the decode: {served[:3]}"
+
+
+QUIET_WATCH = 20.0
+"""How long node 0 is watched after node 1 dies with no request from the test (the router's
+health checks go on, as in any deployment)."""
+BUSY_WATCH = 20.0
+"""Then how long with requests through the router."""
+TRUTH_BOUND = 5.0
+"""How long after node 1 dies node 0's `/ready` may still say 200 (issue 36: "within a few
+seconds"); a group with a node gone serves nothing."""
+
+
+def _code(url: str) -> str:
+    """A status with a short patience: a hung server shows as a timeout, not a stalled watch."""
+    try:
+        return str(requests.get(url, timeout=2).status_code)
+    except requests.Timeout:
+        return "timeout"
+    except requests.RequestException:
+        return "refused"
+
+
+def _glance(stack: Stack, zero: float) -> dict[str, Any]:
+    assert stack.prefill is not None
+    assert stack.router is not None
+    url = stack.prefill.url
+    return {
+        "t": round(time.monotonic() - zero, 2),
+        "node 0 alive": stack.prefill.alive(),
+        "prefill /health": _code(url + "/health"),
+        "prefill /ready": _code(url + "/ready"),
+        "router /readiness": _code(stack.router.url + "/readiness"),
+    }
+
+
+def _spans(glances: list[dict[str, Any]], key: str) -> str:
+    """`key`'s values over time as `value from..to` runs, for the record."""
+    runs: list[list[Any]] = []
+    for g in glances:
+        if runs and runs[-1][0] == g[key]:
+            runs[-1][2] = g["t"]
+        else:
+            runs.append([g[key], g["t"], g["t"]])
+    return ", ".join(f"{v} {a}..{b} s" for v, a, b in runs)
+
+
+def _watch(stack: Stack, zero: float, until: float, glances: list[dict[str, Any]]) -> None:
+    while time.monotonic() < zero + until:
+        glances.append(_glance(stack, zero))
+        time.sleep(0.25)
+
+
+def node_dies(stack: Stack, record: Record) -> None:
+    """n3. Node 1 of the two-node prefill killed, node 0 left running: what SGLang does with the
+    broken group, and what `/health`, `/ready` and the router say meanwhile, first with no
+    request from the test, then with requests. Node 0's `/ready` may not say 200 later than
+    `TRUTH_BOUND` after the kill."""
+    assert len(stack.prefill_nodes) == 2
+    node0, node1 = stack.prefill_nodes
+    start = time.monotonic()
+    with Probe(stack.router_url, start) as probe:
+        served = probe.wait_ok(RECOVER_BOUND if stack.registrar else 20)
+        assert served is not None or not stack.registrar, f"not serving: {probe.samples[-3:]}"
+    record.health.append(stack.health("before node 1 dies"))
+    node1.kill()
+    zero = time.monotonic()
+    glances: list[dict[str, Any]] = []
+    _watch(stack, zero, QUIET_WATCH, glances)
+    with Probe(stack.router_url, zero) as probe:
+        _watch(stack, zero, QUIET_WATCH + BUSY_WATCH, glances)
+    record.health.append(stack.health(f"{QUIET_WATCH + BUSY_WATCH:.0f} s after node 1 died"))
+    _finish(record, probe, 0.0)
+    record.events = {"node 1 killed": 0.0, "requests from the test again": QUIET_WATCH}
+    gone = next((g["t"] for g in glances if not g["node 0 alive"]), None)
+    if gone is not None:
+        record.events["node 0 seen exited"] = gone
+    record.figures["node 0 exit code"] = node0.proc.returncode
+    for key in ("prefill /health", "prefill /ready", "router /readiness"):
+        record.figures[f"{key} after node 1 died"] = _spans(glances, key)
+    record.figures["requests served after node 1 died"] = sum(s.ok for s in probe.samples)
+    record.figures["failures after node 1 died"] = _failures(probe, 0.0)
+    ready = [g["t"] for g in glances if g["prefill /ready"] == "200"]
+    record.figures["last /ready 200 after node 1 died (s)"] = ready[-1] if ready else "none"
+    record.notes.append(f"node 0's log, its last lines: {node0.tail(600)}")
+    late = [t for t in ready if t > TRUTH_BOUND]
+    assert not late, f"/ready said 200 {late[:5]} s after node 1 died: {glances[:40]}"
