@@ -374,6 +374,7 @@ def node_dies(stack: Stack, record: Record) -> None:
     record.figures["failures after node 1 died"] = _failures(probe, 0.0)
     ready = [g["t"] for g in glances if g["prefill /ready"] == "200"]
     record.figures["last /ready 200 after node 1 died (s)"] = ready[-1] if ready else "none"
-    record.notes.append(f"node 0's log, its last lines: {node0.tail(600)}")
+    errors = [line for line in node0.text().splitlines() if "Error" in line]
+    record.notes.append(f"node 0's last error line: {errors[-1][:300] if errors else 'none'}")
     late = [t for t in ready if t > TRUTH_BOUND]
     assert not late, f"/ready said 200 {late[:5]} s after node 1 died: {glances[:40]}"
