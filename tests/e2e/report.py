@@ -28,7 +28,8 @@ TITLES = {
     "t2": "t2. TP 2 prefill killed and relaunched under a TP 2 decode",
     "n1": "n1. Two prefill nodes: node 1's rank and a bootstrap server on node 0 that starts late",
     "n2": "n2. Two prefill nodes relaunched as a group under a live decode",
-    "n3": "n3. Node 1 of two dies, node 0 is left running",
+    "n3": "n3. The link between the two prefill nodes cut, then healed",
+    "n4": "n4. Node 1 of two dies, node 0 is left running",
 }
 EVENT_ZERO = {
     "1": "bootstrap server listening",
@@ -38,11 +39,12 @@ EVENT_ZERO = {
     "t2": "prefill killed",
     "n1": "bootstrap server listening",
     "n2": "prefill killed",
-    "n3": "node 1 killed",
+    "n3": "link cut",
+    "n4": "node 1 killed",
 }
 PAIRED = ("1", "2", "3")
 """Scenarios run without and with registrar, drawn and tabled side by side."""
-TOPOLOGY = ("t1", "t2", "n1", "n2", "n3")
+TOPOLOGY = ("t1", "t2", "n1", "n2", "n3", "n4")
 """The same for the topology scenarios (tests/e2e/test_topology.py, test_two_nodes.py), tabled
 after the rest."""
 ENDPOINTS = (

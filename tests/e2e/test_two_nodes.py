@@ -1,4 +1,4 @@
-"""Two prefill nodes (issue 36 scenario 3, docs/e2e.md "Topologies"): a prefill `--tp 2
+"""Two prefill nodes (issue 36 scenarios 3 and 4, docs/e2e.md "Topologies"): a prefill `--tp 2
 --nnodes 2`, one rank on each node, node 1 in a network namespace of its own, node 0 with the
 decode and the router in another; the suite makes both namespaces and removes them, even when a
 test fails. Stock SGLang and with registrar's plugin, one deployment each.
@@ -17,7 +17,7 @@ import pytest
 from e2e_support.netns import Nodes
 from e2e_support.scenarios import run
 from e2e_support.stack import Stack
-from e2e_support.topology import REFUSED_TP, node_dies, tp_race, tp_relaunch
+from e2e_support.topology import REFUSED_TP, link_cut, node_dies, tp_race, tp_relaunch
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -53,5 +53,9 @@ def test_n2_both_nodes_relaunched_as_a_group(stack: Stack, results: Any) -> None
     run(results, "n2", stack.registrar, tp_relaunch, stack)
 
 
-def test_n3_node_1_dies_and_node_0_is_left(stack: Stack, results: Any) -> None:
-    run(results, "n3", stack.registrar, node_dies, stack)
+def test_n3_the_link_between_the_nodes_cut_and_healed(stack: Stack, results: Any) -> None:
+    run(results, "n3", stack.registrar, link_cut, stack)
+
+
+def test_n4_node_1_dies_and_node_0_is_left(stack: Stack, results: Any) -> None:
+    run(results, "n4", stack.registrar, node_dies, stack)

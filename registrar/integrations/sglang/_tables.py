@@ -1,6 +1,7 @@
 """The node-0 bootstrap server's table, as this process holds it: complete or not, which rows are
-missing, and the readiness `/ready` and the gateway read from it. Where SGLang has no `/ready`
-(before 0.5.20), the plugin adds the route, with readiness computed as 0.5.20 computes it."""
+missing or no longer answer (`_reach`), and the readiness `/ready` and the gateway read from it.
+Where SGLang has no `/ready` (before 0.5.20), the plugin adds the route, with readiness computed
+as 0.5.20 computes it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import math
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from ._reach import REACH
 
 logger = logging.getLogger("registrar.integrations.sglang.tables")
 
@@ -54,12 +57,17 @@ def bootstrap_summary(server: Any) -> dict[str, Any]:
     if sizes is None:
         return {**summary, "complete": False, "missing_rows": None}
     listed = missing or []
+    silent = [
+        {"dp": d, "cp": c, "tp": t, "pp": p, "error": error}
+        for (d, c, t, p), error in REACH.silent(server).items()
+    ]
     return {
         **summary,
         "complete": missing == [],
         "expected_rows": math.prod(sizes),
         "missing_count": len(listed),
         "missing_rows": listed[:_MAX_LISTED],
+        "silent_rows": silent[:_MAX_LISTED],
     }
 
 
@@ -67,7 +75,7 @@ def _table_ready(manager: Any) -> bool:
     server = getattr(manager, "bootstrap_server", None)
     if server is None or not hasattr(server, "prefill_port_table"):
         return True  # not the node-0 prefill HTTP process: nothing to wait for here
-    return table_complete(server)
+    return table_complete(server) and not REACH.silent(server)
 
 
 def around_is_ready(original: Callable[..., bool], manager: Any, *args: Any, **kwargs: Any) -> bool:

@@ -34,7 +34,7 @@ from .scenarios import (
 )
 from .stack import Probe, Record, Sample, Stack
 
-__all__ = ["ReadyWatch", "node_dies", "tp_race", "tp_relaunch"]
+__all__ = ["ReadyWatch", "link_cut", "node_dies", "tp_race", "tp_relaunch"]
 
 RELAUNCH_BOUND = 1.0
 """With registrar the relaunched prefill serves within this of its `/health` (issue 36)."""
@@ -344,7 +344,7 @@ def _watch(stack: Stack, zero: float, until: float, glances: list[dict[str, Any]
 
 
 def node_dies(stack: Stack, record: Record) -> None:
-    """n3. Node 1 of the two-node prefill killed, node 0 left running: what SGLang does with the
+    """n4. Node 1 of the two-node prefill killed, node 0 left running: what SGLang does with the
     broken group, and what `/health`, `/ready` and the router say meanwhile, first with no
     request from the test, then with requests. Node 0's `/ready` may not say 200 later than
     `TRUTH_BOUND` after the kill."""
@@ -378,3 +378,77 @@ def node_dies(stack: Stack, record: Record) -> None:
     record.notes.append(f"node 0's last error line: {errors[-1][:300] if errors else 'none'}")
     late = [t for t in ready if t > TRUTH_BOUND]
     assert not late, f"/ready said 200 {late[:5]} s after node 1 died: {glances[:40]}"
+
+
+CUT_WATCH = 30.0
+"""How long the link stays cut: past SGLang's own 20-s `/health` patience, after which its
+readiness turns false whatever registrar does."""
+HEAL_WATCH = 60.0
+"""How long the group is watched once the link carries packets again (TCP's retransmissions
+back off to tens of seconds by then)."""
+SILENT_LINE = "does not answer ("
+"""Node 0's log when a row's address stops answering (registrar/integrations/sglang/_reach.py)."""
+
+
+def _heal(stack: Stack, record: Record, probe: Probe, healed: float) -> None:
+    """The group serving again after the link healed, or (with registrar) relaunched so that the
+    next scenario starts from a serving one."""
+    first = probe.first_ok(after=healed)
+    record.figures["healed to first served request answered (s)"] = (
+        round(first.done - healed, 2) if first else f"none in {HEAL_WATCH:.0f} s"
+    )
+    if first is None and stack.registrar:
+        stack.relaunch_prefill(kill=True)
+        stack.wait_prefill_up()
+        record.notes.append("the group served nothing after the link healed: relaunched after it")
+
+
+def link_cut(stack: Stack, record: Record) -> None:
+    """n3. Every packet between the two nodes dropped, both nodes alive (a partition: no reset
+    reaches either side). Node 0's scheduler waits in gloo for node 1, so the group serves
+    nothing; SGLang's readiness turns false only once a `/health` call has waited 20 s. With
+    registrar node 0's `/ready` must say 503 within `TRUTH_BOUND` (node 1's row no longer
+    answers) and its log say which rank; then the link heals."""
+    assert stack.nodes is not None
+    assert stack.prefill is not None
+    start = time.monotonic()
+    mark = len(stack.prefill.text())
+    with Probe(stack.router_url, start) as probe:
+        # Stock serves nothing here since the relaunch before (the decode keeps dead addresses).
+        served = probe.wait_ok(RECOVER_BOUND if stack.registrar else 20)
+        assert served is not None or not stack.registrar, f"not serving: {probe.samples[-3:]}"
+        record.health.append(stack.health("before the cut"))
+        zero = time.monotonic() - start
+        for node in (0, 1):
+            stack.nodes.drop(node)
+        glances: list[dict[str, Any]] = []
+        _watch(stack, start + zero, CUT_WATCH, glances)
+        for node in (0, 1):
+            stack.nodes.drop(node, on=False)
+        healed = time.monotonic() - start
+        record.health.append(stack.health("link healed"))
+        _watch(stack, start + zero, CUT_WATCH + HEAL_WATCH, glances)
+        _heal(stack, record, probe, healed)
+    _finish(record, probe, zero)
+    record.events = {"link cut": 0.0, "link healed": round(healed - zero, 2)}
+    for key in ("prefill /health", "prefill /ready", "router /readiness"):
+        record.figures[f"{key} from the cut"] = _spans(glances, key)
+    cut = [g for g in glances if g["t"] < CUT_WATCH]
+    turned = next((g["t"] for g in cut if g["prefill /ready"] != "200"), None)
+    record.figures["/ready first not 200 after the cut (s)"] = (
+        turned if turned is not None else "never"
+    )
+    served = [s for s in probe.since(zero) if s.ok and s.t < healed]
+    record.figures["requests served while cut"] = len(served)
+    lines = [ln for ln in stack.prefill.text()[mark:].splitlines() if SILENT_LINE in ln]
+    record.figures["node 0's log: rank does not answer (lines)"] = len(lines)
+    if lines:
+        record.notes.append(f"node 0's log: {lines[0][:240]}")
+    if stack.registrar:
+        assert turned is not None, _spans(cut, "prefill /ready")
+        assert turned <= TRUTH_BOUND, _spans(cut, "prefill /ready")
+        late = [g["t"] for g in cut if g["prefill /ready"] == "200" and g["t"] > TRUTH_BOUND]
+        assert not late, f"/ready 200 while cut at {late[:5]} s"
+        assert lines, "node 0 did not log which rank does not answer"
+    else:
+        assert not lines, lines
