@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from importlib.metadata import version
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ from support import process_port
 
 from registrar import __version__
 from registrar.integrations.sglang._plugin import ACTIVE
+from registrar.integrations.sglang._reach import REACH
 from registrar.integrations.sglang._tables import readiness
 from registrar.integrations.sglang._targets import (
     FEATURES,
@@ -411,7 +413,16 @@ def server_info(manager: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     return info
 
 
-def test_ready_is_false_until_the_table_is_complete(spawn_rank, bootstrap, monkeypatch) -> None:
+@pytest.fixture
+def reach() -> Iterator[Any]:
+    """Node 0's look at every row's address (its thread ended after the test)."""
+    yield REACH
+    REACH.stop()
+
+
+def test_ready_is_false_until_the_table_is_complete(
+    spawn_rank, bootstrap, monkeypatch, reach
+) -> None:
     plugins = import_quietly("sglang.srt.plugins")
     with warnings.catch_warnings():  # applying the hooks imports more of SGLang
         warnings.simplefilter("ignore")
@@ -436,6 +447,9 @@ def test_ready_is_false_until_the_table_is_complete(spawn_rank, bootstrap, monke
         assert summary["missing_rows"] == [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}]
     spawn_rank(port, rank=1, tp_size=2)
     assert wait_for(ready, timeout=120)
+    reach.look()  # both ranks answer at the addresses they registered: still ready
+    assert not reach.silent(manager.bootstrap_server)
+    assert ready() is True
     if with_info:
         summary = server_info(manager, monkeypatch)["registrar_bootstrap"]
         assert (summary["complete"], summary["missing_rows"], summary["expected_rows"]) == (
