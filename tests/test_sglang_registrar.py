@@ -140,6 +140,27 @@ def test_system_dp_ranks(server: BootstrapLab, registrars: list) -> None:
     assert set(server.routes()) == {(0, 0, 0, 0), (1, 0, 0, 0)}
 
 
+def test_dp_attention_ranks_register_by_their_attention_dp_rank(
+    server: BootstrapLab, registrars: list
+) -> None:
+    """`--dp 2 --enable-dp-attention` on SGLang 0.5.23 (measured): each rank sends its attention-DP
+    rank as `system_dp_rank` with `system_dp_size` 1, and the server files it by `attn_dp_rank`.
+    Rank 1's payload was refused before (system_dp_rank outside [0, 1)), so it fell back to
+    SGLang's own PUT."""
+    regs = [
+        start(
+            registrars,
+            server,
+            sglang_payload(
+                attn_dp_size=2, attn_dp_rank=d, system_dp_size=1, system_dp_rank=d, port=23000 + d
+            ),
+        )
+        for d in range(2)
+    ]
+    assert wait_until(lambda: all_back(server, regs, 1), timeout=10)
+    assert set(server.routes()) == {(0, 0, 0, 0), (1, 0, 0, 0)}
+
+
 def test_present_route_is_never_sent_again(server: BootstrapLab, registrars: list) -> None:
     reg = start(registrars, server, sglang_payload(), watch_interval=0.05)
     assert reg.wait_for(State.REGISTERED, timeout=10)
@@ -219,6 +240,10 @@ def test_token_is_sent_and_never_shown(
         ({"rank_port": "8000"}, "rank_port must be an integer"),
         ({"rank_port": 70000}, "rank_port must be within [1, 65535]"),
         ({"attn_tp_rank": 2}, "attn_tp_rank must be within [0, attn_tp_size=1)"),
+        (
+            {"system_dp_size": 2, "system_dp_rank": 2},
+            "system_dp_rank must be within [0, system_dp_size=2)",
+        ),
         ({"page_size": None}, "page_size must be an integer"),
         ({"pp_size": 0}, "pp_size must be >= 1"),
         ({"attn_dp_rank": True}, "attn_dp_rank must be an integer"),

@@ -133,15 +133,24 @@ def _problems(payload: Mapping[str, Any]) -> Iterator[str]:
             yield f"{name} must be an integer, got {value!r}"
         elif kind is str and (not isinstance(value, str) or not value):
             yield f"{name} must be a non-empty string, got {value!r}"
+    yield from _range_problems(payload)
+    port = payload.get("rank_port")
+    if _is_int(port) and not 1 <= port <= 65535:  # type: ignore[operator]
+        yield f"rank_port must be within [1, 65535], got {port!r}"
+
+
+def _range_problems(payload: Mapping[str, Any]) -> Iterator[str]:
     for size, rank in _SIZE_RANK:
         s, r = payload.get(size), payload.get(rank)
         if _is_int(s) and s < 1:  # type: ignore[operator]
             yield f"{size} must be >= 1, got {s!r}"
+        elif rank == "system_dp_rank" and s == 1:
+            # The server files the row by attn_dp_rank then (`rank_of`), and with DP attention
+            # SGLang sends the attention-DP rank here: rank 1 of `--dp 2 --enable-dp-attention`
+            # has system_dp_size 1 and system_dp_rank 1.
+            continue
         elif _is_int(s) and _is_int(r) and not 0 <= r < s:  # type: ignore[operator]
             yield f"{rank} must be within [0, {size}={s}), got {r!r}"
-    port = payload.get("rank_port")
-    if _is_int(port) and not 1 <= port <= 65535:  # type: ignore[operator]
-        yield f"rank_port must be within [1, 65535], got {port!r}"
 
 
 def rank_of(payload: Mapping[str, Any]) -> Rank:
