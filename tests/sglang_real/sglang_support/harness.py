@@ -22,9 +22,11 @@ ROOT = HERE.parent.parent
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a process the suite starts: the torchvision stand-in loads first,
-    and registrar is this checkout's (the shared SGLang environment's editable install points
-    at whichever checkout built or refreshed it last)."""
-    env = dict(os.environ)
+    registrar is this checkout's (the shared SGLang environment's editable install points
+    at whichever checkout built or refreshed it last), and a rank publishes 127.0.0.1 as its
+    `rank_ip` (without `SGLANG_HOST_IP`, SGLang publishes the machine's outside address, which
+    node 0's `/ready` then connects to)."""
+    env = {"SGLANG_HOST_IP": "127.0.0.1", **os.environ}
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(BOOT), str(HERE), str(ROOT), env.get("PYTHONPATH", "")) if p
     )
