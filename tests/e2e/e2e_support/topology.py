@@ -303,10 +303,10 @@ TRUTH_BOUND = 5.0
 seconds"); a group with a node gone serves nothing."""
 
 
-def _code(url: str) -> str:
+def _code(url: str, patience: float = 2.0) -> str:
     """A status with a short patience: a hung server shows as a timeout, not a stalled watch."""
     try:
-        return str(requests.get(url, timeout=2).status_code)
+        return str(requests.get(url, timeout=patience).status_code)
     except requests.Timeout:
         return "timeout"
     except requests.RequestException:
@@ -317,12 +317,14 @@ def _glance(stack: Stack, zero: float) -> dict[str, Any]:
     assert stack.prefill is not None
     assert stack.router is not None
     url = stack.prefill.url
+    # /ready first, at the glance's time; SGLang's /health waits for a stuck scheduler (20 s), so
+    # it gets half a second: a glance then takes about a second, not two.
     return {
         "t": round(time.monotonic() - zero, 2),
         "node 0 alive": stack.prefill.alive(),
-        "prefill /health": _code(url + "/health"),
         "prefill /ready": _code(url + "/ready"),
         "router /readiness": _code(stack.router.url + "/readiness"),
+        "prefill /health": _code(url + "/health", 0.5),
     }
 
 
@@ -391,13 +393,13 @@ SILENT_LINE = "does not answer ("
 
 
 def _heal(stack: Stack, record: Record, probe: Probe, healed: float) -> None:
-    """The group serving again after the link healed, or (with registrar) relaunched so that the
-    next scenario starts from a serving one."""
+    """The group serving again after the link healed, or relaunched so that the next scenario
+    starts from a live node 0 (serving, with registrar)."""
     first = probe.first_ok(after=healed)
     record.figures["healed to first served request answered (s)"] = (
         round(first.done - healed, 2) if first else f"none in {HEAL_WATCH:.0f} s"
     )
-    if first is None and stack.registrar:
+    if first is None:  # the next scenario needs node 0 up (and, with registrar, serving)
         stack.relaunch_prefill(kill=True)
         stack.wait_prefill_up()
         record.notes.append("the group served nothing after the link healed: relaunched after it")
@@ -410,9 +412,10 @@ def link_cut(stack: Stack, record: Record) -> None:
     registrar node 0's `/ready` must say 503 within `TRUTH_BOUND` (node 1's row no longer
     answers) and its log say which rank; then the link heals."""
     assert stack.nodes is not None
-    assert stack.prefill is not None
+    node0 = stack.prefill
+    assert node0 is not None
     start = time.monotonic()
-    mark = len(stack.prefill.text())
+    mark = len(node0.text())
     with Probe(stack.router_url, start) as probe:
         # Stock serves nothing here since the relaunch before (the decode keeps dead addresses).
         served = probe.wait_ok(RECOVER_BOUND if stack.registrar else 20)
@@ -440,7 +443,7 @@ def link_cut(stack: Stack, record: Record) -> None:
     )
     served = [s for s in probe.since(zero) if s.ok and s.t < healed]
     record.figures["requests served while cut"] = len(served)
-    lines = [ln for ln in stack.prefill.text()[mark:].splitlines() if SILENT_LINE in ln]
+    lines = [ln for ln in node0.text()[mark:].splitlines() if SILENT_LINE in ln]
     record.figures["node 0's log: rank does not answer (lines)"] = len(lines)
     if lines:
         record.notes.append(f"node 0's log: {lines[0][:240]}")
