@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from registrar.integrations.sglang._reach import REACH, Reach
+from registrar.integrations.sglang._reach import INTERVAL, REACH, Reach
 from registrar.integrations.sglang._tables import _table_ready, bootstrap_summary
 
 pytestmark = pytest.mark.timeout(30)
@@ -113,7 +113,7 @@ def test_ready_waits_for_every_row_to_answer_and_the_summary_names_it(
             time.sleep(0.05)
         assert _table_ready(manager)
     finally:
-        REACH.interval = 2.0
+        REACH.interval = INTERVAL
 
 
 def test_a_new_bootstrap_server_starts_with_nothing_silent(closed_port: int) -> None:

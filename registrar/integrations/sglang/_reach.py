@@ -15,7 +15,7 @@ from typing import Any
 
 logger = logging.getLogger("registrar.integrations.sglang.reach")
 
-INTERVAL = 2.0  # seconds between two rounds of connects
+INTERVAL = 1.0  # seconds between two rounds of connects
 PATIENCE = 1.0  # seconds a connect may take: a cut link shows as this timeout
 
 Row = tuple[int, int, int, int]  # (dp, cp, tp, pp)
