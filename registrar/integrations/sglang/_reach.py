@@ -1,9 +1,10 @@
 """Whether every row of node 0's table still answers at the address it registered. A node of a
 group can become unreachable (its link cut, its host gone without a reset) while its row stays in
-the table and SGLang's readiness stays true until a `/health` call has waited 20 s for the stuck
-scheduler; meanwhile the group serves nothing. A TCP connect to each row's `rank_ip:rank_port`
-(the rank's KV socket, which the decode dials too) tells within seconds. The connects run in a
-thread of their own, so `/ready` never waits on the network (docs/sglang.md "Readiness")."""
+the table and SGLang's readiness stays true until something else gives (gloo's timeout, or a
+`/health` call that waited 20 s for the stuck scheduler); meanwhile the group serves nothing. A
+TCP connect to each row's `rank_ip:rank_port` (the rank's KV socket, which the decode dials too)
+tells within seconds. The connects run in a thread of their own, so `/ready` never waits on the
+network (docs/sglang.md "Readiness")."""
 
 from __future__ import annotations
 
