@@ -224,17 +224,26 @@ class Deployment:
     def single(self, port: int, env: dict[str, str]) -> Process:
         return self.sglang("single", port, ["--disable-overlap-schedule"], env)
 
-    def router(self, port: int, workers: tuple[str, int, str] | None = None) -> Process:
+    def router(
+        self,
+        port: int,
+        workers: tuple[str, int, str] | None = None,
+        *,
+        prefills: tuple[tuple[str, int], ...] = (),
+        decodes: tuple[str, ...] = (),
+    ) -> Process:
         """The smg router on `port`; `workers` = (prefill URL, its bootstrap port, decode URL)
         as static workers, or None for a router that starts empty (workers added through its
-        control plane)."""
+        control plane). More static workers: `prefills` ((URL, bootstrap port), ...) and
+        `decodes` (URL, ...)."""
         smg = shutil.which("smg", path=str(Path(sys.executable).parent))
         if smg is None:
             raise AssertionError(f"no smg beside {sys.executable}: rebuild scripts/sglang-venv.sh")
-        static: list[str] = []
         if workers is not None:
             prefill, bootstrap_port, decode = workers
-            static = ["--prefill", prefill, str(bootstrap_port), "--decode", decode]
+            prefills, decodes = ((prefill, bootstrap_port), *prefills), (decode, *decodes)
+        static = [a for url, b in prefills for a in ("--prefill", url, str(b))]
+        static += [a for url in decodes for a in ("--decode", url)]
         cmd = [
             smg, "launch", "--pd-disaggregation", *static,
             "--host", self.host, "--port", str(port),
