@@ -30,6 +30,7 @@ TITLES = {
     "n2": "n2. Two prefill nodes relaunched as a group under a live decode",
     "n3": "n3. The link between the two prefill nodes cut, then healed",
     "n4": "n4. Node 1 of two dies, node 0 is left running",
+    "r1": "r1. Rolling restart behind smg: two TP 2 prefills and two decodes, SIGTERM in turn",
 }
 EVENT_ZERO = {
     "1": "bootstrap server listening",
@@ -41,12 +42,13 @@ EVENT_ZERO = {
     "n2": "prefill killed",
     "n3": "link cut",
     "n4": "node 1 killed",
+    "r1": "prefill-1 SIGTERM",
 }
 PAIRED = ("1", "2", "3")
 """Scenarios run without and with registrar, drawn and tabled side by side."""
-TOPOLOGY = ("t1", "t2", "n1", "n2", "n3", "n4")
-"""The same for the topology scenarios (tests/e2e/test_topology.py, test_two_nodes.py), tabled
-after the rest."""
+TOPOLOGY = ("t1", "t2", "n1", "n2", "n3", "n4", "r1")
+"""The same for the topology scenarios (tests/e2e/test_topology.py, test_two_nodes.py,
+test_rolling.py), tabled after the rest."""
 ENDPOINTS = (
     "prefill /health",
     "prefill /ready",
@@ -103,15 +105,17 @@ def _paired(records: dict[tuple[str, bool], dict[str, Any]], scenario: str) -> l
     if without is None and with_ is None:
         return []
     out = [f"#### {TITLES[scenario]}", ""]
-    out += ["| step | endpoint | without registrar | with registrar |", "|---|---|---|---|"]
     steps = [h["step"] for h in (with_ or without or {}).get("health", [])]
     steps += [h["step"] for h in (without or {}).get("health", []) if h["step"] not in steps]
+    if steps:  # r1 asks no health endpoint at steps
+        out += ["| step | endpoint | without registrar | with registrar |", "|---|---|---|---|"]
     for step in steps:
         rows = [_health(r, step) for r in (without, with_)]
         for endpoint in ENDPOINTS:
             values = [row.get(endpoint, "-") for row in rows]
             out.append(f"| {step} | {endpoint} | {values[0]} | {values[1]} |")
-    out.append("")
+    if steps:
+        out.append("")
     return out + _figures(without, with_)
 
 

@@ -197,7 +197,7 @@ class Rolling:
         _drain(self.router_url, process, record)
         exited = time.monotonic()
         delisted = record.figures.pop(f"drain_{process.name}_s")
-        record.figures[f"{server.name}: SIGTERM to delisted (s)"] = delisted
+        record.figures[f"{server.name}: SIGTERM to not listed ready (s)"] = delisted
         record.figures[f"{server.name}: SIGTERM to exit (s)"] = round(exited - sent, 2)
 
     def restart(self, server: Server, record: Record, zero: float) -> None:
