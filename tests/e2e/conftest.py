@@ -51,19 +51,10 @@ SKIP_REASON = (
 )
 
 
-TOPOLOGY = {"test_topology.py", "test_two_nodes.py", "test_rolling.py"}
-"""Modules whose deployments are the heaviest (TP 2, two nodes, four servers): one worker runs
-them in turn."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mine = [item for item in items if HERE in Path(str(item.fspath)).parents]
     for item in mine:
         item.add_marker(pytest.mark.e2e)
-        # With `--dist loadgroup`: a module's tests share its deployment on one worker, and
-        # the topology modules share one worker (two of them at once would take 11-14 GB).
-        name = Path(str(item.fspath)).name
-        item.add_marker(pytest.mark.xdist_group("topology" if name in TOPOLOGY else name))
     if not MISSING or not mine:
         return
     if REQUIRED:
