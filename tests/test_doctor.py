@@ -80,6 +80,29 @@ def test_an_incomplete_topology_says_how_many_are_in(
     assert "1 of 2 rows registered" in rows["detail"]
 
 
+def test_before_the_count_is_reached_the_plugins_server_info_names_the_missing_rank(
+    doctor: Doctor, server: BootstrapServer, ports: Ports
+) -> None:
+    """The real server answers 503 for every rank until the count is reached; node 0's plugin
+    lists the rows it lacks in the prefill's /server_info, which `--http-port` points at."""
+    _put(server, tp_rank=0, tp_size=2)
+    info = {"registrar_bootstrap": {"missing_rows": [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}]}}
+    missing = info["registrar_bootstrap"]["missing_rows"]
+    with HostileServer(answer(200, json.dumps(info))) as prefill:
+        code, report = doctor(
+            "--url", server.url, "--expect", "2", "--http-port", str(prefill.port)
+        )
+    rows = _check(report, "bootstrap", "rows")
+    assert code == 1
+    assert rows["data"] == {"registered": 1, "expected": 2, "missing": missing}
+    assert "1 of 2 rows registered" in rows["detail"]
+    assert "missing, as the prefill's /server_info lists them: dp0 cp0 tp1 pp0" in rows["detail"]
+    code, report = doctor(
+        "--url", server.url, "--expect", "2", "--http-port", str(ports.refusing())
+    )
+    assert _check(report, "bootstrap", "rows")["data"]["missing"] is None  # nothing answers there
+
+
 def test_a_rank_registered_twice_leaves_another_missing_and_doctor_names_it(
     doctor: Doctor, server: BootstrapServer
 ) -> None:

@@ -294,3 +294,32 @@ def test_every_node_registers_with_the_broadcast_token_and_a_missing_one_is_diag
     assert diagnosis.code == "denied"
     assert diagnosis.sentence.startswith("401 Unauthorized from http://127.0.0.1:")
     assert "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN" in diagnosis.sentence  # what to set
+
+
+@pytest.mark.parametrize(
+    ("host", "dist", "rank", "warned"),
+    [
+        ("127.0.0.1", "10.231.77.1:5000", 0, True),  # node 0 on its loopback only
+        ("localhost", "127.0.0.1:5000", 0, False),  # a name for the same address
+        ("0.0.0.0", "10.231.77.1:5000", 0, False),  # every address
+        ("127.0.0.1", "10.231.77.1:5000", 1, False),  # node 1 holds no bootstrap server
+        ("127.0.0.1", None, 0, False),  # one node: the ranks register at --host
+    ],
+)
+def test_node_0_bound_where_its_ranks_do_not_register_is_said_once(
+    caplog: pytest.LogCaptureFixture, host: str, dist: str | None, rank: int, warned: bool
+) -> None:
+    args = SimpleNamespace(host=host, dist_init_addr=dist, node_rank=rank)
+    url = f"http://{(dist or host).partition(':')[0]}:8998"
+    rows._said.clear()
+    with caplog.at_level("WARNING", logger=rows.logger.name):
+        rows._check_bind(args, url)
+        rows._check_bind(args, url)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == warned
+    if warned:
+        assert said[0].startswith(
+            "sglang-registrar: node 0's bootstrap server listens on 127.0.0.1"
+        )
+        assert "register at 10.231.77.1 (the --dist-init-addr host)" in said[0]
+        assert "--host 0.0.0.0" in said[0]

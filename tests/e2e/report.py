@@ -31,6 +31,8 @@ TITLES = {
     "n3": "n3. The link between the two prefill nodes cut, then healed",
     "n4": "n4. Node 1 of two dies, node 0 is left running",
     "r1": "r1. Rolling restart behind smg: two TP 2 prefills and two decodes, SIGTERM in turn",
+    "m1": "m1. Two prefill nodes, node 0 started with --host 127.0.0.1",
+    "m2": "m2. Two prefill nodes, node 1 given another --dist-init-addr host (an alias of node 0)",
 }
 EVENT_ZERO = {
     "1": "bootstrap server listening",
@@ -49,6 +51,8 @@ PAIRED = ("1", "2", "3")
 TOPOLOGY = ("t1", "t2", "n1", "n2", "n3", "n4", "r1")
 """The same for the topology scenarios (tests/e2e/test_topology.py, test_two_nodes.py,
 test_rolling.py), tabled after the rest."""
+MISCONFIG = ("m1", "m2")
+"""The misconfigured groups (tests/e2e/test_misconfig.py): nothing in front, so no timeline."""
 ENDPOINTS = (
     "prefill /health",
     "prefill /ready",
@@ -133,7 +137,7 @@ def tables(records: dict[tuple[str, bool], dict[str, Any]]) -> str:
     six = records.get(("6", True))
     if six is not None:
         out += [f"#### {TITLES['6']}", "", *_figures(None, six)]
-    for scenario in TOPOLOGY:
+    for scenario in (*TOPOLOGY, *MISCONFIG):
         out += _paired(records, scenario)
     return "\n".join(out)
 

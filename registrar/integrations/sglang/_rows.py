@@ -9,12 +9,14 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...core._board import State
 from ...core._registrar import Registrar
@@ -36,6 +38,8 @@ _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _live_lock = threading.Lock()
 _capture_lock = threading.Lock()
 _users: dict[int, int] = {}  # threads capturing per namespace: the last one puts `requests` back
+_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+_said: set[tuple[str, str]] = set()
 
 
 def configure(config: PluginConfig | None) -> None:
@@ -53,6 +57,7 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
     config = current_config()
     root = url.removesuffix("/route")
     key = (root, tuple(rank_of(payload).query().values()))
+    _check_bind(getattr(manager, "server_args", None), root)
     rows: dict[tuple[Any, ...], Registrar] = manager.__dict__.setdefault(_ROWS, {})
     previous = rows.pop(key, None)
     if previous is not None:
@@ -80,6 +85,33 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
             "goes on in the background",
             config.init_wait,
             registrar.status().last_error,
+        )
+
+
+def _addresses(host: str) -> set[str]:
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return {host}
+
+
+def _check_bind(args: Any, url: str) -> None:
+    """Node 0 of a group binds its bootstrap server to `--host`, while every rank, its own too,
+    registers at the `--dist-init-addr` host (SGLang's multi-node rule): one WARNING per process
+    when those differ, since then nothing listens where the ranks register (docs/sglang.md)."""
+    bind, target = getattr(args, "host", None), urlsplit(url).hostname or ""
+    multi = getattr(args, "dist_init_addr", None) and getattr(args, "node_rank", 0) == 0
+    if not multi or not isinstance(bind, str) or bind in _WILDCARDS or (bind, target) in _said:
+        return
+    _said.add((bind, target))
+    if not _addresses(bind) & _addresses(target):
+        logger.warning(
+            "%s: node 0's bootstrap server listens on %s only (--host), but the ranks of every "
+            "node register at %s (the --dist-init-addr host), where it does not listen: start "
+            "node 0 with --host 0.0.0.0, or with the --dist-init-addr host",
+            DISTRIBUTION,
+            bind,
+            target,
         )
 
 

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlencode
 
+import requests
+
 from ...core import _rules as rules
 from ...core._diagnosis import Code, Diagnosis, Evidence, diagnose, hostport, port_problem
 from ...core._errors import ConfigError
@@ -92,7 +94,7 @@ def bootstrap_findings(
     if _failed(found):
         found.append(Finding("bootstrap", url, "rows", "skip", "not checked: unreachable"))
         return found
-    return [*found, _rows(url, expect, options), _auth(url, options)]
+    return [*found, _rows(url, expect, http_port, options), _auth(url, options)]
 
 
 def _auth(url: str, options: ProbeOptions) -> Finding:
@@ -122,7 +124,7 @@ def _auth(url: str, options: ProbeOptions) -> Finding:
     return row("skip", said, Diagnosis(Code.DENIED, said))
 
 
-def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
+def _rows(url: str, expect: int | None, http_port: int | None, options: ProbeOptions) -> Finding:
     """How many rows are in against the topology, and which ranks are missing."""
     row = functools.partial(Finding, "bootstrap", url, "rows")
     get = Target.of(url, options).get
@@ -132,11 +134,17 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     if answer.status == 503:
         count = count_in(answer.text) or 0
         want = f" of {expect}" if expect else ""
+        listed = _listed_missing(url, http_port, options)
+        which = (
+            f"; missing, as the prefill's /server_info lists them: {_names(listed)}"
+            if listed
+            else "; which ranks are missing cannot be read before it is (the server answers "
+            "503 for every rank; with --http-port, the plugin's /server_info names them)"
+        )
         return row(
             "fail",
-            f"{count}{want} rows registered: the topology is not complete; which ranks are "
-            "missing cannot be read before it is (the server answers 503 for every rank)",
-            data={"registered": count, "expected": expect, "missing": None},
+            f"{count}{want} rows registered: the topology is not complete{which}",
+            data={"registered": count, "expected": expect, "missing": listed},
         )
     info = json_object(answer.text) or {}
     sizes = [info.get(k, 0) for k in ("dp_size", "attn_cp_size", "attn_tp_size", "pp_size")]
@@ -152,15 +160,34 @@ def _rows(url: str, expect: int | None, options: ProbeOptions) -> Finding:
     if expect is not None and expect != expected:
         problems.append(f"the server's topology has {expected} rows, {expect} expected")
     if missing:
-        listed = ", ".join(f"dp{r.dp} cp{r.cp} tp{r.tp} pp{r.pp}" for r in missing[:20])
         problems.append(
-            f"{len(missing)} of {expected} ranks missing ({listed}): the count was reached "
+            f"{len(missing)} of {expected} ranks missing ({_names(shown)}): the count was reached "
             "with a rank registered twice"
         )
     if problems:
         return row("fail", "; ".join(problems), data=data)
     note = "" if len(asked) == expected else f" (the first {len(asked)} asked one by one)"
     return row("pass", f"{expected} of {expected} rows{note}", data=data)
+
+
+def _names(rows: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(f"dp{r['dp']} cp{r['cp']} tp{r['tp']} pp{r['pp']}" for r in rows[:20])
+
+
+def _listed_missing(
+    url: str, http_port: int | None, options: ProbeOptions
+) -> list[dict[str, Any]] | None:
+    """The rows node 0's plugin lists as missing in the prefill's `/server_info` on the same host
+    (`registrar_bootstrap`, docs/sglang.md); None where nothing there says."""
+    if http_port is None:
+        return None
+    at = f"http://{hostport(Target.of(url).at.host, http_port)}/server_info"
+    try:  # the whole answer (the probe reads 4 KiB; SGLang's server_info is longer)
+        info = json_object(requests.get(at, timeout=options.timeout).content)
+    except requests.RequestException:
+        info = None
+    listed = ((info or {}).get("registrar_bootstrap") or {}).get("missing_rows")
+    return listed if isinstance(listed, list) and listed else None
 
 
 def gateway_findings(url: str, options: ProbeOptions) -> list[Finding]:

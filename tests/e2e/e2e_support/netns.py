@@ -83,6 +83,10 @@ class Nodes:
         mount = f'mount -t tmpfs -o size={shm_size} registrar-e2e-shm /dev/shm && exec "$@"'
         return ["ip", "netns", "exec", self.names[1], "sh", "-c", mount, "sh", *argv]
 
+    def alias(self, node: int, address: str) -> None:
+        """A second address on `node`'s end of the link (another name for the same host)."""
+        _ip("-n", self.names[node], "addr", "add", f"{address}/24", "dev", self.links[node])
+
     def drop(self, node: int, on: bool = True) -> None:
         """Every packet leaving `node` on the link dropped (a queue of length 0: the kernel
         here has no netem), or let through again."""

@@ -136,14 +136,19 @@ class Stack:
         tp: int = 1,
         decode_tp: int = 1,
         nodes: Nodes | None = None,
+        bind: str | None = None,
+        node_1_dist_host: str | None = None,
     ) -> None:
+        """`bind`: node 0's `--host` when not its address; `node_1_dist_host`: the
+        `--dist-init-addr` host node 1 is given when not node 0's (scenario 5's mistakes)."""
         self.registrar = registrar
         self.tp = tp
         self.decode_tp = decode_tp
         self.logs = logs
         self.nodes = nodes
         self.host = HOST if nodes is None else nodes.addresses[0]
-        self.deploy = Deployment(model, logs, self.host)
+        self.deploy = Deployment(model, logs, bind or self.host)
+        self.dist_hosts = (self.host, node_1_dist_host or self.host)
         self.prefill_port = process_port(self.host)
         self.bootstrap_port = process_port(self.host)
         self.decode_port = process_port(self.host)
@@ -222,7 +227,7 @@ class Stack:
         assert self.nodes is not None
         group = (
             "--nnodes", "2", "--node-rank", str(rank),
-            "--dist-init-addr", f"{self.host}:{self.dist_port}",
+            "--dist-init-addr", f"{self.dist_hosts[rank]}:{self.dist_port}",
         )  # fmt: skip
         link = {"GLOO_SOCKET_IFNAME": self.nodes.links[rank]}
         if rank == 0:

@@ -14,12 +14,14 @@ the prefill killed (t2).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
 
 import requests
 
+from .deploy import wait_http
 from .scenarios import (
     FAIL_WINDOW,
     PLUGIN_STARTED,
@@ -389,6 +391,10 @@ HEAL_WATCH = 60.0
 """How long the group is watched once the link carries packets again (TCP's retransmissions
 back off to tens of seconds by then)."""
 SILENT_LINE = "does not answer ("
+BACK_LINE = "answers again"
+BLIP = 4.0
+"""A first cut shorter than gloo's patience here (its read times out about 8 s after a cut): the
+group lives through it, so the plugin's every promise shows in a real node 0 (n3)."""
 """Node 0's log when a row's address stops answering (registrar/integrations/sglang/_reach.py)."""
 
 
@@ -405,6 +411,40 @@ def _heal(stack: Stack, record: Record, probe: Probe, healed: float) -> None:
         record.notes.append("the group served nothing after the link healed: relaunched after it")
 
 
+def _blip(stack: Stack, record: Record) -> None:
+    """The link cut for `BLIP` seconds, no request in flight: with registrar node 0's `/ready`
+    503 while node 1's row does not answer, the rank named in node 0's log and in `/server_info`
+    (`silent_rows`), then `answers again` and `/ready` 200 once the link is back."""
+    assert stack.nodes is not None
+    assert stack.prefill is not None
+    node0, mark, zero = stack.prefill, len(stack.prefill.text()), time.monotonic()
+    seen: dict[str, set[Any]] = {"/ready": set(), "silent_rows": set()}
+    for node in (0, 1):
+        stack.nodes.drop(node)
+    while time.monotonic() < zero + BLIP:
+        seen["/ready"].add(_code(node0.url + "/ready"))
+        with contextlib.suppress(requests.RequestException, ValueError):
+            info = requests.get(node0.url + "/server_info", timeout=1).json()
+            silent = (info.get("registrar_bootstrap") or {}).get("silent_rows") or []
+            seen["silent_rows"].update(f"tp {row['tp']}" for row in silent)
+        time.sleep(0.25)
+    for node in (0, 1):
+        stack.nodes.drop(node, on=False)
+    wait_http(node0, "/ready", 30)
+    back = time.monotonic() - zero
+    text = node0.text()[mark:]
+    record.figures["blip: /ready while cut"] = sorted(seen["/ready"])
+    record.figures["blip: silent_rows while cut"] = sorted(seen["silent_rows"])
+    record.figures["blip: cut to /ready 200 again (s)"] = round(back, 2)
+    if stack.registrar:
+        assert "503" in seen["/ready"], seen
+        assert SILENT_LINE in text, text[-3000:]
+        assert BACK_LINE in text.partition(SILENT_LINE)[2], text[-3000:]
+        assert seen["silent_rows"] <= {"tp 1"}, seen
+    else:
+        assert "sglang-registrar" not in text
+
+
 def link_cut(stack: Stack, record: Record) -> None:
     """n3. Every packet between the two nodes dropped, both nodes alive (a partition: no reset
     reaches either side). Node 0's scheduler waits in gloo for node 1, so the group serves
@@ -414,6 +454,7 @@ def link_cut(stack: Stack, record: Record) -> None:
     assert stack.nodes is not None
     node0 = stack.prefill
     assert node0 is not None
+    _blip(stack, record)
     start = time.monotonic()
     mark = len(node0.text())
     with Probe(stack.router_url, start) as probe:
