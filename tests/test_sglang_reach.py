@@ -129,3 +129,24 @@ def test_a_new_bootstrap_server_starts_with_nothing_silent(closed_port: int) -> 
 def test_not_node_0_is_ready_without_a_look() -> None:
     assert _table_ready(SimpleNamespace(bootstrap_server=None))
     assert REACH._thread is None
+
+
+def test_a_look_that_raises_is_logged_once_and_the_looks_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reach = Reach(interval=0.01)
+    looks: list[int] = []
+
+    def broken() -> None:
+        looks.append(1)
+        raise RuntimeError("a bug in a look")
+
+    reach.look = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, "registrar.integrations.sglang.reach"):
+        reach.silent(SimpleNamespace())
+        deadline = time.monotonic() + 10
+        while len(looks) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reach.stop()
+    assert len(looks) >= 3  # the thread lived on after the first failure
+    assert caplog.messages == ["sglang-registrar: a look at the rows failed"]

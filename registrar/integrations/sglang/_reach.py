@@ -82,8 +82,14 @@ class Reach:
             return dict(self._silent)
 
     def _run(self, stopped: threading.Event) -> None:
+        failed = False
         while not stopped.wait(self.interval):
-            self.look()
+            try:
+                self.look()
+            except Exception:  # a bug here must not end the looks: logged once, looks go on
+                if not failed:
+                    logger.exception("sglang-registrar: a look at the rows failed")
+                failed = True
 
     def stop(self) -> None:
         """End the thread and forget what it saw (tests; a later question starts it again)."""
