@@ -9,8 +9,7 @@ With registrar the router starts empty: every server keeps itself listed through
 SGLang has no such registration: the router gets the four as static workers and learns of a
 restart only from its own health checks.
 
-The gateway helpers (`_drain`, `_wait_listed`, ...) are scenario 6's, imported from
-tests/e2e/test_gateway.py (on the path: tests/e2e/conftest.py puts the folder there).
+The router's side (`drain`, `wait_listed`, ...) is scenario 6's: e2e_support/gateway.py.
 """
 
 from __future__ import annotations
@@ -22,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from support import process_port
-from test_gateway import DRAIN_TIMEOUT, _checked, _drain, _listed, _no_duplicates, _wait_listed
 
 from .deploy import HOST, Deployment, Process, control, read_control, server_env, wait_http
+from .gateway import DRAIN_TIMEOUT, checked, drain, listed, no_duplicates, wait_listed
 from .lines import assert_plugin_lines
 from .scenarios import _failures
 from .stack import SERVE_TIMEOUT, Probe, Record
@@ -110,8 +109,8 @@ class Rolling:
             prefills = tuple((s.url, s.bootstrap_port) for s in self.servers if s.bootstrap_port)
             decodes = tuple(s.url for s in self.servers if s.bootstrap_port is None)
             self.router = self.deploy.router(self.router_port, prefills=prefills, decodes=decodes)
-        _wait_listed(self.router_url, self.urls, SERVE_TIMEOUT)
-        assert sorted(_no_duplicates(self.router_url)) == sorted(self.urls)
+        wait_listed(self.router_url, self.urls, SERVE_TIMEOUT)
+        assert sorted(no_duplicates(self.router_url)) == sorted(self.urls)
 
     def launch(self, server: Server) -> Process:
         """`launch_server` for `server` on its ports; a prefill with a control dir of its own per
@@ -161,7 +160,7 @@ class Rolling:
     def ready(self, url: str) -> bool:
         return any(
             w["url"].rstrip("/") == url and w.get("status") == "ready"
-            for w in _listed(self.router_url)
+            for w in listed(self.router_url)
         )
 
     # ------------------------------------------------------------ restarting
@@ -194,7 +193,7 @@ class Rolling:
         the router's list while it still answers, its `drained from 1 gateway in` line)."""
         process = server.running
         sent = time.monotonic()
-        _drain(self.router_url, process, record)
+        drain(self.router_url, process, record)
         exited = time.monotonic()
         delisted = record.figures.pop(f"drain_{process.name}_s")
         record.figures[f"{server.name}: SIGTERM to not listed ready (s)"] = delisted
@@ -213,13 +212,13 @@ class Rolling:
         server.running.stop()  # anything of its process group left behind
         process = self.launch(server)
         up = self.wait_up(server)
-        listed = _wait_listed(self.router_url, {server.url}, SERVE_TIMEOUT)
+        listed = wait_listed(self.router_url, {server.url}, SERVE_TIMEOUT)
         record.events[f"{server.name} listed"] = round(listed - zero, 2)
         figures = record.figures
         figures[f"{server.name}: relaunch to /health (s)"] = round(up - process.started, 2)
         figures[f"{server.name}: relaunch to listed ready (s)"] = round(listed - process.started, 2)
-        _wait_listed(self.router_url, self.urls, SERVE_TIMEOUT)
-        assert sorted(_no_duplicates(self.router_url)) == sorted(self.urls)
+        wait_listed(self.router_url, self.urls, SERVE_TIMEOUT)
+        assert sorted(no_duplicates(self.router_url)) == sorted(self.urls)
 
 
 def rolling_restart(deploy: Deployment, registrar: bool, record: Record) -> None:
@@ -237,10 +236,10 @@ def rolling_restart(deploy: Deployment, registrar: bool, record: Record) -> None
             for server in rolling.servers:
                 rolling.restart(server, record, zero)
             if registrar:  # every registration checked the router again since: none added twice
-                _checked(tuple(s.running for s in rolling.servers), times=1)
+                checked(tuple(s.running for s in rolling.servers), times=1)
             else:
                 time.sleep(5)
-            assert sorted(_no_duplicates(rolling.router_url)) == sorted(rolling.urls)
+            assert sorted(no_duplicates(rolling.router_url)) == sorted(rolling.urls)
         finally:  # a run stopped half-way (a bound, the module's timeout) keeps its requests
             _record(record, probe, zero - begun)
     for server in rolling.servers:
