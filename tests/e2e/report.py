@@ -33,6 +33,7 @@ TITLES = {
     "r1": "r1. Rolling restart behind smg: two TP 2 prefills and two decodes, SIGTERM in turn",
     "m1": "m1. Two prefill nodes, node 0 started with --host 127.0.0.1",
     "m2": "m2. Two prefill nodes, node 1 given another --dist-init-addr host (an alias of node 0)",
+    "m3": "m3. Two prefill nodes, node 1 publishing 127.0.0.1 as its rank address",
 }
 EVENT_ZERO = {
     "1": "bootstrap server listening",
@@ -51,7 +52,7 @@ PAIRED = ("1", "2", "3")
 TOPOLOGY = ("t1", "t2", "n1", "n2", "n3", "n4", "r1")
 """The same for the topology scenarios (tests/e2e/test_topology.py, test_two_nodes.py,
 test_rolling.py), tabled after the rest."""
-MISCONFIG = ("m1", "m2")
+MISCONFIG = ("m1", "m2", "m3")
 """The misconfigured groups (tests/e2e/test_misconfig.py): nothing in front, so no timeline."""
 ENDPOINTS = (
     "prefill /health",

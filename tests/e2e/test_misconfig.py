@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support.misconfig import ALIAS, another_dist_host, loopback_only
+from e2e_support.misconfig import ALIAS, another_dist_host, loopback_only, loopback_rank_ip
 from e2e_support.netns import Nodes
 from e2e_support.scenarios import run
 from e2e_support.stack import Stack
@@ -59,3 +59,8 @@ def test_m1_node_0_bootstrap_server_on_its_loopback_only(group: Group, results: 
 def test_m2_node_1_given_another_dist_init_host(group: Group, results: Any) -> None:
     stack = group(node_1_dist_host=ALIAS)
     run(results, "m2", stack.registrar, another_dist_host, stack)
+
+
+def test_m3_node_1_publishes_its_loopback_as_rank_address(group: Group, results: Any) -> None:
+    stack = group(node_1_rank_ip="127.0.0.1")
+    run(results, "m3", stack.registrar, loopback_rank_ip, stack)

@@ -8,6 +8,9 @@ what each node and `registrar doctor` say about it), with and without registrar.
 - `another_dist_host`: node 1 given a `--dist-init-addr` host other than the one node 0 binds:
   an alias of node 0 (torch's rendezvous finds node 0 there, so the group comes up), where the
   bootstrap server does not listen. Node 0's rank registers, node 1's cannot.
+- `loopback_rank_ip`: node 1 with `SGLANG_HOST_IP=127.0.0.1` (what a host whose name resolves to
+  its loopback publishes): its rank registers, but at an address node 0 (and the decode) cannot
+  reach, so the table is complete and the group cannot serve.
 
 (Dropping the traffic between the nodes is n3's subject: this kernel drops all of it or none,
 and dropped from the start, torch's rendezvous never lets the ranks reach registration.)
@@ -30,7 +33,7 @@ from .deploy import ROOT, Process
 from .scenarios import UPSTREAM_GAVE_UP, _wait_log
 from .stack import Record, Stack
 
-__all__ = ["ALIAS", "another_dist_host", "loopback_only"]
+__all__ = ["ALIAS", "another_dist_host", "loopback_only", "loopback_rank_ip"]
 
 ALIAS = "10.231.77.3"
 """The second address of node 0 that node 1 is given as the `--dist-init-addr` host."""
@@ -62,6 +65,35 @@ def another_dist_host(stack: Stack, record: Record) -> None:
     if stack.registrar:
         assert info["missing_rows"] == [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}], info
         assert "dp0 cp0 tp1 pp0" in record.figures["doctor rows"], record.figures
+
+
+def loopback_rank_ip(stack: Stack, record: Record) -> None:
+    """m3: both rows in, node 1's at 127.0.0.1: with registrar node 0 connects to it, gets no
+    answer, says so in its log and `/server_info`, and `/ready` is 503."""
+    node0 = stack.prefill_nodes[0]
+    silent: list[Any] = []
+    deadline = time.monotonic() + 30
+    while stack.registrar and not silent and time.monotonic() < deadline:
+        silent = (_bootstrap_info(stack) or {}).get("silent_rows") or []
+        time.sleep(0.5)
+    ready = _ready_statuses(stack, WATCH)
+    rows = stack.bootstrap()["lifetimes"][-1]["rows"]
+    said = [line for line in node0.text().splitlines() if "does not answer (" in line]
+    record.figures.update(
+        {
+            "rows in node 0's table": [f"tp {r[2]} at {r[4]}" for r in rows],
+            "node 0 /ready": f"{ready.count(200)} of {len(ready)} asks 200",
+            "silent_rows in node 0's /server_info": silent,
+        }
+    )
+    record.notes += [f"node 0's log: {line.partition('] ')[2]}" for line in said[:1]]
+    assert sorted((r[2], r[4]) for r in rows) == [(0, stack.host), (1, "127.0.0.1")], rows
+    if stack.registrar:
+        assert [(r["tp"], r["error"] != "") for r in silent] == [(1, True)], silent
+        assert 200 not in ready, ready
+        assert "rank dp 0 cp 0 tp 1 pp 0 at 127.0.0.1:" in said[0], said
+    else:
+        assert not said
 
 
 def _misconfigured(stack: Stack, record: Record, registered: int, refused_at: str) -> Any:

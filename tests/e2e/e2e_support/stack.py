@@ -138,9 +138,12 @@ class Stack:
         nodes: Nodes | None = None,
         bind: str | None = None,
         node_1_dist_host: str | None = None,
+        node_1_rank_ip: str | None = None,
     ) -> None:
-        """`bind`: node 0's `--host` when not its address; `node_1_dist_host`: the
-        `--dist-init-addr` host node 1 is given when not node 0's (scenario 5's mistakes)."""
+        """Scenario 5's mistakes: `bind`, node 0's `--host` when not its address;
+        `node_1_dist_host`, the `--dist-init-addr` host node 1 is given when not node 0's;
+        `node_1_rank_ip`, node 1's `SGLANG_HOST_IP` (the address its rank publishes) when not
+        its own."""
         self.registrar = registrar
         self.tp = tp
         self.decode_tp = decode_tp
@@ -149,6 +152,7 @@ class Stack:
         self.host = HOST if nodes is None else nodes.addresses[0]
         self.deploy = Deployment(model, logs, bind or self.host)
         self.dist_hosts = (self.host, node_1_dist_host or self.host)
+        self.node_1_rank_ip = node_1_rank_ip
         self.prefill_port = process_port(self.host)
         self.bootstrap_port = process_port(self.host)
         self.decode_port = process_port(self.host)
@@ -236,7 +240,7 @@ class Stack:
                 self.prefill_port, self.bootstrap_port, env, group, tp=self.tp
             )
         host = self.nodes.addresses[rank]
-        node_env = server_env(plugin=self.registrar, host=host, **link)
+        node_env = server_env(plugin=self.registrar, host=self.node_1_rank_ip or host, **link)
         node = Node(rank, host, self.nodes.on_node_1([]))
         return self.deploy.prefill(
             self.prefill_port, self.bootstrap_port, node_env, group, tp=self.tp, node=node

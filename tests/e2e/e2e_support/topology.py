@@ -14,7 +14,6 @@ the prefill killed (t2).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Any
@@ -413,20 +412,23 @@ def _heal(stack: Stack, record: Record, probe: Probe, healed: float) -> None:
 
 def _blip(stack: Stack, record: Record) -> None:
     """The link cut for `BLIP` seconds, no request in flight: with registrar node 0's `/ready`
-    503 while node 1's row does not answer, the rank named in node 0's log and in `/server_info`
-    (`silent_rows`), then `answers again` and `/ready` 200 once the link is back."""
+    503 while node 1's row does not answer and the rank named in node 0's log, then `answers
+    again` and `/ready` 200 once the link is back. (`/server_info` is recorded, not asserted:
+    SGLang builds it from its schedulers, which wait in gloo while the link is cut.)"""
     assert stack.nodes is not None
     assert stack.prefill is not None
     node0, mark, zero = stack.prefill, len(stack.prefill.text()), time.monotonic()
-    seen: dict[str, set[Any]] = {"/ready": set(), "silent_rows": set()}
+    seen: dict[str, set[Any]] = {"/ready": set(), "/server_info": set()}
     for node in (0, 1):
         stack.nodes.drop(node)
     while time.monotonic() < zero + BLIP:
         seen["/ready"].add(_code(node0.url + "/ready"))
-        with contextlib.suppress(requests.RequestException, ValueError):
+        try:
             info = requests.get(node0.url + "/server_info", timeout=1).json()
             silent = (info.get("registrar_bootstrap") or {}).get("silent_rows") or []
-            seen["silent_rows"].update(f"tp {row['tp']}" for row in silent)
+            seen["/server_info"].add(f"silent_rows {[row['tp'] for row in silent]}")
+        except (requests.RequestException, ValueError) as exc:
+            seen["/server_info"].add(type(exc).__name__)
         time.sleep(0.25)
     for node in (0, 1):
         stack.nodes.drop(node, on=False)
@@ -434,13 +436,12 @@ def _blip(stack: Stack, record: Record) -> None:
     back = time.monotonic() - zero
     text = node0.text()[mark:]
     record.figures["blip: /ready while cut"] = sorted(seen["/ready"])
-    record.figures["blip: silent_rows while cut"] = sorted(seen["silent_rows"])
+    record.figures["blip: /server_info while cut"] = sorted(seen["/server_info"])
     record.figures["blip: cut to /ready 200 again (s)"] = round(back, 2)
     if stack.registrar:
         assert "503" in seen["/ready"], seen
         assert SILENT_LINE in text, text[-3000:]
         assert BACK_LINE in text.partition(SILENT_LINE)[2], text[-3000:]
-        assert seen["silent_rows"] <= {"tp 1"}, seen
     else:
         assert "sglang-registrar" not in text
 
