@@ -268,7 +268,24 @@ class Registrar:
 
     async def wait_for_async(self, state: State, timeout: float | None = None) -> bool:
         """`wait_for` for a coroutine: waits without blocking the event loop."""
-        return await wait_for_state(self, state, timeout)
+        target = State(state)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        entry = (target, loop, future)
+        with _WAITERS_LOCK:
+            if (waiters := _WAITERS.get(self)) is None:
+                waiters = _WAITERS[self] = _Waiters()
+                self.add_listener(waiters)
+            waiters.add(entry)
+        try:
+            # Checked after joining the waiters, so a transition in between is never missed.
+            if self.state is target:
+                return True
+            done, _ = await asyncio.wait({future}, timeout=timeout)
+            return bool(done)
+        finally:
+            with _WAITERS_LOCK:
+                waiters.discard(entry)
 
     async def __aenter__(self) -> Registrar:
         return self.start()
@@ -422,32 +439,6 @@ _WAITERS_LOCK = threading.Lock()
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-async def wait_for_state(registrar: Registrar, state: State, timeout: float | None) -> bool:
-    """Wait in the running loop until `registrar` reaches `state`; False after `timeout`."""
-    target = State(state)
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[None] = loop.create_future()
-    entry = (target, loop, future)
-    with _WAITERS_LOCK:
-        if (waiters := _WAITERS.get(registrar)) is None:
-            waiters = _WAITERS[registrar] = _Waiters()
-            registrar.add_listener(waiters)
-        waiters.add(entry)
-    try:
-        # Checked after joining the waiters, so a transition in between is never missed.
-        if registrar.state is target:
-            return True
-        try:
-            async with asyncio.timeout(timeout):
-                await future
-        except TimeoutError:
-            return False
-        return True
-    finally:
-        with _WAITERS_LOCK:
-            waiters.discard(entry)
 
 
 def in_loop(
