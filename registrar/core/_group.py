@@ -48,8 +48,7 @@ class RegistrarGroup:
     def stop(self, timeout: float | None = None) -> bool:
         """Ask every member to stop at once, then wait for them within `timeout` seconds in
         all (default: `stop_timeout`); whether every thread has ended."""
-        wait = self.stop_timeout if timeout is None else timeout
-        deadline = time.monotonic() + max(0.0, wait)
+        deadline = time.monotonic() + max(0.0, self.stop_timeout if timeout is None else timeout)
         for registrar in self._members:
             registrar.stop(timeout=0)
         return all([r.stop(timeout=max(0.0, deadline - time.monotonic())) for r in self._members])
