@@ -32,8 +32,11 @@ class Clock(Protocol):
 class SystemClock:
     """The real clock; `wait` sleeps on the event, so a wake-up or stop ends it at once."""
 
-    monotonic = staticmethod(time.monotonic)
-    time = staticmethod(time.time)
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
 
     def wait(self, event: threading.Event | Waker, timeout: float | None) -> bool:
         return event.wait(timeout)
