@@ -25,7 +25,7 @@ class Clock(Protocol):
     def time(self) -> float:
         """Wall-clock epoch seconds, for the timestamps people read."""
 
-    def wait(self, event: threading.Event | Waker, timeout: float | None) -> bool:
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
         """Block until `event` is set or `timeout` seconds pass; True when the event is set."""
 
 
@@ -38,45 +38,39 @@ class SystemClock:
     def time(self) -> float:
         return time.time()
 
-    def wait(self, event: threading.Event | Waker, timeout: float | None) -> bool:
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
         return event.wait(timeout)
 
 
-class Waker:
+class Waker(threading.Event):
     """A thread-safe flag: `set()` wakes `wait()` and makes `fileno()` readable until `clear()`."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        super().__init__()
         self._lock = threading.Lock()
         self._fd: int | None = None  # the eventfd, once asked for: readable while its counter > 0
         self._closed = False
 
     def set(self) -> None:
         with self._lock:
-            self._event.set()
+            super().set()
             if self._fd is not None:
                 with contextlib.suppress(OSError):  # the counter is full: readable already
                     os.eventfd_write(self._fd, 1)
 
     def clear(self) -> None:
         with self._lock:
-            self._event.clear()
+            super().clear()
             if self._fd is not None:
                 with contextlib.suppress(OSError):  # raised when the counter is zero already
                     os.eventfd_read(self._fd)
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
 
     def fileno(self) -> int:
         with self._lock:
             if self._closed:
                 raise ValueError("the waker is closed")
             if self._fd is None:
-                self._fd = os.eventfd(int(self._event.is_set()), os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                self._fd = os.eventfd(int(self.is_set()), os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             return self._fd
 
     def close(self) -> None:
