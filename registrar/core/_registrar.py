@@ -429,16 +429,11 @@ class _Waiters(set[tuple[State, asyncio.AbstractEventLoop, asyncio.Future[None]]
         for _, loop, future in ready:
             # A closed loop raises RuntimeError: nobody waits there any more.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, future)
+                loop.call_soon_threadsafe(future.set_result, None)
 
 
 _WAITERS: weakref.WeakKeyDictionary[Registrar, _Waiters] = weakref.WeakKeyDictionary()
 _WAITERS_LOCK = threading.Lock()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def in_loop(
