@@ -149,10 +149,13 @@ class RouteTable:
             "decode_allocation_policy": self.decode_allocation_policy,
             "enable_kv_cache_sharding": bool(self.enable_kv_cache_sharding),
             "prefill_http_port": self.prefill_http_port,
-        } | dict.fromkeys(
-            ("target_tp_rank", "target_tp_ranks", "target_cp_ranks", "target_pp_ranks")
-            + ("required_dst_info_num", "required_prefill_response_num")
-        )
+            "target_tp_rank": None,
+            "target_tp_ranks": None,
+            "target_cp_ranks": None,
+            "target_pp_ranks": None,
+            "required_dst_info_num": None,
+            "required_prefill_response_num": None,
+        }
         layouts = ("dsv41_spec_layout", "kv_layout")  # only when set
         return {k: v for k, v in info.items() if v is not None or k not in layouts}
 
