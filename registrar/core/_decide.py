@@ -288,11 +288,9 @@ def _watch_next(given: _Given, state: LoopState, notes: tuple[Note, ...] = ()) -
         # Probing already: a report cannot make it sooner, and must not loop (reports come ~1000/s).
         wait = act.Wait(delays.probe_delay(state.fleet, given.draw()), act.WaitKind.PROBE)
         return Decision(state, wait, notes=notes)
-    delay = None
     interval = given.settings.watch_interval
-    if interval is not None:
-        spread = delays.first_watch_delay if state.checks == 1 else delays.watch_delay
-        delay = spread(interval, given.draw())
+    spread = delays.first_watch_delay if state.checks == 1 else delays.watch_delay
+    delay = None if interval is None else spread(interval, given.draw())
     return Decision(state, act.Wait(delay, act.WaitKind.IDLE), notes=notes)
 
 
