@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 from ._errors import ConfigError
@@ -183,5 +183,4 @@ def encode_payload(payload: object, limit: int) -> dict[str, Any]:
             "shrink it or raise max_payload_bytes"
         )
     # A private copy: later changes to the caller's mapping cannot reach the thread.
-    decoded: dict[str, Any] = json.loads(encoded)
-    return decoded
+    return cast(dict[str, Any], json.loads(encoded))
