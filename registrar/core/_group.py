@@ -12,8 +12,7 @@ from ._registrar import Registrar
 
 
 class RegistrarGroup:
-    """The registrars of one service, one per registry; `stop()` stops them together, so their
-    drains (a gateway's DELETE and wait) run at the same time rather than one after another."""
+    """One service's registrars: `stop()` drains them all at once (a gateway's DELETE and wait)."""
 
     def __init__(self, registrars: Iterable[Registrar], *, stop_timeout: float = 5.0) -> None:
         self._members = tuple(registrars)

@@ -101,8 +101,7 @@ def default_of(settings: type[Any], name: str) -> Any:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """The loop and its startup budget: how often to retry, when to give up and what then, how
-    often to check the route once registered."""
+    """The loop: how often to retry, when to give up and what then, how often to check the route."""
 
     backoff: Backoff = DEFAULT_BACKOFF
     max_attempts: int | None = 5
