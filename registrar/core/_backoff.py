@@ -38,11 +38,9 @@ class Backoff:
         """The un-jittered delay after failed attempt `attempt` (from 0), capped at `maximum`."""
         if attempt < 0:
             raise ConfigError(f"attempt must be >= 0, got {attempt!r}")
-        if self.multiplier == 1:
-            return min(self.initial, self.maximum)
+        growth = math.log(self.multiplier)  # 0 for a multiplier of 1: a power that cannot grow
         # Compare exponents instead of computing a power that would overflow.
-        limit = math.log(self.maximum / self.initial) / math.log(self.multiplier)
-        if attempt >= limit:
+        if growth and attempt >= math.log(self.maximum / self.initial) / growth:
             return self.maximum
         return min(self.initial * self.multiplier**attempt, self.maximum)
 
