@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import TextIO
 
 import requests
 
 from ..core._backoff import Backoff
-from ..core._board import State
+from ..core._board import State, Status
 from ..core._registrar import Registrar
 from ..protocols._sglang import make_payload
 from ..surfaces.health import start_health_server
@@ -81,7 +80,14 @@ def run_demo(out: TextIO) -> int:
         timeout=(1.0, 2.0),
     )
 
-    reg.add_listener(lambda old, new, status: say(f"state {old.value} -> {new.value}"))
+    again = threading.Event()  # registered anew: the restart was recovered from
+
+    def told(old: State, new: State, status: Status) -> None:
+        say(f"state {old.value} -> {new.value}")
+        if new is State.REGISTERED and status.registrations >= 2:
+            again.set()
+
+    reg.add_listener(told)
     health = start_health_server(reg, "127.0.0.1", 0)
     try:
         say(f"bootstrap server {server.url} is not up yet; health on {health.url}")
@@ -104,7 +110,7 @@ def run_demo(out: TextIO) -> int:
         server.restart(down_for=1.0)
         back_at = say.elapsed()
         say("bootstrap server is back (empty)")
-        if not _wait(lambda: reg.status().registrations >= 2 and reg.state is State.REGISTERED, 15):
+        if not again.wait(15):
             return say.finish("the route was not registered again after the restart")
         recovered_in = say.elapsed() - back_at
         say.expect_readyz(health.url, 200, "after recovery")
@@ -125,12 +131,3 @@ def run_demo(out: TextIO) -> int:
         log.removeHandler(say)
         for lg, level in saved:
             lg.setLevel(level)
-
-
-def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
