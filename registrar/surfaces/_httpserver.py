@@ -60,15 +60,11 @@ class _Handler(WSGIRequestHandler):
         self.rfile = io.BytesIO(head)
         self.wfile = self.connection.makefile("wb", buffering=0)
 
-    def finish(self) -> None:
-        with contextlib.suppress(OSError):
-            self.wfile.close()
-
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
 
 
-class HealthServer:
+class HealthServer(contextlib.AbstractContextManager["HealthServer"]):
     """Serves a WSGI app on `host:port` (0: an ephemeral one; `port`, `url` say which) until
     `stop()`. One request per connection (the answer says HTTP/1.0 and closes), as probes do."""
 
@@ -98,9 +94,6 @@ class HealthServer:
 
     def get_app(self) -> WSGIApp:
         return self._app
-
-    def __enter__(self) -> HealthServer:
-        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
@@ -191,7 +184,6 @@ class HealthServer:
         while (item := self._work.get()) is not None:
             sock, head = item
             try:
-                sock.setblocking(True)
                 _Handler((sock, head), sock.getpeername(), self)  # type: ignore[arg-type]
             except Exception as exc:  # a client that went away: nothing to answer
                 logger.debug("health request failed: %r", exc)
