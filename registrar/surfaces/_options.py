@@ -76,10 +76,8 @@ class Option:
 
 
 def _shown(value: object) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -90,8 +88,6 @@ def _shown(value: object) -> str:
 
 _T = TypeVar("_T")
 _OFF = frozenset({"off", "none", "never", "unlimited", "inf"})
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def number(text: str) -> float:
@@ -138,9 +134,9 @@ def word(*words: str) -> Callable[[str], str]:
 
 def parse_flag(text: str) -> bool:
     value = text.strip().lower()
-    if value in _TRUE:
+    if value in ("1", "true", "yes", "on"):
         return True
-    if value in _FALSE:
+    if value in ("0", "false", "no", "off"):
         return False
     raise ValueError("must be true or false")
 

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any, Literal
 from urllib.parse import urlencode
 
@@ -252,14 +253,12 @@ def _key(path: str) -> str:
 def human(findings: Sequence[Finding]) -> list[str]:
     """One block per target, one line per check, then the verdict."""
     lines: list[str] = []
-    where: tuple[str, str] | None = None
-    for finding in findings:
-        if (finding.target, finding.url) != where:
-            where = (finding.target, finding.url)
-            lines.append(f"{finding.target} {clean(finding.url, 200)}")
-        code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
-        detail = clean(finding.detail, 600)
-        lines.append(f"  {_MARKS[finding.status]} {finding.check}: {detail}{code}")
+    for (target, url), group in itertools.groupby(findings, attrgetter("target", "url")):
+        lines.append(f"{target} {clean(url, 200)}")
+        for finding in group:
+            code = f" [diagnosis {finding.diagnosis.code}]" if finding.diagnosis else ""
+            detail = clean(finding.detail, 600)
+            lines.append(f"  {_MARKS[finding.status]} {finding.check}: {detail}{code}")
     failed = sum(f.status == "fail" for f in findings)
     lines.append(f"not healthy: {failed} check(s) failed" if failed else "healthy")
     return lines

@@ -459,8 +459,7 @@ def start_health_server(
     chosen = metrics if isinstance(metrics, RegistrarMetrics) else None
     if metrics is True or (metrics is None and metrics_available()):
         group = isinstance(registrar, HealthGroup)
-        members = registrar.members() if isinstance(registrar, HealthGroup) else [registrar]
-        for member in members:
+        for member in registrar.members() if isinstance(registrar, HealthGroup) else [registrar]:
             if hasattr(member, "add_listener"):
                 labels = {"registry": member.status().url} if group else None
                 registry = chosen.registry if chosen is not None else None
