@@ -84,11 +84,8 @@ class HealthServer(contextlib.AbstractContextManager["HealthServer"]):
         self._work: queue.SimpleQueue[tuple[socket.socket, bytes] | None] = queue.SimpleQueue()
         self._closing = False
         name = f"registrar-health-{self.port}"
-        self._threads = [threading.Thread(target=self._read_loop, name=name, daemon=True)]
-        self._threads += [
-            threading.Thread(target=self._work_loop, name=f"{name}-{n}", daemon=True)
-            for n in range(WORKERS)
-        ]
+        loops = {name: self._read_loop} | {f"{name}-{n}": self._work_loop for n in range(WORKERS)}
+        self._threads = [threading.Thread(target=t, name=n, daemon=True) for n, t in loops.items()]
         for thread in self._threads:
             thread.start()
 

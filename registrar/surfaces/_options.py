@@ -70,9 +70,8 @@ class Option:
         if base is MISSING:
             return ""
         others = [(when, default_of(c, f)) for when, c, f in self.defaults]
-        return "; ".join(
-            [_shown(base)] + [f"with {w}: {_shown(v)}" for w, v in others if v != base]
-        )
+        shown = [f"with {w}: {_shown(v)}" for w, v in others if v != base]
+        return "; ".join([_shown(base), *shown])
 
 
 def _shown(value: object) -> str:

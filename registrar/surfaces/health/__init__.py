@@ -211,10 +211,8 @@ class HealthSource(Protocol):
     """What the health endpoints read: a `Registrar` fits."""
 
     def status(self) -> Status: ...
-
     @property
     def thread_died(self) -> bool: ...
-
     @property
     def payload(self) -> dict[str, Any]: ...
 
