@@ -127,7 +127,7 @@ _REGISTER_EXITS = exit_text(
         EXIT_OK: "stopped cleanly on SIGTERM/SIGINT",
         EXIT_USAGE: EXIT_STATUSES[EXIT_USAGE],
         EXIT_CODE: "--on-failure exit: the startup budget was spent",
-        EXIT_INTERRUPTED: "interrupted a second time while stopping",
+        EXIT_INTERRUPTED: EXIT_STATUSES[EXIT_INTERRUPTED],
     }
 )
 _STATUS_EXITS = exit_text(
