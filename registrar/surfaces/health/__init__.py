@@ -45,13 +45,11 @@ logger = logging.getLogger(__name__)
 HealthStatus = Literal["pass", "warn", "fail"]
 
 HEALTH_CONTENT_TYPE = "application/health+json"
-READINESS_CHECKS = ("registration", "server", "route")
-LIVENESS_CHECKS = ("thread", "retrying")  # they fail only when nothing will change by itself
 PROBES: dict[str, tuple[str, ...]] = {
-    "readyz": READINESS_CHECKS,
-    "livez": LIVENESS_CHECKS,
-    "health": READINESS_CHECKS + LIVENESS_CHECKS,
+    "readyz": ("registration", "server", "route"),
+    "livez": ("thread", "retrying"),  # they fail only when nothing will change by itself
 }
+PROBES["health"] = PROBES["readyz"] + PROBES["livez"]
 
 
 @dataclass(frozen=True)
