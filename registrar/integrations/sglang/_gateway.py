@@ -103,18 +103,17 @@ def drain(reason: str) -> float | None:
 
 def gateway_summary() -> list[dict[str, Any]] | None:
     """Each gateway registration's status, for `/server_info` (None: no gateway)."""
-    with _lock:
-        group = _group
+    group = _group
     if group is None:
         return None
     return [
-        {**r.status().to_dict(), "running": r.running, "worker_id": _worker_id(r)} for r in group
+        {
+            **r.status().to_dict(),
+            "running": r.running,
+            "worker_id": getattr(getattr(r, "_transport", None), "worker_id", None),
+        }
+        for r in group
     ]
-
-
-def _worker_id(registrar: Any) -> str | None:
-    found = getattr(getattr(registrar, "_transport", None), "worker_id", None)
-    return found if isinstance(found, str) else None
 
 
 def start_gateway(server_args: Any, tokenizer_manager: Any, *args: Any, **kwargs: Any) -> None:
@@ -134,9 +133,7 @@ async def around_sigterm_watchdog(
 ) -> Any:
     """AROUND `TokenizerManager.sigterm_watchdog`: once SIGTERM set `gracefully_exit`, drain off the
     event loop (uvicorn serves meanwhile); SGLang's watchdog then waits out requests and stops."""
-    with _lock:
-        active = _group is not None
-    if active:
+    if _group is not None:
         while not getattr(manager, "gracefully_exit", False):
             await asyncio.sleep(_SIGNAL_POLL)
         await asyncio.get_running_loop().run_in_executor(None, drain, "SIGTERM")

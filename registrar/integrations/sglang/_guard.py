@@ -50,9 +50,7 @@ class _Original:
         except BaseException:
             self.raised = True
             raise
-        if inspect.isawaitable(self.result):
-            return self._awaited(self.result)
-        return self.result
+        return self._awaited(self.result) if inspect.isawaitable(self.result) else self.result
 
     async def _awaited(self, pending: Any) -> Any:
         try:

@@ -38,7 +38,6 @@ from ._targets import (
     RUST_MODE,
     Choice,
     Plan,
-    Release,
     Target,
     installed_version,
     parse_release,
@@ -135,7 +134,7 @@ def verify(strict: bool | None = None) -> list[str]:
     if strict is None:
         strict = current_config().strict if _plan is not None else False
     version = installed_version() or "unknown"
-    current = _plan if _plan is not None else _planned(parse_release(version))
+    current = _plan or plan(ImportProbe(), parse_release(version), rust_server_mode(os.environ))
     failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
     lacking = [c for c in current.unavailable() if c.feature.required]
     absent = [t.path for c in lacking for t in c.feature.covering(current.release)]
@@ -204,10 +203,6 @@ def _why(choice: Choice, current: Plan) -> str:
     return ", ".join(f"{t.path} ({_cause(t.path, registered=False)})" for t in covering)
 
 
-def _planned(release: Release | None) -> Plan:
-    return plan(ImportProbe(), release, rust_server_mode(os.environ))
-
-
 def load() -> None:
     """The entry point. A bad or refused variable ends the process with one line naming it
     (SystemExit's message, printed once by the interpreter)."""
@@ -221,7 +216,7 @@ def load() -> None:
     for warning in config.warnings:
         logger.warning("%s: %s", DISTRIBUTION, warning)
     hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
-    _plan = _planned(parse_release(installed_version()))
+    _plan = plan(ImportProbe(), parse_release(installed_version()), rust_server_mode(os.environ))
     for target in _plan.taken():
         original = pkgutil.resolve_name(target.path) if target.kind == "REPLACE" else None
         hook = guarded(HOOKS[target.hook], target.kind, target.path, original)

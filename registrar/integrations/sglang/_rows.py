@@ -37,7 +37,6 @@ _config: PluginConfig | None = None
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _live_lock = threading.Lock()
 _capture_lock = threading.Lock()
-_users: dict[int, int] = {}  # threads capturing per namespace: the last one puts `requests` back
 _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 _said: set[tuple[str, str]] = set()
 
@@ -192,6 +191,7 @@ class CapturingRequests:
     def __init__(self, real: Any) -> None:
         self.real = real
         self._local = threading.local()
+        self.users = 0  # threads capturing in its namespace: the last one puts `requests` back
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -210,13 +210,12 @@ class CapturingRequests:
 def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
     """While inside, `namespace["requests"]` (SGLang's module globals) records this thread's PUTs in
     the list yielded and answers them 200, so SGLang's blocking loop ends at its first try."""
-    key = id(namespace)
     with _capture_lock:
         proxy = namespace.get("requests")
         if not isinstance(proxy, CapturingRequests):
             proxy = CapturingRequests(proxy)
             namespace["requests"] = proxy
-        _users[key] = _users.get(key, 0) + 1
+        proxy.users += 1
     rows: list[Row] = []
     proxy._local.rows = rows
     try:
@@ -224,9 +223,8 @@ def capturing(namespace: dict[str, Any]) -> Iterator[list[Row]]:
     finally:
         proxy._local.rows = None
         with _capture_lock:
-            _users[key] -= 1
-            if _users[key] == 0:
-                del _users[key]
+            proxy.users -= 1
+            if proxy.users == 0:
                 namespace["requests"] = proxy.real
 
 

@@ -55,9 +55,7 @@ class Probe(Protocol):
     """What the installed SGLang has: by importing it (the plugin) or reading its source."""
 
     def has(self, path: str) -> bool: ...
-
     def own(self, path: str) -> bool: ...  # the class defines the method itself
-
     def source(self, path: str) -> str | None: ...
 
 
