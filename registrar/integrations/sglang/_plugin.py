@@ -16,22 +16,12 @@ from typing import Any
 
 from ..._version import __version__
 from ...core._errors import ConfigError
-from ._gateway import around_sigterm_watchdog, gateway_summary, start_gateway
+from . import _gateway, _rows, _stale_prefill, _tables
 from ._guard import guarded
 from ._logs import hold
 from ._probe import ImportProbe
-from ._rows import (
-    DISTRIBUTION,
-    before_teardown,
-    capture_registration,
-    configure,
-    current_config,
-    rank_summary,
-    register_row,
-)
+from ._rows import DISTRIBUTION, configure, current_config
 from ._settings import read_config
-from ._stale_prefill import after_heartbeat_success
-from ._tables import HTTP_SERVER, add_ready_route, around_is_ready, bootstrap_summary
 from ._targets import (
     FEATURES,
     NEWEST_KNOWN,
@@ -59,33 +49,33 @@ def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> 
     queue = getattr(getattr(owner, "scheduler", owner), "disagg_prefill_bootstrap_queue", None)
     manager = getattr(queue, "kv_manager", None)
     if isinstance(state, dict) and manager is not None:
-        state["registrar"] = rank_summary(manager)
+        state["registrar"] = _rows.rank_summary(manager)
     return result
 
 
 def after_server_info(result: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER `build_server_info`: in the node-0 HTTP process, which holds the bootstrap server."""
-    state = getattr(sys.modules.get(HTTP_SERVER), "_global_state", None)
+    state = getattr(sys.modules.get(_tables.HTTP_SERVER), "_global_state", None)
     server = getattr(getattr(state, "tokenizer_manager", None), "bootstrap_server", None)
     if isinstance(result, dict) and hasattr(server, "prefill_port_table"):
-        result["registrar_bootstrap"] = bootstrap_summary(server)
-    gateways = gateway_summary()
+        result["registrar_bootstrap"] = _tables.bootstrap_summary(server)
+    gateways = _gateway.gateway_summary()
     if isinstance(result, dict) and gateways is not None:
         result["registrar_gateway"] = gateways
     return result
 
 
 HOOKS: dict[str, Callable[..., Any]] = {
-    "register_row": register_row,
-    "capture_registration": capture_registration,
-    "around_is_ready": around_is_ready,
-    "add_ready_route": add_ready_route,
-    "before_teardown": before_teardown,
+    "register_row": _rows.register_row,
+    "capture_registration": _rows.capture_registration,
+    "around_is_ready": _tables.around_is_ready,
+    "add_ready_route": _tables.add_ready_route,
+    "before_teardown": _rows.before_teardown,
     "after_internal_state": after_internal_state,
     "after_server_info": after_server_info,
-    "after_heartbeat_success": after_heartbeat_success,
-    "start_gateway": start_gateway,
-    "around_sigterm_watchdog": around_sigterm_watchdog,
+    "after_heartbeat_success": _stale_prefill.after_heartbeat_success,
+    "start_gateway": _gateway.start_gateway,
+    "around_sigterm_watchdog": _gateway.around_sigterm_watchdog,
 }
 
 _plan: Plan | None = None

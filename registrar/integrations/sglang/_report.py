@@ -24,6 +24,10 @@ from ._targets import (
 )
 
 _FULL = (0, 5, 22)  # the first release with every target
+_NOT_INSTALLED = (
+    "SGLang is not installed in this Python environment: install sglang-registrar into "
+    "the environment SGLang runs in (the plugin is loaded by SGLang there)"
+)
 
 
 def installed_report(root: Path | None = None, found_version: str | None = None) -> dict[str, Any]:
@@ -40,7 +44,7 @@ def installed_report(root: Path | None = None, found_version: str | None = None)
         ),
     }
     if root is None:
-        report.update(installed=False, plugin_system=False, features=[], advice=_advice(None))
+        report.update(installed=False, plugin_system=False, features=[], advice=_NOT_INSTALLED)
         return report
     has_plugins = (root / "srt" / "plugins" / "hook_registry.py").is_file()
     release = parse_release(found_version)
@@ -70,13 +74,8 @@ def _feature(choice: Choice) -> dict[str, Any]:
     }
 
 
-def _advice(current: Plan | None, has_plugins: bool = True) -> str:
+def _advice(current: Plan, has_plugins: bool) -> str:
     newest = release_text(NEWEST_KNOWN)
-    if current is None:
-        return (
-            "SGLang is not installed in this Python environment: install sglang-registrar into "
-            "the environment SGLang runs in (the plugin is loaded by SGLang there)"
-        )
     if not has_plugins:
         return (
             f"this SGLang has no plugin system (sglang.srt.plugins, added in "
@@ -101,13 +100,12 @@ def _advice(current: Plan | None, has_plugins: bool = True) -> str:
             f"the plugin works here without: {', '.join(lost)}; SGLang {release_text(_FULL)} "
             "or later has every feature"
         )
-    advice = "every feature the plugin has works on this SGLang"
     if moded:
-        advice = (
+        return (
             f"with {RUST_MODE} the ranks register, but the plugin cannot provide "
             f"{', '.join(moded)} there (REGISTRAR_STRICT=1 refuses to start): unset it for them"
         )
-    return advice
+    return "every feature the plugin has works on this SGLang"
 
 
 def describe(report: dict[str, Any]) -> str:
