@@ -121,8 +121,7 @@ def _cause(target: str, registered: bool = True) -> str:
 def verify(strict: bool | None = None) -> list[str]:
     """Check each hook this process registered took effect and log what this SGLang gets (an
     ERROR is `SystemExit` with `strict`, `REGISTRAR_STRICT=1`); the targets missing or unapplied."""
-    if strict is None:
-        strict = current_config().strict if _plan is not None else False
+    strict = current_config().strict if strict is None and _plan is not None else bool(strict)
     version = installed_version() or "unknown"
     current = _plan or plan(ImportProbe(), parse_release(version), rust_server_mode(os.environ))
     failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]

@@ -24,10 +24,7 @@ class ImportProbe:
 
     def own(self, path: str) -> bool:
         owner, _, name = path.rpartition(".")
-        try:
-            found = pkgutil.resolve_name(owner)
-        except Exception:
-            return False
+        found = pkgutil.resolve_name(owner) if self.has(owner) else None
         return isinstance(found, type) and name in found.__dict__
 
     def source(self, path: str) -> str | None:

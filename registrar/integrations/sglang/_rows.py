@@ -116,12 +116,11 @@ def _check_bind(args: Any, url: str) -> None:
 
 def sglang_token(manager: Any, chosen: Token | None = None) -> Token | None:
     """`bootstrap_token` of `chosen` (REGISTRAR_TOKEN(_FILE)) and what SGLang would send."""
-    token, _ = bootstrap_token(
+    return bootstrap_token(
         chosen,
         broadcast=getattr(manager, "bootstrap_auth_token", None),
         api_key=getattr(getattr(manager, "server_args", None), "api_key", None),
-    )
-    return token
+    )[0]
 
 
 def _fail_rank(code: int) -> None:

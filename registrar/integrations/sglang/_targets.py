@@ -80,11 +80,6 @@ class Target:
         module = self.path.rsplit(".", 2)[0]  # "puts"
         return probe.has(f"{module}.requests") and text is not None and "requests.put(" in text
 
-    def covers(self, release: Release | None) -> bool:
-        """None: an unknown release, taken as the newest."""
-        at = release or (999, 0, 0)
-        return self.since <= at and (self.until is None or at <= self.until)
-
 
 @dataclass(frozen=True)
 class Feature:
@@ -101,7 +96,9 @@ class Feature:
     rust_server: str = ""
 
     def covering(self, release: Release | None) -> list[Target]:
-        return [t for t in self.candidates if t.covers(release)]
+        """The candidates `release` has; None: an unknown release, taken as the newest."""
+        at = release or (999, 0, 0)
+        return [t for t in self.candidates if t.since <= at and (t.until is None or at <= t.until)]
 
 
 _KV = "sglang.srt.disaggregation.common.conn.CommonKVManager"
