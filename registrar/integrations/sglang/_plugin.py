@@ -141,8 +141,7 @@ def verify(strict: bool | None = None) -> list[str]:
             line,
         )
     else:
-        register = next(c.target for c in current.choices if c.feature.name == "registration")
-        around = register is not None and register.kind == "AROUND"
+        around = any(t.hook == "capture_registration" for t in current.taken())
         lost = current.lost()
         cannot = "; ".join(f"{c.feature.name} ({c.reason})" for c in lost if not c.mode)
         moded = "; ".join(f"{c.feature.name} ({c.feature.rust_server})" for c in lost if c.mode)
