@@ -99,8 +99,15 @@ def spawn_rank(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
     started: list[Rank] = []
 
     def spawn(
-        bootstrap_port: int, *, rank: int = 0, tp_size: int = 1, plugin: bool = True, **env: str
+        bootstrap_port: int,
+        *,
+        rank: int = 0,
+        tp_size: int = 1,
+        dp_attention: int = 0,
+        plugin: bool = True,
+        **env: str,
     ) -> Rank:
+        """`dp_attention` D > 0: TP rank `rank` of `--tp tp_size --dp D --enable-dp-attention`."""
         extra = {"REGISTRAR_WATCH_INTERVAL": "0.5", **env}
         if not plugin:
             extra["SGLANG_PLUGINS"] = "none-but-registrar-absent"
@@ -118,6 +125,8 @@ def spawn_rank(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
             "--model",
             str(model_dir),
         ]
+        if dp_attention:
+            cmd += ["--dp-size", str(dp_attention), "--enable-dp-attention"]
         with log.open("w") as err:
             proc = subprocess.Popen(
                 cmd,

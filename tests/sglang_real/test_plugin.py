@@ -18,7 +18,14 @@ from typing import Any
 
 import pytest
 from bootstrap_lab import BootstrapLab
-from sglang_support.harness import HERE, child_env, import_quietly, wait_for
+from sglang_support.harness import (
+    HERE,
+    assert_init_left_registration_to_the_background,
+    checked,
+    child_env,
+    import_quietly,
+    wait_for,
+)
 from support import process_port
 
 from registrar import __version__
@@ -39,35 +46,6 @@ TAKEN = sum(target is not None for target in expected(RELEASE))
 """How many targets the table says this release has (8 on 0.5.22+, 5 to 7 before)."""
 
 pytestmark = pytest.mark.timeout(300)
-
-# What upstream's blocking loop writes on each failed attempt (test_upstream.py meets it).
-UPSTREAM_ATTEMPT = "Prefill register attempt"
-
-
-def checked(rank: Any, times: int = 2, timeout: float = 30.0) -> bool:
-    """Wait until each of the rank's registrars has made `times` more route checks (its
-    `last_check_at` moved on that often, or more between two looks): each found the route in
-    place, or it would have sent a PUT. The point to count PUTs at, instead of a sleep."""
-    first = {json.dumps(row["rank"]): [row.get("last_check_at")] for row in rank.status()}
-
-    def moved() -> bool:
-        for row in rank.status():
-            seen = first.setdefault(json.dumps(row["rank"]), [None])
-            if row.get("last_check_at") != seen[-1]:
-                seen.append(row.get("last_check_at"))
-        return all(len(seen) > times for seen in first.values())
-
-    return wait_for(moved, timeout=timeout)
-
-
-def assert_init_left_registration_to_the_background(rank: Any) -> None:
-    """Init returned with the server down, and upstream's blocking retry loop never ran: not one
-    of its attempts is in the log, and the plugin says it registers in the background. What
-    the rank shows, not how long init took (a loaded machine makes any init slow)."""
-    log = rank.log.read_text()
-    assert UPSTREAM_ATTEMPT not in log, log
-    assert "in the background (registrar" in log, log
-    assert all(row["state"] in ("registering", "failed") for row in rank.status())
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
