@@ -164,10 +164,12 @@ def _figures(without: dict[str, Any] | None, with_: dict[str, Any] | None) -> li
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, dict):
+    if isinstance(value, dict) and all(isinstance(n, int) for n in value.values()):
         if not value:
             return "none"
-        return "<br>".join(f"{n} x `{k[:90]}`" for k, n in value.items())
+        return "<br>".join(f"{n} x `{k[:90]}`" for k, n in value.items())  # counts of texts
+    if isinstance(value, dict):
+        return f"`{json.dumps(value)}`"
     return str(value)
 
 
