@@ -304,6 +304,7 @@ def test_every_node_registers_with_the_broadcast_token_and_a_missing_one_is_diag
         ("0.0.0.0", "10.231.77.1:5000", 0, False),  # every address
         ("127.0.0.1", "10.231.77.1:5000", 1, False),  # node 1 holds no bootstrap server
         ("127.0.0.1", None, 0, False),  # one node: the ranks register at --host
+        ("a..b", "10.231.77.1:5000", 0, True),  # not a name at all: compared as written
     ],
 )
 def test_node_0_bound_where_its_ranks_do_not_register_is_said_once(
@@ -319,7 +320,7 @@ def test_node_0_bound_where_its_ranks_do_not_register_is_said_once(
     assert len(said) == warned
     if warned:
         assert said[0].startswith(
-            "sglang-registrar: node 0's bootstrap server listens on 127.0.0.1"
+            f"sglang-registrar: node 0's bootstrap server listens on {host} only (--host)"
         )
         assert "register at 10.231.77.1 (the --dist-init-addr host)" in said[0]
         assert "--host 0.0.0.0" in said[0]

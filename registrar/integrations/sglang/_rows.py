@@ -90,7 +90,7 @@ def register_row(manager: Any, url: str, payload: dict[str, Any]) -> None:
 def _addresses(host: str) -> set[str]:
     try:
         return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
-    except OSError:
+    except (OSError, UnicodeError):  # a name that does not resolve, or is not a name at all
         return {host}
 
 
