@@ -31,7 +31,7 @@ from support import process_port
 from registrar import __version__
 from registrar.integrations.sglang._plugin import ACTIVE
 from registrar.integrations.sglang._reach import REACH
-from registrar.integrations.sglang._tables import readiness
+from registrar.integrations.sglang._tables import bootstrap_summary, readiness
 from registrar.integrations.sglang._targets import (
     FEATURES,
     NEWEST_KNOWN,
@@ -417,14 +417,18 @@ def test_ready_is_false_until_the_table_is_complete(
     manager.bootstrap_server = bootstrap(port).start().instance
     assert ready() is False  # nothing registered
     first = spawn_rank(port, rank=0, tp_size=2)
+    first.event("init")  # a rank's start, not counted in the waits below (Rank.event says why)
     assert wait_for(lambda: manager.bootstrap_server._registered_count == 1, timeout=120)
     assert ready() is False  # one row of two
     if with_info:
         summary = server_info(manager, monkeypatch)["registrar_bootstrap"]
         assert summary["complete"] is False
         assert summary["missing_rows"] == [{"dp": 0, "cp": 0, "tp": 1, "pp": 0}]
-    spawn_rank(port, rank=1, tp_size=2)
-    assert wait_for(ready, timeout=120)
+    spawn_rank(port, rank=1, tp_size=2).event("init")
+    assert wait_for(ready, timeout=120), (
+        bootstrap_summary(manager.bootstrap_server),
+        reach.silent(manager.bootstrap_server),
+    )
     reach.look()  # both ranks answer at the addresses they registered: still ready
     assert not reach.silent(manager.bootstrap_server)
     assert ready() is True
