@@ -253,6 +253,8 @@ def test_the_token_file_and_verbose_work_inside_sglang(spawn_rank, tmp_path) -> 
         rank = spawn_rank(server.port, REGISTRAR_TOKEN_FILE=str(token), REGISTRAR_VERBOSE="1")
         rank.event("init")
         assert wait_for(lambda: server.registered_count == 1, timeout=60)
+        # The server counts the PUT before the rank has read the answer: wait for the rank too.
+        assert wait_for(lambda: rank.status()[0]["state"] == "registered", timeout=60)
         [row] = rank.status()
         assert (row["state"], row["registrations"]) == ("registered", 1)
         puts = [r for r in server.records() if r.method == "PUT"]
