@@ -15,8 +15,7 @@ import pytest
 import requests
 from sglang_support.harness import (
     assert_init_left_registration_to_the_background,
-    checked,
-    wait_for,
+    assert_one_put_each,
 )
 from support import process_port
 
@@ -64,11 +63,7 @@ def test_dp_attention_ranks_register_under_their_attention_dp_rank_once_per_serv
     everyone = {(dp, 0, 0, 0) for dp in range(DP)}
     for lifetime in range(2):  # a late start, then a restart on the same port, empty
         server = bootstrap(port).start()
-        assert wait_for(lambda s=server: s.rows() == everyone, timeout=60), server.rows()
-        for proc in procs:
-            assert wait_for(lambda p=proc, n=lifetime + 1: p.status()[0]["registrations"] == n)
-            assert checked(proc)  # two checks after its PUT: no second PUT
-        assert server.count == DP, f"lifetime {lifetime}: {server.count} PUTs for {DP} ranks"
+        assert_one_put_each(server, procs, everyone, lifetime)
         # The widths the server took from the PUTs: two attention-DP groups of one TP rank.
         info = route(
             port, prefill_dp_rank=-1, prefill_cp_rank=-1, target_tp_rank=-1, target_pp_rank=-1

@@ -21,6 +21,7 @@ from bootstrap_lab import BootstrapLab
 from sglang_support.harness import (
     HERE,
     assert_init_left_registration_to_the_background,
+    assert_one_put_each,
     checked,
     child_env,
     import_quietly,
@@ -350,11 +351,7 @@ def test_ranks_in_their_own_processes_put_once_per_server_lifetime(
     everyone = {(0, 0, tp, 0) for tp in range(ranks)}
     for lifetime in range(2):  # a late start, then a restart on the same port
         server = bootstrap(port).start()
-        assert wait_for(lambda s=server: s.rows() == everyone, timeout=60), server.rows()
-        for proc in procs:
-            assert wait_for(lambda p=proc, n=lifetime + 1: p.status()[0]["registrations"] == n)
-            assert checked(proc)  # two checks after its PUT: no second PUT
-        assert server.count == ranks, f"lifetime {lifetime}: {server.count} PUTs for {ranks}"
+        assert_one_put_each(server, procs, everyone, lifetime)
         server.close()
     for proc in procs:
         [row] = proc.status()

@@ -191,3 +191,13 @@ def assert_init_left_registration_to_the_background(rank: Any) -> None:
     assert UPSTREAM_ATTEMPT not in log, log
     assert "in the background (registrar" in log, log
     assert all(row["state"] in ("registering", "failed") for row in rank.status())
+
+
+def assert_one_put_each(server: Any, procs: list[Any], rows: set[Any], lifetime: int) -> None:
+    """In this lifetime of the bootstrap server: every row in, each rank registered once more
+    (its `lifetime + 1`th), checked twice after its PUT without another, one PUT per rank."""
+    assert wait_for(lambda: server.rows() == rows, timeout=60), server.rows()
+    for proc in procs:
+        assert wait_for(lambda p=proc: p.status()[0]["registrations"] == lifetime + 1)
+        assert checked(proc)  # two checks after its PUT: no second PUT
+    assert server.count == len(procs), f"lifetime {lifetime}: {server.count} PUTs"
