@@ -85,6 +85,7 @@ class RouteTable:
         # SGLang's order of assignments (so that a bad value fails at the same point).
         port = data.get("prefill_http_port")
         balance = data.get("load_balance_method", "follow_bootstrap_room")
+        split = data.get("enable_dsa_cache_layer_split")
         firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
             ("attn_tp_size", lambda: fields["attn_tp_size"]),
             ("attn_cp_size", lambda: fields["attn_cp_size"]),
@@ -95,10 +96,7 @@ class RouteTable:
             ("kv_layout", lambda: data.get("kv_layout")),
             ("prefill_http_port", lambda: None if port is None else int(port)),
             ("follow_bootstrap_room", lambda: balance == "follow_bootstrap_room"),
-            (
-                "enable_dsa_cache_layer_split",
-                lambda: bool(data.get("enable_dsa_cache_layer_split")),
-            ),
+            ("enable_dsa_cache_layer_split", lambda: bool(split)),
             ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
         )
         for name, value in firsts:
@@ -160,11 +158,7 @@ class RouteTable:
         return {k: v for k, v in info.items() if v is not None or k not in layouts}
 
 
-_CLOSE = {"Connection": "close"}
-
-
-class Listener(ThreadingHTTPServer):
-    daemon_threads = True
+class Listener(ThreadingHTTPServer):  # daemon threads already
     block_on_close = False
     # SGLang's listen backlog (aiohttp's default), not socketserver's 5: a fleet that overflows
     # one overflows the other.
@@ -378,19 +372,18 @@ class BootstrapServer:
             h.close_connection = True
 
     def _read_body(self, h: Handler) -> bytes | None:
-        length_text = h.headers.get("Content-Length")
         try:
-            length = int(length_text) if length_text else 0
+            length = int(h.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
         if length < 0:
-            self._reply(h, (400, "Bad Content-Length", "text/plain"), headers=_CLOSE)
-            return None
-        if length > self.max_body_bytes:
-            text = f"Request body over {self.max_body_bytes} bytes"
-            self._reply(h, (413, text, "text/plain"), headers=_CLOSE)
-            return None
-        return h.rfile.read(length) if length else b""
+            reply: Reply = (400, "Bad Content-Length", "text/plain")
+        elif length > self.max_body_bytes:
+            reply = (413, f"Request body over {self.max_body_bytes} bytes", "text/plain")
+        else:
+            return h.rfile.read(length)
+        self._reply(h, reply, headers={"Connection": "close"})
+        return None
 
     def _answer(self, h: Handler, body: bytes) -> Reply | None:  # noqa: PLR0911 - in SGLang's order
         """The answer of SGLang's server, or None for a request of a lifetime that has ended."""

@@ -40,6 +40,7 @@ class Option:
     defaults: tuple[tuple[str, type, str], ...] = ()
     """Other defaults to show: (when, settings class, field)."""
     metavar: str | None = None
+    """None: its parser's (`METAVARS`: S for seconds, N for integers), else the name's last word."""
     repeat: bool = False
     """The flag may be given several times (its values are joined)."""
     show_default: bool = True
@@ -121,14 +122,11 @@ def timeout(text: str) -> float | tuple[float, float]:
     raise ValueError("must be seconds, or connect,read seconds")
 
 
-def word(*words: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in words:
-            raise ValueError(f"must be {', '.join(words[:-1])} or {words[-1]}")
-        return value
-
-    return parse
+def on_failure(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("retry", "stop", "exit"):
+        raise ValueError("must be retry, stop or exit")
+    return value
 
 
 def parse_flag(text: str) -> bool:
@@ -149,6 +147,8 @@ def parse_port(text: str) -> int:
     return value
 
 
+METAVARS: dict[Callable[[str], Any], str] = {int_or_off: "N", integer: "N", timeout: "S"}
+METAVARS |= dict.fromkeys((seconds, parse_seconds_or_zero, seconds_or_off), "S")
 _SGLANG_BUILDS = "SGLang builds each row's bootstrap URL and payload itself"
 _SGLANG_ADDRESS = _SGLANG_BUILDS + " (the rank's address: --host, --dist-init-addr)"
 _NO_ETCD = "the plugin registers with SGLang's bootstrap server, not etcd"
@@ -184,7 +184,7 @@ def _smg(name: str, field: str, example: str, help: str, **more: Any) -> Option:
 OPTIONS: tuple[Option, ...] = (
     _loop(
         "ON_FAILURE",
-        word("retry", "stop", "exit"),
+        on_failure,
         "exit",
         "when the startup budget is spent: retry (in the background), stop, or exit",
         metavar="retry|stop|exit",
@@ -194,14 +194,12 @@ OPTIONS: tuple[Option, ...] = (
         int_or_off,
         "5",
         "startup attempts before on_failure applies (unlimited: never)",
-        metavar="N",
     ),
     _loop(
         "MAX_ELAPSED",
         seconds_or_off,
         "60",
         "startup time budget in seconds before on_failure applies (off: none)",
-        metavar="S",
     ),
     _loop(
         "WATCH_INTERVAL",
@@ -209,7 +207,6 @@ OPTIONS: tuple[Option, ...] = (
         "15",
         "seconds between route checks once registered; 'off' for none (0 is refused); "
         f"with --gateway: {SMG_WATCH_INTERVAL:g}, with --etcd: from --ttl",
-        metavar="S",
     ),
     _http(
         "TIMEOUT",
@@ -218,14 +215,12 @@ OPTIONS: tuple[Option, ...] = (
         "each request's deadline in seconds, the whole request, or CONNECT,READ",
         rule=rules.each_seconds,
         defaults=(("--etcd", EtcdSettings, "timeout"), ("--gateway", SmgSettings, "timeout")),
-        metavar="S",
     ),
     _loop(
         "MAX_RETRY_AFTER",
         parse_seconds_or_zero,
         "60",
         "longest wait a server's Retry-After may impose, seconds (0: ignore it)",
-        metavar="S",
     ),
     _loop(
         "DIAGNOSE_AFTER",
@@ -233,7 +228,6 @@ OPTIONS: tuple[Option, ...] = (
         "30",
         "seconds of requests reaching no bootstrap server before a diagnosis (a wrong port, "
         "host, scheme) is stated in the log, status, health and metrics; 'off' for none",
-        metavar="S",
     ),
     _http("VERIFY", parse_flag, "true", "verify the server's TLS certificate"),
     Option(
@@ -304,7 +298,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="URLS",
     ),
     _etcd("KEY", "key", "/services/prefill/rank0", "with ETCD: the key"),
-    _etcd("TTL", "ttl", "10", "with ETCD: the lease TTL, seconds", parse=seconds, metavar="S"),
+    _etcd("TTL", "ttl", "10", "with ETCD: the lease TTL, seconds", parse=seconds),
     _etcd("ETCD_USER", "username", "registrar", "with ETCD: the etcd user", metavar="NAME"),
     _etcd(
         "ETCD_PASSWORD",
@@ -354,7 +348,6 @@ OPTIONS: tuple[Option, ...] = (
         "with GATEWAY: a prefill worker's bootstrap server port",
         parse=integer,
         plugin=_FROM_SERVER_ARGS + " (--disaggregation-bootstrap-port)",
-        metavar="N",
     ),
     _smg(
         "READY_URL",
@@ -369,7 +362,6 @@ OPTIONS: tuple[Option, ...] = (
         "10",
         "with READY_URL: not ready this long, the worker is withdrawn",
         parse=seconds,
-        metavar="S",
     ),
     _smg(
         "GATEWAY_KEY_FILE",
@@ -384,7 +376,6 @@ OPTIONS: tuple[Option, ...] = (
         "15",
         "with GATEWAY: at stop, wait this long for the gateway to remove the worker",
         parse=seconds,
-        metavar="S",
     ),
     Option(
         "HEALTH_HOST",

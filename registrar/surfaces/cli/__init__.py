@@ -20,7 +20,7 @@ from ...core import _rules as rules
 from ...core._board import mermaid_diagram
 from ...core._errors import ConfigError, describe_exception
 from ...core._settings import EXIT_CODE
-from .._options import ENV_PREFIX, OPTIONS, Option, parse_flag, parse_port
+from .._options import ENV_PREFIX, METAVARS, OPTIONS, Option, parse_flag, parse_port
 
 __all__ = ["main"]
 
@@ -200,7 +200,7 @@ def _add_option(group: Any, option: Option) -> None:
         good = f"; e.g. {option.flag_name} {option.example}"
         # A repeated flag's values are checked once joined.
         kwargs["type"] = _typed(option.parse if option.repeat else option.read, good=good)
-        kwargs["metavar"] = option.metavar or option.name.split("_")[-1]
+        kwargs["metavar"] = option.metavar or METAVARS.get(option.parse, option.name.split("_")[-1])
         if option.repeat:
             kwargs["action"] = "append"
     group.add_argument(*names, **kwargs)
