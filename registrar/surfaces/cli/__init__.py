@@ -324,8 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         module = importlib.import_module(f".{_MODULES.get(args.command, '')}", __name__)
-        command: Callable[[argparse.Namespace], int] = getattr(module, f"cmd_{args.command}")
-        code = command(args)
+        code: int = getattr(module, f"cmd_{args.command}")(args)
         sys.stdout.flush()
     except (UsageError, ConfigError) as exc:
         print(f"registrar: error: {exc}", file=sys.stderr)

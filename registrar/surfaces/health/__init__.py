@@ -84,21 +84,19 @@ class _Observed:
     extra: Mapping[str, Any] | None = None
 
     def check(self, name: str, key: str, verdict: HealthStatus, reason: str | None) -> Check:
-        entry: dict[str, Any] = {}
-        if self.component_id is not None:
-            entry["componentId"] = self.component_id
-        entry.update(
-            componentType=self.component_type,
-            observedValue=self.value,
-            observedUnit=self.unit,
-            status=verdict,
-        )
-        if self.taken_at is not None:
-            entry["time"] = iso_utc(self.taken_at)
-        if reason is not None and verdict != "pass":
-            entry["output"] = reason
-        entry.update(self.extra or {})
-        return Check(name, key, verdict, reason if verdict != "pass" else None, entry)
+        shown = reason if verdict != "pass" else None
+        entry: dict[str, Any] = {
+            "componentId": self.component_id,
+            "componentType": self.component_type,
+            "observedValue": self.value,
+            "observedUnit": self.unit,
+            "status": verdict,
+            "time": None if self.taken_at is None else iso_utc(self.taken_at),
+            "output": shown,
+        }
+        optional = ("componentId", "time", "output")  # left out when there is none
+        entry = {k: v for k, v in entry.items() if v is not None or k not in optional}
+        return Check(name, key, verdict, shown, {**entry, **(self.extra or {})})
 
 
 def health_checks(status: Status, *, thread_died: bool, now: float) -> dict[str, Check]:
