@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -81,29 +81,26 @@ class RouteTable:
         self.decode_allocation_policy = policy
         self.dsv41_spec_layout = layout
         single = fields["system_dp_size"] == 1
-        # The topology's fields are set by the first registration that carries them, in
-        # SGLang's order of assignments (so that a bad value fails at the same point).
-        port = data.get("prefill_http_port")
         balance = data.get("load_balance_method", "follow_bootstrap_room")
-        split = data.get("enable_dsa_cache_layer_split")
-        firsts: tuple[tuple[str, Callable[[], Any]], ...] = (
-            ("attn_tp_size", lambda: fields["attn_tp_size"]),
-            ("attn_cp_size", lambda: fields["attn_cp_size"]),
-            ("dp_size", lambda: fields["attn_dp_size"] if single else fields["system_dp_size"]),
-            ("pp_size", lambda: fields["pp_size"]),
-            ("page_size", lambda: int(fields["page_size"])),
-            ("kv_cache_dtype", lambda: fields["kv_cache_dtype"]),
-            ("kv_layout", lambda: data.get("kv_layout")),
-            ("prefill_http_port", lambda: None if port is None else int(port)),
-            ("follow_bootstrap_room", lambda: balance == "follow_bootstrap_room"),
-            ("enable_dsa_cache_layer_split", lambda: bool(split)),
-            ("enable_kv_cache_sharding", lambda: bool(data.get("enable_kv_cache_sharding"))),
-        )
-        for name, value in firsts:
-            if getattr(self, name) is None:
-                chosen = value()
-                if chosen is not None:
-                    setattr(self, name, chosen)
+        # The topology's fields are set by the first registration that carries them, in
+        # SGLang's order of assignments (so that a bad value fails at the same point: the port's
+        # int() is the one that can).
+        firsts = {
+            "attn_tp_size": fields["attn_tp_size"],
+            "attn_cp_size": fields["attn_cp_size"],
+            "dp_size": fields["attn_dp_size"] if single else fields["system_dp_size"],
+            "pp_size": fields["pp_size"],
+            "page_size": int(fields["page_size"]),
+            "kv_cache_dtype": fields["kv_cache_dtype"],
+            "kv_layout": data.get("kv_layout"),
+            "prefill_http_port": data.get("prefill_http_port"),
+            "follow_bootstrap_room": balance == "follow_bootstrap_room",
+            "enable_dsa_cache_layer_split": bool(data.get("enable_dsa_cache_layer_split")),
+            "enable_kv_cache_sharding": bool(data.get("enable_kv_cache_sharding")),
+        }
+        for name, value in firsts.items():
+            if getattr(self, name) is None and value is not None:
+                setattr(self, name, int(value) if name == "prefill_http_port" else value)
         dp = fields["attn_dp_rank"] if single else fields["system_dp_rank"]
         key = (dp, fields["attn_cp_rank"], fields["attn_tp_rank"], fields["pp_rank"])
         self.ranks[key] = {"rank_ip": fields["rank_ip"], "rank_port": rank_port}

@@ -32,8 +32,8 @@ logger = logging.getLogger("registrar")
 
 
 def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The options by key (none: the settings' default stands) and the flags given. A bad
-    variable raises ConfigError; one whose flag is given is not even read (the flag wins)."""
+    """The options by key (none: the settings' default stands) and the flags given. A bad variable
+    or repeated flag raises ConfigError; a flag given wins: its variable is not even read."""
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     chosen: dict[str, Any] = {}
     for option in OPTIONS:
@@ -41,11 +41,8 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         if value is UNSET:
             value = read_variable(option, os.environ)
         elif option.repeat:  # the values joined, checked as the variable's would be
-            value = [item for given in value for item in given]
-            try:
-                value = option.check(value)
-            except rules.Invalid as exc:
-                raise UsageError(rules.describe(str(option.flag_name), value, exc)) from None
+            joined = [item for given in value for item in given]
+            value = rules.applied(str(option.flag_name), joined, option.check)
         if value is not UNSET:
             chosen[option.key] = value
     return chosen, flags
