@@ -122,8 +122,7 @@ class RouteTable:
         if everything:
             return 200, json.dumps(self.info()), "application/json"
         # Keys are the payload's values; the real nested lookup by int finds the same ones.
-        found = self.ranks.get((int(dp), int(cp), int(tp), int(pp)))
-        if found is None:
+        if (found := self.ranks.get((int(dp), int(cp), int(tp), int(pp)))) is None:
             ranks = f"dp_rank={dp} cp_rank={cp} tp_rank={tp} pp_rank={pp}"
             return 404, f"Bootstrap info not found for {ranks}", "text/plain"
         return 200, json.dumps(found), "application/json"
@@ -193,11 +192,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class BootstrapServer:
-    """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across restarts),
-    or on `sock`, bound and not listening until `start()` (docs/sglang.md). Upstream pull requests
-    not in 0.5.23, each behind its knob: `token` requires it on `PUT /route` (#39416: 401 without
-    it or with another, GETs open); `instance_id` sends a new id per lifetime on every answer
-    (#34289)."""
+    """An in-memory bootstrap server on `host:port` (0: an ephemeral port, kept across restarts), or
+    on `sock`, bound and not listening until `start()` (docs/sglang.md). Upstream pull requests not
+    in 0.5.23, each behind its knob: `token` requires it on `PUT /route` (#39416: 401 without it or
+    with another, GETs open); `instance_id` sends a new id per lifetime on every answer (#34289)."""
 
     def __init__(  # noqa: PLR0913 - a keyword per knob
         self,
@@ -334,8 +332,7 @@ class BootstrapServer:
             return self._lifetime
 
     def _handle(self, h: Handler) -> None:
-        body = self._read_body(h)
-        if body is not None:
+        if (body := self._read_body(h)) is not None:
             self._reply(h, self._answer(h, body), body)
 
     def _reply(

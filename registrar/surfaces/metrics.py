@@ -149,8 +149,7 @@ class RegistrarMetrics:
                     f"every registrar on this registry must use the labels {list(families.labels)}"
                     f" (these metrics already use them), got {list(names)}"
                 )
-            holder = families.members.get(self._values)
-            if holder is not None and holder.in_use():
+            if (holder := families.members.get(self._values)) is not None and holder.in_use():
                 shown = ", ".join(f"{k}={v!r}" for k, v in constant.items()) or "no labels"
                 raise ConfigError(
                     f"another registrar's metrics on this registry already use {shown}; "

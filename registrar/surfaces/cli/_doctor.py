@@ -87,8 +87,7 @@ def bootstrap_findings(
 ) -> list[Finding]:
     """`expect`: the rows the topology should have (dp * cp * tp * pp), else the server's;
     `http_port`: the prefill's, compared with the bootstrap port, knocked on when refused."""
-    unfilled = port_problem(url)
-    if unfilled is not None:
+    if (unfilled := port_problem(url)) is not None:
         return [Finding("bootstrap", url, "url", "fail", unfilled.sentence, unfilled)]
     seen = gather(url, PROBE_PATH, is_bootstrap_answer, http_port=http_port, options=options)
     found = _reach("bootstrap", url, seen, "SGLang's bootstrap protocol")

@@ -130,8 +130,7 @@ def _protocol_settings(chosen: dict[str, Any], flags: dict[str, Any], protocol: 
                 f"(it takes {', '.join(names) or 'none'}, and the loop's)"
             )
         given[field] = chosen[option.key]
-    missing = [name for name in options_of(kind, required=True) if name not in given]
-    if missing:
+    if missing := [name for name in options_of(kind, required=True) if name not in given]:
         needed = [str(o.flag_name or o.name) for o in OPTIONS if o.field in missing]
         raise UsageError(f"protocol {protocol!r} needs {', '.join(needed or missing)}")
     if "token" in given:
@@ -180,8 +179,7 @@ def _registrars(chosen: dict[str, Any], flags: dict[str, Any]) -> RegistrarGroup
     protocol = chosen.get("protocol")
     if not gateway and (etcd or protocol is None):  # else the protocol's own refusals
         gateway_rows = [o for o in OPTIONS if o.settings is SmgSettings]
-        stray = [str(o.flag_name) for o in gateway_rows if chosen.get(o.key) is not None]
-        if stray:
+        if stray := [str(o.flag_name) for o in gateway_rows if chosen.get(o.key) is not None]:
             raise UsageError(f"{', '.join(stray)} go with --gateway (docs/gateway.md)")
     for required in () if gateway else ("payload",) if etcd else ("url", "payload"):
         if chosen.get(required) is None:
@@ -224,8 +222,7 @@ def cmd_register(args: argparse.Namespace) -> int:
     signals = Signals().install()  # before health answers: a SIGTERM from then on stops cleanly
     health = None
     host = chosen.get("health_host") or DEFAULT_HEALTH_HOST
-    port = chosen.get("health_port")
-    if port is not None:
+    if (port := chosen.get("health_port")) is not None:
         try:
             health = start_health_server(
                 source, host, port, expose_payload=bool(chosen.get("expose_payload", False))

@@ -103,8 +103,7 @@ def _registration_lines(document: dict[str, Any], check: dict[str, Any]) -> list
     ]
     if check.get("nextAttemptAt"):
         lines.append(f"next attempt: {_field(check, 'nextAttemptAt')}")
-    seen = check.get("diagnosis")
-    if isinstance(seen, dict):
+    if isinstance(seen := check.get("diagnosis"), dict):
         lines.append(f"diagnosis:    {_field(seen, 'code')}: {clean(seen.get('sentence'), 400)}")
     if check.get("resolution"):
         lines.append(f"resolver:     {_field(check, 'resolution')}")

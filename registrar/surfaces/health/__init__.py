@@ -332,8 +332,7 @@ def answer_health(
         lines = [said[check.status].format(check.name, check.reason) for check in shown]
         excluded = [n for n in ([only] if only else PROBES[probe]) if n in exclude]
         lines.extend(f"[+]{name} excluded: ok" for name in excluded)
-        unknown = [n for n in exclude if n not in every]
-        if unknown:
+        if unknown := [n for n in exclude if n not in every]:
             listed = ", ".join(repr(n) for n in unknown)
             lines.append(f"warn: some health checks cannot be excluded: no matches for {listed}")
         failed = any(c.status == "fail" for c in shown)
@@ -358,8 +357,7 @@ def _answerer(
     def answer(environ: dict[str, Any]) -> Answer:
         method = environ.get("REQUEST_METHOD", "GET")
         path, query = environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", "")
-        found = answer_health(registrar, method, path, query, options)
-        if found is not None:
+        if (found := answer_health(registrar, method, path, query, options)) is not None:
             return found
         if metrics_app is None:
             return NO_METRICS
