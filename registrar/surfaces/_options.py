@@ -67,8 +67,7 @@ class Option:
         """The defaults, read from the settings classes: "5; with --etcd: 2"."""
         if self.settings is None or self.field is None or not self.show_default:
             return ""
-        base = default_of(self.settings, self.field)
-        if base is MISSING:
+        if (base := default_of(self.settings, self.field)) is MISSING:
             return ""
         others = [(when, default_of(c, f)) for when, c, f in self.defaults]
         shown = [f"with {w}: {_shown(v)}" for w, v in others if v != base]

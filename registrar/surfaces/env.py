@@ -28,8 +28,7 @@ UNSET: Any = object()
 def read_variable(option: Option, env: Mapping[str, str], prefix: str = ENV_PREFIX) -> Any:
     """The checked value of `option`'s variable, or `UNSET` when it is unset or empty."""
     key = prefix + option.name
-    text = env.get(key, "").strip()
-    if not text:
+    if not (text := env.get(key, "").strip()):
         return UNSET
     try:
         return option.read(text)

@@ -139,12 +139,10 @@ class RegistrarMetrics:
         self._values = tuple(constant[n] for n in names)
         with _FAMILIES_LOCK:
             per_registry = _FAMILIES.setdefault(self.registry, {})
-            families = per_registry.get(namespace)
-            if families is None:
-                families = per_registry[namespace] = _Families(
-                    prom, self.registry, namespace, names
-                )
-            elif families.labels != names:
+            if namespace not in per_registry:
+                per_registry[namespace] = _Families(prom, self.registry, namespace, names)
+            families = per_registry[namespace]
+            if families.labels != names:
                 raise ConfigError(
                     f"every registrar on this registry must use the labels {list(families.labels)}"
                     f" (these metrics already use them), got {list(names)}"

@@ -85,14 +85,13 @@ def _token(chosen: dict[str, Any], flags: dict[str, Any]) -> Any:
     before a variable, in `bootstrap_token`'s order (SGLang's own variable left to the protocol)."""
     if "token" in flags and "token_file" in flags:
         raise UsageError("give --token or --token-file, not both")
-    token, _ = bootstrap_token(
+    return bootstrap_token(
         flags.get("token"),
         flags.get("token_file"),
         variable_file=None if "token_file" in flags else chosen.get("token_file"),
         variable=None if "token" in flags else chosen.get("token"),
         env={},
-    )
-    return token
+    )[0]
 
 
 def _rank_ip(payload: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:

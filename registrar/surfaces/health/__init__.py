@@ -172,6 +172,7 @@ def described_checks(
     per = [health_checks(status, thread_died=died, now=taken) for died, status in members]
     if not group:
         return per[0], f"registration with the bootstrap server at {members[0][1].url}"
+    urls = [status.url for _, status in members]
     merged: dict[str, Check] = {}
     for name in per[0]:
         checks = [p[name] for p in per]
@@ -179,19 +180,14 @@ def described_checks(
         verdict = worst(verdicts)
         if name == "registration" and "pass" in verdicts and verdict == "fail":
             verdict = "warn"
-        reasons = [
-            f"{status.url}: {c.reason}"
-            for (_, status), c in zip(members, checks, strict=True)
-            if c.reason
-        ]
+        reasons = [f"{url}: {c.reason}" for url, c in zip(urls, checks, strict=True) if c.reason]
         merged[name] = replace(
             checks[0],
             status=verdict,
             reason="; ".join(reasons) if reasons and verdict != "pass" else None,
             more=tuple(c.entry for c in checks[1:]),
         )
-    urls = ", ".join(status.url for _, status in members)
-    return merged, f"registration with {len(members)} registries: {urls}"
+    return merged, f"registration with {len(members)} registries: {', '.join(urls)}"
 
 
 @dataclass(frozen=True)
