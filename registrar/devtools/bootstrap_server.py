@@ -154,7 +154,7 @@ class RouteTable:
         return {k: v for k, v in info.items() if v is not None or k not in layouts}
 
 
-class Listener(ThreadingHTTPServer):  # daemon threads already
+class Listener(ThreadingHTTPServer):  # daemon threads: ThreadingHTTPServer's own
     block_on_close = False
     # SGLang's listen backlog (aiohttp's default), not socketserver's 5: a fleet that overflows
     # one overflows the other.
