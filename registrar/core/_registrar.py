@@ -188,11 +188,11 @@ class Registrar:
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(old_state, new_state, status)` after every transition, in order, from
         the registrar's own thread (never from the caller of `start()` or `stop()`)."""
-        self._board.add_listener(listener)
+        self._board.add(self._board.listeners, listener)
 
     def add_request_listener(self, listener: RequestListener) -> None:
         """Call `listener(RequestEvent)` after every request (for metrics)."""
-        self._board.add_request_listener(listener)
+        self._board.add(self._board.request_listeners, listener)
 
     def start(self) -> Registrar:
         """Start the thread and return at once; a second call does nothing. Listeners hear the
