@@ -65,9 +65,8 @@ class Runner:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
             logger.exception("registrar thread ended on an unexpected error")
-            error = f"internal error: {exc!r}"
-            died = Changes(last_error=error, thread_died=True, retrying=False, next_attempt_at=None)
-            self.board.apply(None, died)
+            died = Changes(thread_died=True, retrying=False, next_attempt_at=None)
+            self.board.apply(None, died | {"last_error": f"internal error: {exc!r}"})
         finally:
             try:
                 self.transport.close()
