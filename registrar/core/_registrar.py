@@ -380,21 +380,19 @@ class Diagnostician:
                 return
             self._busy = True
             run = self._run
+        found = None
         if self._denied and status.last_error:
             # The server's own words name the credential (and where to set it); a probe sends
             # none, and a server whose GETs are open would look healthy to it.
-            denied = Diagnosis(Code.DENIED, status.last_error)
-            self._board.apply(None, Changes(diagnosis=denied))
-            self._say(denied)
-            return
-        self._diagnose(run)
+            found = Diagnosis(Code.DENIED, status.last_error)
+        self._diagnose(run, found)
 
-    def _diagnose(self, run: int) -> None:
-        try:
-            found = diagnose(self._gather())
-        except Exception:
-            logger.exception("the diagnosis probe failed; no diagnosis")
-            found = None
+    def _diagnose(self, run: int, found: Diagnosis | None = None) -> None:
+        if found is None:
+            try:
+                found = diagnose(self._gather())
+            except Exception:
+                logger.exception("the diagnosis probe failed; no diagnosis")
         with self._lock:
             if run != self._run:
                 return  # the server answered meanwhile: what the probe saw is old
@@ -403,9 +401,6 @@ class Diagnostician:
                 self._since, self._busy = self._clock.monotonic(), False
                 return
             self._board.apply(None, Changes(diagnosis=found))
-        self._say(found)
-
-    def _say(self, found: Diagnosis) -> None:
         status = self._board.status
         logger.warning(
             "registration with %s: %s [diagnosis %s]%s",
