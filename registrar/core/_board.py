@@ -76,9 +76,7 @@ logging.getLogger("transitions.core").addFilter(ours_dropped)  # the same object
 def _config(initial: State) -> dict[str, Any]:
     return {
         "states": [s.value for s in State],
-        "transitions": [
-            {"trigger": t.value, "source": s.value, "dest": d.value} for s, t, d in TRANSITIONS
-        ],
+        "transitions": [[t.value, s.value, d.value] for s, t, d in TRANSITIONS],
         "initial": initial.value,
         "auto_transitions": False,
         "name": MACHINE_NAME,
