@@ -304,17 +304,13 @@ class Registrar:
         status = self._board.status  # never started, or ended: as true here as there
         if self._running_at_fork:
             self._forked_from = parent
+            error = (
+                f"this process (pid {self._pid}) is a fork of pid {parent}, where the registrar's "
+                "thread runs; this copy cannot know the registration: start the Registrar in this "
+                "process, or serve health from the parent (docs/operations.md)"
+            )
             status = replace(
-                status,
-                thread_died=True,
-                retrying=False,
-                next_attempt_at=None,
-                last_error=(
-                    f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
-                    "registrar's thread runs; this copy cannot know the registration: start the "
-                    "Registrar in this process, or serve health from the parent "
-                    "(docs/operations.md)"
-                ),
+                status, thread_died=True, retrying=False, next_attempt_at=None, last_error=error
             )
         self._board.after_fork(status)
 
