@@ -119,7 +119,6 @@ class Fail:
     answers with `Answered`, and the decision on it enters FAILED."""
 
     attempts: int
-    error: str | None
     fatal: bool  # retrying cannot help until the configuration is fixed
 
 

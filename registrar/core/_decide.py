@@ -238,7 +238,7 @@ def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> De
     else:
         plural = "" if state.streak == 1 else "s"
         note = say("given up", state.url, state.streak, plural, error, name)
-    return Decision(state, act.Fail(state.streak, error, fatal), notes=(note,))
+    return Decision(state, act.Fail(state.streak, fatal), notes=(note,))
 
 
 def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:
