@@ -203,7 +203,6 @@ class StatusBoard:
         self._clock = clock
         self.listeners: list[Listener] = []
         self.request_listeners: list[RequestListener] = []
-        self._pending: deque[tuple[State, State, Status]] = deque()
         self.after_fork(status)
 
     def after_fork(self, status: Status) -> None:
@@ -214,7 +213,7 @@ class StatusBoard:
         self._machine = build_machine(status.state, self._changed)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
-        self._pending.clear()
+        self._pending: deque[tuple[State, State, Status]] = deque()
         # The one thread that calls listeners: the registrar's own while it runs, else a
         # short-lived "registrar-events" thread, never a caller of start() or stop().
         self.deliverer: threading.Thread | None = None
