@@ -69,12 +69,8 @@ def smg_group(
 ) -> RegistrarGroup:
     """The builder of every smg front door (the library's and the SGLang plugin's): one
     `Registrar` per gateway of `settings`, `loop` the `Registrar` options (`LoopOptions`)."""
-    payload = worker_spec(
-        rules.applied("worker_url", settings.worker_url, rules.url),
-        settings.worker_type,
-        settings.bootstrap_port,
-        **dict(spec or {}),
-    )
+    worker = rules.applied("worker_url", settings.worker_url, rules.url)
+    payload = worker_spec(worker, settings.worker_type, settings.bootstrap_port, **dict(spec or {}))
     clock = loop.get("clock")
     members = [
         Registrar(payload=payload, transport=SmgTransport(settings, url, clock=clock), **loop)

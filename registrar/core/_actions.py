@@ -96,9 +96,7 @@ class Wait:
 
 @dataclass(frozen=True)
 class Look:
-    """Check the route before an attempt. `ours`: after our own attempt whose answer was lost."""
-
-    ours: bool = False
+    """Check the route before an attempt (before the first, or after one whose answer was lost)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,6 @@ class Fail:
     answers with `Answered`, and the decision on it enters FAILED."""
 
     attempts: int
-    error: str | None
     fatal: bool  # retrying cannot help until the configuration is fixed
 
 

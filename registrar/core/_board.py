@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, TypeVar
 
 from transitions import EventData, Machine
 from transitions.extensions import GraphMachine
@@ -76,9 +76,7 @@ logging.getLogger("transitions.core").addFilter(ours_dropped)  # the same object
 def _config(initial: State) -> dict[str, Any]:
     return {
         "states": [s.value for s in State],
-        "transitions": [
-            {"trigger": t.value, "source": s.value, "dest": d.value} for s, t, d in TRANSITIONS
-        ],
+        "transitions": [[t.value, s.value, d.value] for s, t, d in TRANSITIONS],
         "initial": initial.value,
         "auto_transitions": False,
         "name": MACHINE_NAME,
@@ -197,14 +195,14 @@ class RequestEvent:
 
 
 RequestListener = Callable[[RequestEvent], None]
+_L = TypeVar("_L", Listener, RequestListener)
 
 
 class StatusBoard:
     def __init__(self, status: Status, clock: Clock) -> None:
         self._clock = clock
-        self._listeners: list[Listener] = []
-        self._request_listeners: list[RequestListener] = []
-        self._pending: deque[tuple[State, State, Status]] = deque()
+        self.listeners: list[Listener] = []
+        self.request_listeners: list[RequestListener] = []
         self.after_fork(status)
 
     def after_fork(self, status: Status) -> None:
@@ -215,23 +213,17 @@ class StatusBoard:
         self._machine = build_machine(status.state, self._changed)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
-        self._pending.clear()
+        self._pending: deque[tuple[State, State, Status]] = deque()
         # The one thread that calls listeners: the registrar's own while it runs, else a
         # short-lived "registrar-events" thread, never a caller of start() or stop().
         self.deliverer: threading.Thread | None = None
         self._draining = False  # the deliverer's alone
 
-    def add_listener(self, listener: Listener) -> None:
+    def add(self, listeners: list[_L], listener: _L) -> None:
         if not callable(listener):
             raise ConfigError(f"listener must be callable, got {listener!r}")
         with self.lock:
-            self._listeners.append(listener)
-
-    def add_request_listener(self, listener: RequestListener) -> None:
-        if not callable(listener):
-            raise ConfigError(f"listener must be callable, got {listener!r}")
-        with self.lock:
-            self._request_listeners.append(listener)
+            listeners.append(listener)
 
     def publish(self, status: Status) -> None:
         """Replace the snapshot (the lock held). The one rule every snapshot obeys whoever
@@ -289,7 +281,7 @@ class StatusBoard:
                     if not self._pending:
                         return
                     old, new, status = self._pending.popleft()
-                    listeners = list(self._listeners)
+                    listeners = list(self.listeners)
                 for listener in listeners:
                     try:
                         listener(old, new, status)
@@ -312,7 +304,7 @@ class StatusBoard:
 
     def emit(self, event: RequestEvent) -> None:
         with self.lock:
-            listeners = list(self._request_listeners)
+            listeners = list(self.request_listeners)
         for listener in listeners:
             try:
                 listener(event)

@@ -134,7 +134,7 @@ def _look_or_send(state: LoopState, now: float) -> Decision:
     # Look before the first registration until the server has answered a look once (not right
     # after a refusal: nothing listened), and after an attempt whose answer was lost.
     if (state.startup and not state.looked and not state.refused) or state.unanswered:
-        return Decision(state, act.Look(ours=state.unanswered > 0))
+        return Decision(state, act.Look())
     return _send(state, now)
 
 
@@ -157,7 +157,10 @@ def _looked(given: _Given, state: LoopState, seen: act.Looked) -> Decision:
     if check is not None and check.route is Route.CONFLICT:
         notes = (say("conflict", state.url, check.evidence),)
     state = replace(state, looked=state.looked or reached)
-    if state.unanswered and check is not None and _may_hold_ours(check):
+    if state.unanswered and check is not None and check.status_code == 503 and check.count != 0:
+        # Our unanswered attempt may have arrived: a server not ready names no rank (SGLang's
+        # 503) and any count above 0 may be ours; evidence that a route was forgotten since an
+        # earlier registration (a refusal, a re-opened connection) says nothing of this one.
         # Look again later instead of sending: a second arrival would be counted twice, and a
         # topology that looks ready one rank early fails every request to the missing one. The
         # wait ends when the server is ready (200: ours arrived; 404: send) or empty (0: send).
@@ -171,14 +174,6 @@ def _looked(given: _Given, state: LoopState, seen: act.Looked) -> Decision:
         if state.unanswered:
             return _after(state, given.now, given.retry_delay(max(state.streak, 1)), notes)
     return replace(_send(replace(state, unanswered=0), given.now), notes=notes)
-
-
-def _may_hold_ours(check: RouteCheck) -> bool:
-    """Whether a look after our unanswered attempt cannot rule out that it arrived: a server
-    that is not ready names no rank (SGLang's 503), and any count above 0 may be ours. Evidence
-    that a route was forgotten since an earlier registration (a refusal, a re-opened
-    connection) says nothing about this one."""
-    return check.status_code == 503 and (check.count is None or check.count > 0)
 
 
 def _sent(given: _Given, state: LoopState, seen: act.Sent) -> Decision:
@@ -243,7 +238,7 @@ def _fail(given: _Given, state: LoopState, error: str | None, fatal: bool) -> De
     else:
         plural = "" if state.streak == 1 else "s"
         note = say("given up", state.url, state.streak, plural, error, name)
-    return Decision(state, act.Fail(state.streak, error, fatal), notes=(note,))
+    return Decision(state, act.Fail(state.streak, fatal), notes=(note,))
 
 
 def _fatal(given: _Given, state: LoopState, error: str | None) -> Decision:

@@ -21,16 +21,11 @@ def root_cause(exc: BaseException) -> BaseException:
     """The innermost exception behind `exc` (urllib3 reason, cause, wrapped exception, context)."""
     seen = {id(exc)}
     while True:
-        reason = getattr(exc, "reason", None)
         wrapped = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
-        if isinstance(reason, BaseException):
-            nxt: BaseException | None = reason
-        elif exc.__cause__ is not None:
-            nxt = exc.__cause__
-        elif wrapped:
-            nxt = wrapped[-1]
-        else:
-            nxt = None if exc.__suppress_context__ else exc.__context__
+        # The first there is of: urllib3's reason, the cause, the last wrapped one, the context.
+        found = [getattr(exc, "reason", None), exc.__cause__, *wrapped[-1:]]
+        found.append(None if exc.__suppress_context__ else exc.__context__)
+        nxt = next((e for e in found if isinstance(e, BaseException)), None)
         if nxt is None or id(nxt) in seen:
             return exc
         seen.add(id(nxt))

@@ -55,11 +55,10 @@ class RegistrarGroup:
     def wait_for(self, state: State, timeout: float | None = None) -> bool:
         """Block until every member is in `state`; False if `timeout` seconds pass first."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for registrar in self._members:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not registrar.wait_for(state, left):
-                return False
-        return True
+        return all(
+            r.wait_for(state, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            for r in self._members
+        )
 
     def __enter__(self) -> RegistrarGroup:
         return self.start()

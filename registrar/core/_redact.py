@@ -127,14 +127,11 @@ def _too_deep(value: object) -> bool:
     stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
+        if not isinstance(item, dict | list | tuple):
             continue
         if depth > MAX_DEPTH:
             return True
+        children = item.values() if isinstance(item, dict) else item
         stack.extend((child, depth + 1) for child in children)
     return False
 

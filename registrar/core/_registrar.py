@@ -188,11 +188,11 @@ class Registrar:
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(old_state, new_state, status)` after every transition, in order, from
         the registrar's own thread (never from the caller of `start()` or `stop()`)."""
-        self._board.add_listener(listener)
+        self._board.add(self._board.listeners, listener)
 
     def add_request_listener(self, listener: RequestListener) -> None:
         """Call `listener(RequestEvent)` after every request (for metrics)."""
-        self._board.add_request_listener(listener)
+        self._board.add(self._board.request_listeners, listener)
 
     def start(self) -> Registrar:
         """Start the thread and return at once; a second call does nothing. Listeners hear the
@@ -304,17 +304,13 @@ class Registrar:
         status = self._board.status  # never started, or ended: as true here as there
         if self._running_at_fork:
             self._forked_from = parent
+            error = (
+                f"this process (pid {self._pid}) is a fork of pid {parent}, where the registrar's "
+                "thread runs; this copy cannot know the registration: start the Registrar in this "
+                "process, or serve health from the parent (docs/operations.md)"
+            )
             status = replace(
-                status,
-                thread_died=True,
-                retrying=False,
-                next_attempt_at=None,
-                last_error=(
-                    f"this process (pid {self._pid}) is a fork of pid {parent}, where the "
-                    "registrar's thread runs; this copy cannot know the registration: start the "
-                    "Registrar in this process, or serve health from the parent "
-                    "(docs/operations.md)"
-                ),
+                status, thread_died=True, retrying=False, next_attempt_at=None, last_error=error
             )
         self._board.after_fork(status)
 
@@ -380,21 +376,19 @@ class Diagnostician:
                 return
             self._busy = True
             run = self._run
+        found = None
         if self._denied and status.last_error:
             # The server's own words name the credential (and where to set it); a probe sends
             # none, and a server whose GETs are open would look healthy to it.
-            denied = Diagnosis(Code.DENIED, status.last_error)
-            self._board.apply(None, Changes(diagnosis=denied))
-            self._say(denied)
-            return
-        self._diagnose(run)
+            found = Diagnosis(Code.DENIED, status.last_error)
+        self._diagnose(run, found)
 
-    def _diagnose(self, run: int) -> None:
-        try:
-            found = diagnose(self._gather())
-        except Exception:
-            logger.exception("the diagnosis probe failed; no diagnosis")
-            found = None
+    def _diagnose(self, run: int, found: Diagnosis | None = None) -> None:
+        if found is None:
+            try:
+                found = diagnose(self._gather())
+            except Exception:
+                logger.exception("the diagnosis probe failed; no diagnosis")
         with self._lock:
             if run != self._run:
                 return  # the server answered meanwhile: what the probe saw is old
@@ -403,9 +397,6 @@ class Diagnostician:
                 self._since, self._busy = self._clock.monotonic(), False
                 return
             self._board.apply(None, Changes(diagnosis=found))
-        self._say(found)
-
-    def _say(self, found: Diagnosis) -> None:
         status = self._board.status
         logger.warning(
             "registration with %s: %s [diagnosis %s]%s",

@@ -65,9 +65,8 @@ class Runner:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
             logger.exception("registrar thread ended on an unexpected error")
-            error = f"internal error: {exc!r}"
-            died = Changes(last_error=error, thread_died=True, retrying=False, next_attempt_at=None)
-            self.board.apply(None, died)
+            died = Changes(thread_died=True, retrying=False, next_attempt_at=None)
+            self.board.apply(None, died | {"last_error": f"internal error: {exc!r}"})
         finally:
             try:
                 self.transport.close()
@@ -106,11 +105,9 @@ class Runner:
         if isinstance(action, act.Look | act.Send):
             return self._register(action)
         if isinstance(action, act.Check):
-            reported = self.controls.take_reports()
-            check = self._check()
-            if self.controls.stopping:
-                return act.Stopping()
-            return act.Checked(check, reported, self.hooks.clock.time())
+            reported, check = self.controls.take_reports(), self._check()
+            at = self.hooks.clock.time()
+            return act.Stopping() if self.controls.stopping else act.Checked(check, reported, at)
         if isinstance(action, act.Fail):
             return act.Answered(self._answer())
         if action.exit_code is not None:
@@ -137,18 +134,17 @@ class Runner:
         if kind is act.WaitKind.IDLE and isinstance(self.transport, IdleWatcher):
             sign = self._idle(self.transport, action.delay)
         else:
-            interruptible = kind in (act.WaitKind.IDLE, act.WaitKind.CONTACT)
-            sign = None if self._sleep(action.delay, interruptible) else False
+            sign = self._sleep(action.delay, kind in (act.WaitKind.IDLE, act.WaitKind.CONTACT))
         return act.Stopping() if sign is None else act.Waited(kind, sign, self.controls.reports)
 
-    def _sleep(self, delay: float | None, interruptible: bool) -> bool:
-        """Wait `delay` seconds on the clock (None: until woken); True when stopping. With
-        `interruptible`, a route-missing report ends the wait early too."""
+    def _sleep(self, delay: float | None, interruptible: bool) -> bool | None:
+        """Wait `delay` seconds on the clock (None: until woken); None when stopping, else False.
+        With `interruptible`, a route-missing report ends the wait early too."""
         controls = self.controls
         end = None if delay is None else self.hooks.clock.monotonic() + delay
         while True:
             if controls.stopping:
-                return True
+                return None
             if interruptible and controls.reports:
                 return False
             remaining = None if end is None else end - self.hooks.clock.monotonic()
@@ -176,7 +172,7 @@ class Runner:
             except Exception as exc:
                 self._unexpected("wait_idle", exc)
                 # This slice is waited on the clock instead; the route checks go on.
-                return None if self._sleep(remaining, interruptible=True) else False
+                return self._sleep(remaining, interruptible=True)
             if changed:
                 return None if controls.stopping else True
         return None

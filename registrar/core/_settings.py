@@ -67,11 +67,6 @@ def _token(value: object) -> Token | None:
     return rules.header_token(value)
 
 
-_retry_after_cap = rules.worded(
-    rules.seconds_or_zero, "must be a number of seconds >= 0 (0 ignores Retry-After)"
-)
-
-
 def split_options(options: dict[str, Any], settings: type[Any]) -> dict[str, Any]:
     """Take out of `options` those that are fields of the dataclass `settings`."""
     names = {f.name for f in fields(settings)}
@@ -118,7 +113,9 @@ class LoopSettings:
         "max_elapsed": rules.seconds_or_none,
         "on_failure": _on_failure,
         "watch_interval": rules.seconds_or_none,
-        "max_retry_after": _retry_after_cap,
+        "max_retry_after": rules.worded(
+            rules.seconds_or_zero, "must be a number of seconds >= 0 (0 ignores Retry-After)"
+        ),
         "max_payload_bytes": rules.count,
         "diagnose_after": rules.seconds_or_none,
     }
