@@ -24,9 +24,7 @@ HTTP_SERVER = "sglang.srt.entrypoints.http_server"
 def _sizes(server: Any) -> tuple[int, ...] | None:
     """(dp, cp, tp, pp); None: no rank has registered yet, the topology is unknown."""
     sizes: tuple[Any, ...] = tuple(getattr(server, name, None) for name in _SIZES)
-    if not all(isinstance(size, int) and size >= 1 for size in sizes):
-        return None
-    return tuple(int(size) for size in sizes)
+    return sizes if all(isinstance(size, int) and size >= 1 for size in sizes) else None
 
 
 def _missing(server: Any, sizes: tuple[int, ...]) -> list[dict[str, int]] | None:
@@ -51,11 +49,11 @@ def table_complete(server: Any) -> bool:
 
 def bootstrap_summary(server: Any) -> dict[str, Any]:
     """A node-0 bootstrap server's count, whether its table is complete, which rows are missing."""
-    sizes = _sizes(server)
-    missing = None if sizes is None else _missing(server, sizes)
     summary = {"registered_count": getattr(server, "_registered_count", None)}
+    sizes = _sizes(server)
     if sizes is None:
         return {**summary, "complete": False, "missing_rows": None}
+    missing = _missing(server, sizes)
     listed = missing or []
     silent = [
         {"dp": d, "cp": c, "tp": t, "pp": p, "error": error}
@@ -73,7 +71,7 @@ def bootstrap_summary(server: Any) -> dict[str, Any]:
 
 def _table_ready(manager: Any) -> bool:
     server = getattr(manager, "bootstrap_server", None)
-    if server is None or not hasattr(server, "prefill_port_table"):
+    if not hasattr(server, "prefill_port_table"):
         return True  # not the node-0 prefill HTTP process: nothing to wait for here
     return table_complete(server) and not REACH.silent(server)
 
