@@ -38,8 +38,7 @@ def _addresses(server: Any) -> Iterator[tuple[Row, Address]]:
 
 
 def _name(row: Row, address: Address) -> str:
-    dp, cp, tp, pp = row
-    return f"dp {dp} cp {cp} tp {tp} pp {pp} at {address[0]}:{address[1]}"
+    return "dp {} cp {} tp {} pp {} at {}:{}".format(*row, *address)
 
 
 class Reach:
@@ -95,7 +94,7 @@ class Reach:
         """One round: connect to every row, log each change, keep the result."""
         server = self._server
         for row, address in list(_addresses(server)):
-            error = None  # `address` accepts a connection; else what went wrong
+            error = None  # None: the row's address accepts a connection
             try:
                 socket.create_connection(address, timeout=self.patience).close()
             except OSError as exc:

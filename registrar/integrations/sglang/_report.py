@@ -111,11 +111,9 @@ def describe(report: dict[str, Any]) -> str:
         lines.append("what the plugin does there:")
         width = max(len(f["feature"]) for f in report["features"])
         for f in report["features"]:
-            if f["available"]:
-                where = f"{f['hook']} {f['target']}"
-                lines.append(f"  {f['feature']:<{width}}  yes  {f['does']} ({where})")
-            else:
-                lines.append(f"  {f['feature']:<{width}}  no   {f['why_not']}")
+            where = f"{f['hook']} {f['target']}"
+            said = f"yes  {f['does']} ({where})" if f["available"] else f"no   {f['why_not']}"
+            lines.append(f"  {f['feature']:<{width}}  {said}")
     lost = report["rust_server"]["not_there"] if report["features"] else []
     if lost and not report["rust_server"]["set"]:
         lines.append(

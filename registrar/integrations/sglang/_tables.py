@@ -30,11 +30,10 @@ def _sizes(server: Any) -> tuple[int, ...] | None:
 def _missing(server: Any, sizes: tuple[int, ...]) -> list[dict[str, int]] | None:
     """The (dp, cp, tp, pp) rows not in the table; None if it changed under us."""
     try:
-        table = server.prefill_port_table
         return [
             {"dp": d, "cp": c, "tp": t, "pp": p}
             for d, c, t, p in itertools.product(*map(range, sizes))
-            if p not in table.get(d, {}).get(c, {}).get(t, {})
+            if p not in server.prefill_port_table.get(d, {}).get(c, {}).get(t, {})
         ]
     except (RuntimeError, AttributeError):  # changed under us by the server's thread
         return None
@@ -104,11 +103,9 @@ def add_ready_route(server_args: Any, tokenizer_manager: Any, *args: Any, **kwar
         return
     from starlette.responses import Response  # noqa: PLC0415 - SGLang's own dependency
 
-    ready = readiness(tokenizer_manager)
-
     async def ready_route() -> Response:
         """Whether the server is ready to receive new requests (added by sglang-registrar)."""
-        return Response(status_code=200 if ready() else 503)
+        return Response(status_code=200 if readiness(tokenizer_manager)() else 503)
 
     app.add_api_route("/ready", ready_route, methods=["GET"])
     logger.info("sglang-registrar: added GET /ready (this SGLang has none), gated on the table")
