@@ -39,8 +39,7 @@ class _Original:
 
     def __init__(self, original: Callable[..., Any]) -> None:
         self.__wrapped__ = original  # inspect.unwrap reaches SGLang's function through it
-        self.called = False
-        self.raised = False
+        self.called = self.raised = False
         self.result: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -16,31 +16,19 @@ from typing import Any
 
 from ..._version import __version__
 from ...core._errors import ConfigError
-from . import _gateway, _rows, _stale_prefill, _tables
+from . import _gateway, _rows, _stale_prefill, _tables, _targets
 from ._guard import guarded
 from ._logs import hold
 from ._probe import ImportProbe
 from ._rows import DISTRIBUTION, configure, current_config
 from ._settings import read_config
-from ._targets import (
-    FEATURES,
-    NEWEST_KNOWN,
-    RUST_MODE,
-    Choice,
-    Plan,
-    Target,
-    installed_version,
-    parse_release,
-    plan,
-    release_text,
-    rust_server_mode,
-)
+from ._targets import installed_version
 
 logger = logging.getLogger("registrar.integrations.sglang.plugin")
 
 SUPPORTED_VERSIONS = ("0.5.13", "0.5.19", "0.5.20", "0.5.21", "0.5.23")  # tests/sglang_real's
 ACTIVE = f"{DISTRIBUTION} {__version__} active in sglang"  # one INFO line per process: grep it
-TARGETS = tuple(dict.fromkeys(t.path for f in FEATURES for t in f.candidates))
+TARGETS = tuple(dict.fromkeys(t.path for f in _targets.FEATURES for t in f.candidates))
 
 
 def after_internal_state(result: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -78,8 +66,8 @@ HOOKS: dict[str, Callable[..., Any]] = {
     "around_sigterm_watchdog": _gateway.around_sigterm_watchdog,
 }
 
-_plan: Plan | None = None
-_registered: list[tuple[Target, Callable[..., Any]]] = []  # each target and its guarded hook
+_plan: _targets.Plan | None = None
+_registered: list[tuple[_targets.Target, Callable[..., Any]]] = []  # targets, guarded hooks
 
 
 def _applied(target: str, hook: Callable[..., Any]) -> bool:
@@ -97,7 +85,7 @@ def _applied(target: str, hook: Callable[..., Any]) -> bool:
     return False
 
 
-def _cause(target: str, registered: bool = True) -> str:
+def _cause(target: str) -> str:
     """Why `target` is not patched: the error importing its module (a module SGLang needs that
     is missing: `pkgutil.resolve_name` would turn it into an AttributeError), the attribute
     that is not there (a renamed method), or that the registry did not apply the hook."""
@@ -112,10 +100,15 @@ def _cause(target: str, registered: bool = True) -> str:
             if isinstance(exc, ModuleNotFoundError) and exc.name == name:
                 continue  # not a module: a class or function of a shorter prefix
             return f"{type(exc).__name__}: {exc}"  # a module it imports is missing, or a name
-        if not registered:
+        if all(t.path != target for t, _ in _registered):
             return "present, but not in the form the plugin hooks"
         return "present, but SGLang's HookRegistry did not apply the hook (see its log above)"
     return f"ModuleNotFoundError: No module named {parts[0]!r}"
+
+
+def _installed_plan() -> _targets.Plan:
+    release = _targets.parse_release(installed_version())
+    return _targets.plan(ImportProbe(), release, _targets.rust_server_mode(os.environ))
 
 
 def verify(strict: bool | None = None) -> list[str]:
@@ -123,15 +116,12 @@ def verify(strict: bool | None = None) -> list[str]:
     ERROR is `SystemExit` with `strict`, `REGISTRAR_STRICT=1`); the targets missing or unapplied."""
     strict = current_config().strict if strict is None and _plan is not None else bool(strict)
     version = installed_version() or "unknown"
-    current = _plan or plan(ImportProbe(), parse_release(version), rust_server_mode(os.environ))
+    current = _plan or _installed_plan()
     failed = [t.path for t, hook in _registered if not _applied(t.path, hook)]
     lacking = [c for c in current.unavailable() if c.feature.required]
     absent = [t.path for c in lacking for t in c.feature.covering(current.release)]
     if failed or absent:
-        causes = "; ".join(
-            [f"{path} ({_cause(path)})" for path in failed]
-            + [f"{path} ({_cause(path, registered=False)})" for path in absent]
-        )
+        causes = "; ".join(f"{path} ({_cause(path)})" for path in failed + absent)
         line = f"{DISTRIBUTION} {__version__} could not patch {causes} in sglang {version}"
         if strict:
             raise SystemExit(f"{line}; REGISTRAR_STRICT=1: stopping")
@@ -147,7 +137,7 @@ def verify(strict: bool | None = None) -> list[str]:
         moded = "; ".join(f"{c.feature.name} ({c.feature.rust_server})" for c in lost if c.mode)
         if moded and strict:
             raise SystemExit(
-                f"{DISTRIBUTION} {__version__} cannot run with {RUST_MODE}: {moded}; "
+                f"{DISTRIBUTION} {__version__} cannot run with {_targets.RUST_MODE}: {moded}; "
                 "REGISTRAR_STRICT=1: stopping"
             )
         logger.info(
@@ -160,7 +150,7 @@ def verify(strict: bool | None = None) -> list[str]:
             len(_registered),
             " (captured from register_to_bootstrap)" if around else "",
             f"; not on this release: {cannot}" if cannot else "",
-            f"; not with {RUST_MODE}: {moded}" if moded else "",
+            f"; not with {_targets.RUST_MODE}: {moded}" if moded else "",
             ", ".join(SUPPORTED_VERSIONS),
         )
     lacking = [c for c in current.unexpected() if not c.feature.required]
@@ -169,7 +159,7 @@ def verify(strict: bool | None = None) -> list[str]:
         if current.release is None:
             which = " (a release the plugin cannot read)"
         elif current.newer():
-            newest = release_text(NEWEST_KNOWN)
+            newest = _targets.release_text(_targets.NEWEST_KNOWN)
             which = f" (newer than {newest}, the newest release the plugin knows)"
         logger.warning(
             "%s %s: sglang %s%s lacks targets the plugin looks for: %s; the rest is applied",
@@ -177,18 +167,16 @@ def verify(strict: bool | None = None) -> list[str]:
             __version__,
             version,
             which,
-            "; ".join(
-                f"{c.feature.name} ({c.feature.without}: {_why(c, current)})" for c in lacking
-            ),
+            "; ".join(_why(c.feature, current.release) for c in lacking),
         )
     unexpected = [t.path for c in current.unexpected() for t in c.feature.covering(current.release)]
     return list(dict.fromkeys(failed + unexpected))
 
 
-def _why(choice: Choice, current: Plan) -> str:
-    """Each target a release should have for `choice`'s feature, and why it is not usable."""
-    covering = choice.feature.covering(current.release)
-    return ", ".join(f"{t.path} ({_cause(t.path, registered=False)})" for t in covering)
+def _why(feature: _targets.Feature, release: _targets.Release | None) -> str:
+    """`feature`, each target `release` should have for it, and why that is not usable."""
+    covering = ", ".join(f"{t.path} ({_cause(t.path)})" for t in feature.covering(release))
+    return f"{feature.name} ({feature.without}: {covering})"
 
 
 def load() -> None:
@@ -204,7 +192,7 @@ def load() -> None:
     for warning in config.warnings:
         logger.warning("%s: %s", DISTRIBUTION, warning)
     hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
-    _plan = plan(ImportProbe(), parse_release(installed_version()), rust_server_mode(os.environ))
+    _plan = _installed_plan()
     for target in _plan.taken():
         original = pkgutil.resolve_name(target.path) if target.kind == "REPLACE" else None
         hook = guarded(HOOKS[target.hook], target.kind, target.path, original)

@@ -57,9 +57,8 @@ class SourceProbe:
     def own(self, path: str) -> bool:
         owner, _, name = path.rpartition(".")
         found = self._find(owner)
-        return (
-            found is not None and isinstance(found[1], ast.ClassDef) and name in _members(found[1])
-        )
+        node = found[1] if found is not None else None
+        return isinstance(node, ast.ClassDef) and name in _members(node)
 
     def source(self, path: str) -> str | None:
         found = self._find(path)

@@ -37,18 +37,8 @@ def _addresses(server: Any) -> Iterator[tuple[Row, Address]]:
         return
 
 
-def _answers(address: Address, patience: float) -> str | None:
-    """None if `address` accepts a connection, else what went wrong."""
-    try:
-        socket.create_connection(address, timeout=patience).close()
-    except OSError as exc:
-        return str(exc) or type(exc).__name__
-    return None
-
-
 def _name(row: Row, address: Address) -> str:
-    dp, cp, tp, pp = row
-    return f"dp {dp} cp {cp} tp {tp} pp {pp} at {address[0]}:{address[1]}"
+    return "dp {} cp {} tp {} pp {} at {}:{}".format(*row, *address)
 
 
 class Reach:
@@ -104,7 +94,11 @@ class Reach:
         """One round: connect to every row, log each change, keep the result."""
         server = self._server
         for row, address in list(_addresses(server)):
-            error = _answers(address, self.patience)
+            error = None  # None: the row's address accepts a connection
+            try:
+                socket.create_connection(address, timeout=self.patience).close()
+            except OSError as exc:
+                error = str(exc) or type(exc).__name__
             with self._lock:
                 if server is not self._server:
                     return

@@ -9,19 +9,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from . import _targets
 from ._probe import SourceProbe, sglang_root
-from ._targets import (
-    NEWEST_KNOWN,
-    OLDEST_WITH_PLUGINS,
-    RUST_MODE,
-    Choice,
-    Plan,
-    installed_version,
-    parse_release,
-    plan,
-    release_text,
-    rust_server_mode,
-)
 
 _FULL = (0, 5, 22)  # the first release with every target
 _NOT_INSTALLED = (
@@ -33,7 +22,7 @@ _NOT_INSTALLED = (
 def installed_report(root: Path | None = None, found_version: str | None = None) -> dict[str, Any]:
     """The report as a JSON-able dict (`registrar sglang --json`)."""
     root = root if root is not None else sglang_root()
-    found_version = found_version if found_version is not None else installed_version()
+    found_version = found_version if found_version is not None else _targets.installed_version()
     report: dict[str, Any] = {
         "python": sys.executable,
         "sglang": found_version,
@@ -47,10 +36,10 @@ def installed_report(root: Path | None = None, found_version: str | None = None)
         report.update(installed=False, plugin_system=False, features=[], advice=_NOT_INSTALLED)
         return report
     has_plugins = (root / "srt" / "plugins" / "hook_registry.py").is_file()
-    release = parse_release(found_version)
-    mode = rust_server_mode(os.environ)
-    current = plan(SourceProbe(root), release, mode)
-    in_mode = plan(SourceProbe(root), release, rust_server=True)
+    release = _targets.parse_release(found_version)
+    mode = _targets.rust_server_mode(os.environ)
+    current = _targets.plan(SourceProbe(root), release, mode)
+    in_mode = _targets.plan(SourceProbe(root), release, rust_server=True)
     report.update(
         installed=True,
         plugin_system=has_plugins,
@@ -61,7 +50,7 @@ def installed_report(root: Path | None = None, found_version: str | None = None)
     return report
 
 
-def _feature(choice: Choice) -> dict[str, Any]:
+def _feature(choice: _targets.Choice) -> dict[str, Any]:
     target = choice.target
     return {
         "feature": choice.feature.name,
@@ -74,13 +63,14 @@ def _feature(choice: Choice) -> dict[str, Any]:
     }
 
 
-def _advice(current: Plan, has_plugins: bool) -> str:
-    newest = release_text(NEWEST_KNOWN)
+def _advice(current: _targets.Plan, has_plugins: bool) -> str:
+    newest = _targets.release_text(_targets.NEWEST_KNOWN)
+    full = _targets.release_text(_FULL)
     if not has_plugins:
         return (
-            f"this SGLang has no plugin system (sglang.srt.plugins, added in "
-            f"{release_text(OLDEST_WITH_PLUGINS)}): it never loads the plugin, and its own "
-            f"registration runs. Upgrade to SGLang {release_text(_FULL)}-{newest} for every "
+            "this SGLang has no plugin system (sglang.srt.plugins, added in "
+            f"{_targets.release_text(_targets.OLDEST_WITH_PLUGINS)}): it never loads the plugin, "
+            f"and its own registration runs. Upgrade to SGLang {full}-{newest} for every "
             "feature (0.5.13 or later for background registration, /ready and the decode "
             "check), or run `registrar register` as a sidecar (docs/sglang.md)"
         )
@@ -97,12 +87,12 @@ def _advice(current: Plan, has_plugins: bool) -> str:
         )
     if current.release is not None and current.release < _FULL and lost:
         return (
-            f"the plugin works here without: {', '.join(lost)}; SGLang {release_text(_FULL)} "
+            f"the plugin works here without: {', '.join(lost)}; SGLang {full} "
             "or later has every feature"
         )
     if moded:
         return (
-            f"with {RUST_MODE} the ranks register, but the plugin cannot provide "
+            f"with {_targets.RUST_MODE} the ranks register, but the plugin cannot provide "
             f"{', '.join(moded)} there (REGISTRAR_STRICT=1 refuses to start): unset it for them"
         )
     return "every feature the plugin has works on this SGLang"
@@ -121,15 +111,13 @@ def describe(report: dict[str, Any]) -> str:
         lines.append("what the plugin does there:")
         width = max(len(f["feature"]) for f in report["features"])
         for f in report["features"]:
-            if f["available"]:
-                where = f"{f['hook']} {f['target']}"
-                lines.append(f"  {f['feature']:<{width}}  yes  {f['does']} ({where})")
-            else:
-                lines.append(f"  {f['feature']:<{width}}  no   {f['why_not']}")
+            where = f"{f['hook']} {f['target']}"
+            said = f"yes  {f['does']} ({where})" if f["available"] else f"no   {f['why_not']}"
+            lines.append(f"  {f['feature']:<{width}}  {said}")
     lost = report["rust_server"]["not_there"] if report["features"] else []
     if lost and not report["rust_server"]["set"]:
         lines.append(
-            f"with {RUST_MODE} (SGLang's Rust-server mode) the plugin cannot provide: "
+            f"with {_targets.RUST_MODE} (SGLang's Rust-server mode) the plugin cannot provide: "
             f"{', '.join(lost)} (run this with it set for why)"
         )
     lines.append(f"advice: {report['advice']}")

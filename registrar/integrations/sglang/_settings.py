@@ -39,10 +39,8 @@ PLUGIN_ENV_VARS: tuple[Option, ...] = (
     ),
 )
 
-# The options table's rows the plugin honours (no reason to refuse them); of those, the ones no
-# `Registrar` keyword takes (the token, VERBOSE, the gateway's), and the gateway's, GATEWAY first.
+# Options table rows the plugin honours (no reason to refuse them); the gateway's, GATEWAY first.
 HONOURED: tuple[str, ...] = tuple(v.name for v in OPTIONS if v.plugin is None)
-_COMMAND_ONLY_HONOURED = tuple(v.name for v in OPTIONS if v.plugin is None and v.kwarg is None)
 _GATEWAY_HONOURED = tuple(v for v in OPTIONS if v.plugin is None and v.settings is SmgSettings)
 REFUSED: dict[str, str] = {v.name: v.plugin for v in OPTIONS if v.plugin is not None}
 
@@ -86,7 +84,7 @@ def read_config(environ: Mapping[str, str] | None = None) -> PluginConfig:
         if env.get(key, "").strip():
             raise ConfigError(f"{key} is not read by the SGLang plugin: {reason}; unset it")
     options = options_from_env(env)
-    command = command_options_from_env(env, names=_COMMAND_ONLY_HONOURED)
+    command = command_options_from_env(env, names=HONOURED)  # the token, VERBOSE, the gateway's
     own = options_from_env(env, table=PLUGIN_ENV_VARS)
     # As `registrar register` reads them, checked now, not per rank; SGLang's sources: each row's.
     token, _ = bootstrap_token(

@@ -130,9 +130,7 @@ class _Watch:
     """The checks of one prefill from one decode manager: its connection and evidence."""
 
     def __init__(self, addr: str) -> None:
-        self.transport = HttpTransport(
-            HttpSettings(f"http://{addr}", timeout=_TIMEOUT), path="/route"
-        )
+        self.transport = HttpTransport(HttpSettings(f"http://{addr}", timeout=_TIMEOUT))
         self.cache: Any = None
         self.pending: str | None = None
         self.instance: str | None = None  # the server's id at the first check of this cache

@@ -24,19 +24,16 @@ HTTP_SERVER = "sglang.srt.entrypoints.http_server"
 def _sizes(server: Any) -> tuple[int, ...] | None:
     """(dp, cp, tp, pp); None: no rank has registered yet, the topology is unknown."""
     sizes: tuple[Any, ...] = tuple(getattr(server, name, None) for name in _SIZES)
-    if not all(isinstance(size, int) and size >= 1 for size in sizes):
-        return None
-    return tuple(int(size) for size in sizes)
+    return sizes if all(isinstance(size, int) and size >= 1 for size in sizes) else None
 
 
 def _missing(server: Any, sizes: tuple[int, ...]) -> list[dict[str, int]] | None:
     """The (dp, cp, tp, pp) rows not in the table; None if it changed under us."""
     try:
-        table = server.prefill_port_table
         return [
             {"dp": d, "cp": c, "tp": t, "pp": p}
             for d, c, t, p in itertools.product(*map(range, sizes))
-            if p not in table.get(d, {}).get(c, {}).get(t, {})
+            if p not in server.prefill_port_table.get(d, {}).get(c, {}).get(t, {})
         ]
     except (RuntimeError, AttributeError):  # changed under us by the server's thread
         return None
@@ -51,11 +48,11 @@ def table_complete(server: Any) -> bool:
 
 def bootstrap_summary(server: Any) -> dict[str, Any]:
     """A node-0 bootstrap server's count, whether its table is complete, which rows are missing."""
-    sizes = _sizes(server)
-    missing = None if sizes is None else _missing(server, sizes)
     summary = {"registered_count": getattr(server, "_registered_count", None)}
+    sizes = _sizes(server)
     if sizes is None:
         return {**summary, "complete": False, "missing_rows": None}
+    missing = _missing(server, sizes)
     listed = missing or []
     silent = [
         {"dp": d, "cp": c, "tp": t, "pp": p, "error": error}
@@ -73,7 +70,7 @@ def bootstrap_summary(server: Any) -> dict[str, Any]:
 
 def _table_ready(manager: Any) -> bool:
     server = getattr(manager, "bootstrap_server", None)
-    if server is None or not hasattr(server, "prefill_port_table"):
+    if not hasattr(server, "prefill_port_table"):
         return True  # not the node-0 prefill HTTP process: nothing to wait for here
     return table_complete(server) and not REACH.silent(server)
 
@@ -106,11 +103,9 @@ def add_ready_route(server_args: Any, tokenizer_manager: Any, *args: Any, **kwar
         return
     from starlette.responses import Response  # noqa: PLC0415 - SGLang's own dependency
 
-    ready = readiness(tokenizer_manager)
-
     async def ready_route() -> Response:
         """Whether the server is ready to receive new requests (added by sglang-registrar)."""
-        return Response(status_code=200 if ready() else 503)
+        return Response(status_code=200 if readiness(tokenizer_manager)() else 503)
 
     app.add_api_route("/ready", ready_route, methods=["GET"])
     logger.info("sglang-registrar: added GET /ready (this SGLang has none), gated on the table")
