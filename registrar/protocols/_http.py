@@ -137,14 +137,7 @@ class HttpTransport:
         return False
 
     def settle_idle_signal(self, route_survived: bool) -> None:
-        learned = self._closes.settle(route_survived)
-        if learned is not None:
-            logger.info(
-                "%s closes idle connections after about %.1f s; such closes no longer trigger "
-                "a route check",
-                self.display_url,
-                learned,
-            )
+        self._closes.settle(route_survived, self.display_url)
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
         """A generic service has no route query; the SGLang transport overrides this."""
@@ -350,13 +343,17 @@ class IdleCloses:
             return True
         return False
 
-    def settle(self, route_survived: bool) -> float | None:
-        """What the check after a sign found; the server's idle timeout, if newly learned."""
+    def settle(self, route_survived: bool, url: str) -> None:
+        """What the check after a sign found; the server's idle timeout, logged if newly learned."""
         age, self._signal_age = self._signal_age, None
         if age is None or not route_survived:
-            return None
+            return
         self._harmless += 1
         if self._closes_idle_after is None or age < self._closes_idle_after:
             self._closes_idle_after = age
-            return age
-        return None
+            logger.info(
+                "%s closes idle connections after about %.1f s; such closes no longer trigger "
+                "a route check",
+                url,
+                age,
+            )

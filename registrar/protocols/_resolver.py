@@ -28,6 +28,7 @@ QUIET = 60.0  # after a warning about a name, its next outage is logged at DEBUG
 
 Address = tuple[int, int, int, tuple[Any, ...]]  # family, type, protocol, socket address
 Lookup = Callable[..., Sequence[tuple[Any, ...]]]  # `socket.getaddrinfo`'s (a fake in tests)
+SocketOptions = Sequence[tuple[int, int, int | bytes]]  # `setsockopt` arguments
 
 
 class Unresolved(OSError):
@@ -243,7 +244,7 @@ def connect(
     resolved: Resolved,
     timeout: float | None,
     prefer: str | None = None,
-    options: Sequence[tuple[int, int, int | bytes]] = (),
+    options: SocketOptions = (),
 ) -> socket.socket:
     """A socket connected to one of `resolved`'s addresses, tried in turn (`prefer`, the address
     in use, first), each within `timeout`; else the last error."""
