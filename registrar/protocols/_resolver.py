@@ -151,9 +151,8 @@ class Resolver:
                 self._say_stale(name, host, "no answer" if in_flight else name.error)
             found = tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in name.good)
             return Resolved(found, stale=stale)
-        if not in_flight:
-            raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")
-        raise Unresolved(f"could not resolve {clean(host, 200)} within {seconds(timeout)} s")
+        why = f" within {seconds(timeout)} s" if in_flight else f": {name.error}"
+        raise Unresolved(f"could not resolve {clean(host, 200)}{why}")
 
     def _say_stale(self, name: _Name, host: str, why: str | None) -> None:
         """Log once per outage (a minute apart at most) that the last good answer is in use."""

@@ -44,9 +44,8 @@ def _got(url: str, http: HttpTransport, path: str) -> str | None:
     result = http.send("GET", path)
     if result.error is not None:
         return f"GET {url}: {http.describe_error(result.error)}"
-    if result.status_code is not None and 200 <= result.status_code < 300:
-        return None
-    return f"GET {url} answered {result.status_code}"
+    code = result.status_code
+    return None if code is not None and 200 <= code < 300 else f"GET {url} answered {code}"
 
 
 class SmgTransport:
@@ -248,8 +247,9 @@ class SmgTransport:
         passing = _PASSING.get(str(info.get("status")))
         if passing is not None:
             return RouteCheck(Route.UNDETERMINED, code, passing)
-        healthy = info.get("is_healthy", True)
-        health = "healthy" if healthy else "not healthy by the gateway's checks"
+        health = (
+            "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
+        )
         status = clean(info.get("status"), 40)
         return RouteCheck(Route.PRESENT, code, f"listed as {self.worker_id} ({status}, {health})")
 
