@@ -128,8 +128,7 @@ class Resolver:
         if abandon is not None:
             abandon.track(wake)  # set at once if that request has ended
         try:
-            if wait > 0:
-                wake.wait(wait)
+            wake.wait(wait)
         finally:
             if abandon is not None:
                 abandon.untrack(wake)
@@ -220,9 +219,8 @@ class Resolver:
 
     def describe(self, host: str) -> str | None:
         """For the status: a lookup stalled ("resolving NAME"), or the last good address in use."""
-        key = host.strip("[]").rstrip(".").lower()
         with self._lock:
-            name = self._names.get(key)
+            name = self._names.get(host.strip("[]").rstrip(".").lower())
             if name is None:
                 return None
             good = f"; using its last good address {_shown(name.good)}" if name.good else ""

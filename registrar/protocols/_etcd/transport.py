@@ -37,8 +37,7 @@ class EtcdTransport(EtcdClient):
         self._renewed_at = 0.0  # the latest renewal (or grant) acknowledged: set with a lease
 
     def fit_watch_interval(self, given: float | None, chosen: bool) -> float:
-        """`given`, or (None, or none chosen) the longest that renews the lease every
-        `keepalive_fraction * ttl`."""
+        """`given` if chosen, else the longest renewing the lease each `keepalive_fraction*ttl`."""
         # The loop's first wait after a registration is up to 1.5 watch intervals (a fleet
         # spreads its checks over a whole interval): 1.5 of them fit in one keep-alive period.
         longest = self._ttl * self._fraction / 1.5
@@ -103,14 +102,12 @@ class EtcdTransport(EtcdClient):
             alert = answer.message.upper()
             if fatal and ("ALERT_BAD_CERTIFICATE" in alert or "CERTIFICATE_REQUIRED" in alert):
                 # The server's alert is about our certificate, not its own.
-                cert = self.settings.cert
-                given = "was refused" if cert else "is required, and none was given"
+                given = "was refused" if self.settings.cert else "is required, and none was given"
                 found = f"a TLS client certificate {given} ({answer.message})"
                 fix = "pass cert=(certificate file, key file) signed by a CA the cluster trusts"
                 text = self.clean(f"{answer.endpoint}: {found}; {fix}")
             verdict = Verdict.FATAL if fatal else Verdict.RETRY
-            refused = not fatal and self.all_refused
-            return RegisterOutcome(verdict, error=text, refused=refused)
+            return RegisterOutcome(verdict, error=text, refused=not fatal and self.all_refused)
         if answer.member_trouble or answer.code == Grpc.EXHAUSTED or answer.status_code == 429:
             return RegisterOutcome(Verdict.RETRY, answer.status_code, f"{what}: {text}")
         code, message = answer.code, answer.message
