@@ -247,9 +247,8 @@ class SmgTransport:
         passing = _PASSING.get(str(info.get("status")))
         if passing is not None:
             return RouteCheck(Route.UNDETERMINED, code, passing)
-        health = (
-            "healthy" if info.get("is_healthy", True) else "not healthy by the gateway's checks"
-        )
+        healthy = info.get("is_healthy", True)
+        health = "healthy" if healthy else "not healthy by the gateway's checks"
         status = clean(info.get("status"), 40)
         return RouteCheck(Route.PRESENT, code, f"listed as {self.worker_id} ({status}, {health})")
 
