@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from typing import Any
 
 from ...core._clock import Clock, SystemClock, Waker
@@ -33,21 +32,6 @@ _PASSING = {  # statuses of a worker on its way in or out: the route is neither 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
-def _called(check: Callable[[], bool]) -> str | None:
-    try:
-        return None if check() else "the readiness callable answered False"
-    except Exception as exc:
-        return f"the readiness callable raised {type(exc).__name__}"
-
-
-def _got(url: str, http: HttpTransport, path: str) -> str | None:
-    result = http.send("GET", path)
-    if result.error is not None:
-        return f"GET {url}: {http.describe_error(result.error)}"
-    code = result.status_code
-    return None if code is not None and 200 <= code < 300 else f"GET {url} answered {code}"
-
-
 class SmgTransport:
     """One gateway of `settings` (the first by default); `clock` is the registrar's."""
 
@@ -66,15 +50,13 @@ class SmgTransport:
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
         # A URL is ready while it answers 2xx (one kept-alive connection); a callable, while True.
+        self._ready = settings.ready
         self._ready_http: HttpTransport | None = None
-        self._ready: Callable[[], str | None] | None = None
+        self._ready_path = "/"
         if isinstance(settings.ready, str):
             parts = settings.ready.split("/", 3)
             self._ready_http = HttpTransport(HttpSettings("/".join(parts[:3]), timeout=2.0))
-            path = "/" + parts[3] if len(parts) > 3 else "/"
-            self._ready = partial(_got, settings.ready, self._ready_http, path)
-        elif callable(settings.ready):
-            self._ready = partial(_called, settings.ready)
+            self._ready_path = "/" + parts[3] if len(parts) > 3 else "/"
         self.ready_interval = settings.ready_interval
         self._unready_since: float | None = None  # withdrawn only after `grace` seconds of it
         self.requests_sent = 0  # a refused connection is not counted
@@ -90,10 +72,26 @@ class SmgTransport:
         """The caller's interval, else smg's own (`DEFAULT_WATCH_INTERVAL`), at every front door."""
         return given if chosen else DEFAULT_WATCH_INTERVAL
 
+    def _reason(self) -> str | None:
+        """Why the served process is not ready now, else None; never raises."""
+        if callable(self._ready):
+            try:
+                return None if self._ready() else "the readiness callable answered False"
+            except Exception as exc:
+                return f"the readiness callable raised {type(exc).__name__}"
+        assert self._ready_http is not None
+        result = self._ready_http.send("GET", self._ready_path)
+        if result.error is not None:
+            return f"GET {self._ready}: {self._ready_http.describe_error(result.error)}"
+        code = result.status_code
+        if code is not None and 200 <= code < 300:
+            return None
+        return f"GET {self._ready} answered {code}"
+
     def not_ready(self) -> str | None:
         if self._ready is None:
             return None
-        reason = self._ready()
+        reason = self._reason()
         if reason is None:
             self._unready_since = None
         elif self._unready_since is None:
