@@ -42,7 +42,8 @@ class ChunkedLines:
     """Decodes an HTTP/1.1 chunked body of newline-separated JSON messages, fed in pieces of
     any size (a message may span chunks, a chunk may hold several)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_WATCH_MESSAGE) -> None:
+        self._limit = limit
         self._raw = bytearray()
         self._line = bytearray()
         self._left = 0  # bytes of the current chunk's data still to come
@@ -99,8 +100,8 @@ class ChunkedLines:
                     messages.append(load_json(line))
                 except ValueError as exc:
                     raise StreamError(f"unreadable watch message: {exc}") from None
-        if len(self._line) > MAX_WATCH_MESSAGE:
-            raise StreamError(f"watch message over {MAX_WATCH_MESSAGE} bytes")
+        if len(self._line) > self._limit:
+            raise StreamError(f"watch message over {self._limit} bytes")
 
 
 class WatchStream:
