@@ -311,11 +311,10 @@ class HttpTransport:
     def classify_registration(self, result: HttpResult) -> RegisterOutcome:
         if result.error is not None:
             fatal = isinstance(result.error, TlsError | http.client.InvalidURL)
+            verdict = Verdict.FATAL if fatal else Verdict.RETRY
+            text = self.describe_error(result.error)
             return RegisterOutcome(
-                Verdict.FATAL if fatal else Verdict.RETRY,
-                error=self.describe_error(result.error),
-                refused=result.refused,
-                unsent=result.unsent,
+                verdict, error=text, refused=result.refused, unsent=result.unsent
             )
         code = result.status_code
         assert code is not None

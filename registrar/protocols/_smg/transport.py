@@ -124,11 +124,9 @@ class SmgTransport:
                 error = f"{code} from {self._http.endpoint} names no worker id: {excerpt}"
                 return RegisterOutcome(Verdict.RETRY, code, error)
             if code == 409:
+                url = clean(self._url, 200)
                 logger.info(
-                    "%s already holds worker %s at %s: adopted",
-                    self.display_url,
-                    worker_id,
-                    clean(self._url, 200),
+                    "%s already holds worker %s at %s: adopted", self.display_url, worker_id, url
                 )
             self.worker_id = worker_id
             self._posted = False
