@@ -73,13 +73,14 @@ class SmgTransport:
         return given if chosen else DEFAULT_WATCH_INTERVAL
 
     def _reason(self) -> str | None:
-        """Why the served process is not ready now, else None; never raises."""
+        """Why the served process is not ready now (None: ready, or no check); never raises."""
         if callable(self._ready):
             try:
                 return None if self._ready() else "the readiness callable answered False"
             except Exception as exc:
                 return f"the readiness callable raised {type(exc).__name__}"
-        assert self._ready_http is not None
+        if self._ready_http is None:
+            return None
         result = self._ready_http.send("GET", self._ready_path)
         if result.error is not None:
             return f"GET {self._ready}: {self._ready_http.describe_error(result.error)}"
@@ -89,8 +90,6 @@ class SmgTransport:
         return f"GET {self._ready} answered {code}"
 
     def not_ready(self) -> str | None:
-        if self._ready is None:
-            return None
         reason = self._reason()
         if reason is None:
             self._unready_since = None
