@@ -49,7 +49,6 @@ class Resolved:
 class _Pending:
     started: float
     waiters: set[threading.Event] = field(default_factory=set)
-    done: bool = False
 
 
 @dataclass
@@ -141,7 +140,7 @@ class Resolver:
         self, name: _Name, host: str, port: int, timeout: float, pending: _Pending | None = None
     ) -> Resolved:
         """What the caller gets from what is known now (the lock held)."""
-        in_flight = pending is not None and not pending.done
+        in_flight = pending is not None and name.pending is pending  # else its lookup ended
         if name.good is not None:
             stale = in_flight or name.error is not None
             started = pending.started if pending is not None else 0.0
@@ -194,7 +193,6 @@ class Resolver:
             error = f"{type(exc).__name__}: {describe_exception(exc)}"
         with self._lock:
             self._settle(name, host, found, error)
-            pending.done = True
             if name.pending is pending:
                 name.pending = None
             for wake in pending.waiters:
