@@ -27,7 +27,6 @@ class EtcdTransport(EtcdClient):
     def __init__(self, settings: EtcdSettings) -> None:
         super().__init__(settings)
         self._key = settings.key.encode()
-        self._key_text = settings.key
         self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
         self.display_url = f"{','.join(self.shown)} key {clean(settings.key, 200)}"
         self._watch = KeyWatch(self, self._key)
@@ -82,7 +81,7 @@ class EtcdTransport(EtcdClient):
             same = unb64(previous.get("value")) == self._value
             logger.info(
                 "etcd: key %s was held by lease %x (%s); now by ours, %x",
-                clean(self._key_text, 200),
+                clean(self.settings.key, 200),
                 old_lease,
                 "same value: a previous life of this process?" if same else "another value",
                 self.lease,
@@ -114,7 +113,7 @@ class EtcdTransport(EtcdClient):
         if code == Grpc.UNAUTHENTICATED or (code == Grpc.INVALID and "authentication" in message):
             hint = "check the etcd user and password"
         elif code == Grpc.PERMISSION:
-            user, key = self.settings.username, clean(self._key_text, 200)
+            user, key = self.settings.username, clean(self.settings.key, 200)
             hint = f"etcd user {user!r} may not write {key!r}; grant its role readwrite on the key"
         elif code == Grpc.INVALID and "user name is empty" in message:
             hint = "etcd requires authentication: give a username and password"
@@ -176,7 +175,7 @@ class EtcdTransport(EtcdClient):
         if self.lease:
             answer = self.call("/v3/lease/revoke", {"ID": str(self.lease)})
             if answer.ok or answer.code == Grpc.NOT_FOUND:
-                logger.info("etcd: revoked lease %x; key %s removed", self.lease, self._key_text)
+                logger.info("etcd: revoked lease %x; key %s removed", self.lease, self.settings.key)
             else:
                 logger.warning(
                     "etcd: could not revoke lease %x (%s); the key expires within %g s",

@@ -267,10 +267,9 @@ class SmgTransport:
     def _remove(self, wait: bool = True) -> bool:
         """DELETE our worker and (`wait`) wait, within `drain_timeout`, until the gateway no
         longer lists it. True when it is gone (without `wait`: when the DELETE was taken)."""
-        worker_id = self.worker_id
-        if worker_id is None and self._posted:
+        if self.worker_id is None and self._posted:
             self._find()  # a POST whose answer was lost: its worker may be listed
-            worker_id = self.worker_id
+        worker_id = self.worker_id
         if worker_id is None:
             return True
         started = self._clock.monotonic()
