@@ -8,7 +8,6 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 from urllib.parse import urlsplit
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -87,8 +86,13 @@ class Target:
         tls = self.at.tls if tls is None else tls
         conn: HTTPConnection
         if tls:
-            secure: dict[str, Any] = {"ssl_context": _tls_context(), "server_hostname": host}
-            conn = HTTPSConnection(self.address, self.at.port, timeout=timeout, **secure)
+            conn = HTTPSConnection(
+                self.address,
+                self.at.port,
+                timeout=timeout,
+                ssl_context=_tls_context(),
+                server_hostname=host,
+            )
         else:
             conn = HTTPConnection(self.address, self.at.port, timeout=timeout)
         with contextlib.ExitStack() as opened:
