@@ -46,8 +46,7 @@ class EtcdTransport(EtcdClient):
             self.close()
             raise ConfigError(
                 f"watch_interval must be within (0, {longest:g}] s for ttl={self._ttl} and "
-                f"keepalive_fraction={self._fraction:g}: each check renews the lease, "
-                f"got {given!r}"
+                f"keepalive_fraction={self._fraction:g}: each check renews the lease, got {given!r}"
             )
         return given
 
