@@ -50,7 +50,6 @@ class SmgTransport:
         self._settings = settings
         self._clock: Clock = clock if clock is not None else SystemClock()
         # A URL is ready while it answers 2xx (one kept-alive connection); a callable, while True.
-        self._ready = settings.ready
         self._ready_http: HttpTransport | None = None
         self._ready_path = "/"
         if isinstance(settings.ready, str):
@@ -74,20 +73,20 @@ class SmgTransport:
 
     def _reason(self) -> str | None:
         """Why the served process is not ready now (None: ready, or no check); never raises."""
-        if callable(self._ready):
+        if callable(self._settings.ready):
             try:
-                return None if self._ready() else "the readiness callable answered False"
+                return None if self._settings.ready() else "the readiness callable answered False"
             except Exception as exc:
                 return f"the readiness callable raised {type(exc).__name__}"
         if self._ready_http is None:
             return None
         result = self._ready_http.send("GET", self._ready_path)
         if result.error is not None:
-            return f"GET {self._ready}: {self._ready_http.describe_error(result.error)}"
+            return f"GET {self._settings.ready}: {self._ready_http.describe_error(result.error)}"
         code = result.status_code
         if code is not None and 200 <= code < 300:
             return None
-        return f"GET {self._ready} answered {code}"
+        return f"GET {self._settings.ready} answered {code}"
 
     def not_ready(self) -> str | None:
         reason = self._reason()
@@ -250,7 +249,7 @@ class SmgTransport:
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
         True once the process has been not ready for `grace` (the check withdraws the worker)."""
-        if self._ready is None:
+        if self._settings.ready is None:
             return self._http.wait_idle(timeout, waker)
         end = self._clock.monotonic() + timeout
         while True:
