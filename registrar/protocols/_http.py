@@ -174,11 +174,10 @@ class HttpTransport:
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         """One request within its deadline, the body capped; failures are returned, never raised."""
-        if self._refused:
-            refusal = self._link.probe_port(self._connect_timeout)
-            if refusal is not None:
-                self._last_end = time.monotonic()
-                return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
+        refusal = self._link.probe_port(self._connect_timeout) if self._refused else None
+        if refusal is not None:
+            self._last_end = time.monotonic()
+            return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
         try:
             was_alive = self._kept_alive and time.monotonic() - self._last_end < KEEPALIVE_WINDOW
             request = self._prepare(method, path, json, headers)

@@ -112,10 +112,9 @@ class Resolver:
         host = host.strip("[]")
         if is_ip_literal(host):
             return _numeric(host, port)
-        key = host.rstrip(".").lower()
         now = self._monotonic()
         with self._lock:
-            name = self._names.setdefault(key, _Name())
+            name = self._names.setdefault(host.rstrip(".").lower(), _Name())
             if name.asked_at is not None and now - name.asked_at < FRESH and name.pending is None:
                 return self._known(name, host, port, timeout)
             pending = name.pending or self._start(name, host, now)
@@ -243,9 +242,8 @@ def connect(
 ) -> socket.socket:
     """A socket connected to one of `resolved`'s addresses, tried in turn (`prefer`, the address
     in use, first), each within `timeout`; else the last error."""
-    addresses = sorted(resolved.addresses, key=lambda a: a[3][0] != prefer)
     error: OSError = OSError("no address to connect to")
-    for family, kind, proto, address in addresses:
+    for family, kind, proto, address in sorted(resolved.addresses, key=lambda a: a[3][0] != prefer):
         sock = socket.socket(family, kind, proto)
         try:
             for option in options:
