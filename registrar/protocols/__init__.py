@@ -33,8 +33,7 @@ def _smg(payload: Mapping[str, Any], s: SmgSettings) -> tuple[Transport, dict[st
     """The payload is the worker's spec; with `worker_url` set, the fields it adds to it."""
     if s.worker_url is None:
         return SmgTransport(s), validate_spec(payload)
-    spec = worker_spec(s.worker_url, s.worker_type, s.bootstrap_port, **dict(payload))
-    return SmgTransport(s), spec
+    return SmgTransport(s), worker_spec(s.worker_url, s.worker_type, s.bootstrap_port, **payload)
 
 
 sglang_protocol = ProtocolFactory(_sglang)

@@ -32,14 +32,13 @@ class _Deadlines:
     def arm(self, watchdog: Watchdog, at: float) -> None:
         """Called with `cond` held."""
         self._count += 1
-        soonest = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (at, self._count, watchdog))
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="registrar-deadline", daemon=True
             )
             self._thread.start()
-        elif soonest is None or at < soonest:
+        elif self._heap[0][1] == self._count:  # the new entry is the soonest: wake the thread
             self.cond.notify()
 
     def _run(self) -> None:

@@ -101,7 +101,13 @@ class HttpTransport:
         self._last_end = 0.0  # when the last exchange ended (monotonic)
         self._kept_alive = False
         self._refused = False  # the last exchange was refused: probe before the next
-        self._closes = IdleCloses()
+        # Which closes of the idle connection are signs of a restart: not those after the idle
+        # time of a close a check showed harmless (the server's idle timeout), nor after
+        # KEEPALIVE_WINDOW, nor any once MAX_HARMLESS_CLOSES proved harmless (idle times too
+        # short to tell apart).
+        self._signal_age: float | None = None  # idle seconds of the close a check is to settle
+        self._closes_idle_after: float | None = None  # this server's own idle timeout, learned
+        self._harmless = 0
 
     @property
     def endpoint(self) -> str:
@@ -129,7 +135,10 @@ class HttpTransport:
         # Readable while idle: closed, reset or written on unasked; not reusable either way.
         age = time.monotonic() - self._last_end
         self._link.close()
-        if self._closes.is_sign(age):
+        learned = self._closes_idle_after
+        early = learned is None or age < 0.5 * learned
+        if early and age < KEEPALIVE_WINDOW and self._harmless < MAX_HARMLESS_CLOSES:
+            self._signal_age = age  # for the check to settle
             return True
         # The server's own idle timeout: opening the connection again proves nothing.
         self._kept_alive = False
@@ -137,13 +146,18 @@ class HttpTransport:
         return False
 
     def settle_idle_signal(self, route_survived: bool) -> None:
-        learned = self._closes.settle(route_survived)
-        if learned is not None:
+        """What the check after a sign found; the server's idle timeout, logged if newly learned."""
+        age, self._signal_age = self._signal_age, None
+        if age is None or not route_survived:
+            return
+        self._harmless += 1
+        if self._closes_idle_after is None or age < self._closes_idle_after:
+            self._closes_idle_after = age
             logger.info(
                 "%s closes idle connections after about %.1f s; such closes no longer trigger "
                 "a route check",
                 self.display_url,
-                learned,
+                age,
             )
 
     def check(self, payload: Mapping[str, Any]) -> RouteCheck | None:
@@ -160,11 +174,10 @@ class HttpTransport:
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         """One request within its deadline, the body capped; failures are returned, never raised."""
-        if self._refused:
-            refusal = self._link.probe_port(self._connect_timeout)
-            if refusal is not None:
-                self._last_end = time.monotonic()
-                return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
+        refusal = self._link.probe_port(self._connect_timeout) if self._refused else None
+        if refusal is not None:
+            self._last_end = time.monotonic()
+            return HttpResult(None, {}, "", refusal, reconnected=False, refused=True)
         try:
             was_alive = self._kept_alive and time.monotonic() - self._last_end < KEEPALIVE_WINDOW
             request = self._prepare(method, path, json, headers)
@@ -297,11 +310,10 @@ class HttpTransport:
     def classify_registration(self, result: HttpResult) -> RegisterOutcome:
         if result.error is not None:
             fatal = isinstance(result.error, TlsError | http.client.InvalidURL)
+            verdict = Verdict.FATAL if fatal else Verdict.RETRY
+            text = self.describe_error(result.error)
             return RegisterOutcome(
-                Verdict.FATAL if fatal else Verdict.RETRY,
-                error=self.describe_error(result.error),
-                refused=result.refused,
-                unsent=result.unsent,
+                verdict, error=text, refused=result.refused, unsent=result.unsent
             )
         code = result.status_code
         assert code is not None
@@ -329,34 +341,3 @@ class HttpTransport:
         else:
             hint = f"check the payload ({body})" if body else "check the payload"
         return RegisterOutcome(Verdict.FATAL, status_code=code, error=f"{label}: {hint}")
-
-
-class IdleCloses:
-    """Which closes of the idle connection are signs of a restart: not those after the idle time
-    of a close a check showed harmless (the server's idle timeout), nor after KEEPALIVE_WINDOW,
-    nor any once MAX_HARMLESS_CLOSES proved harmless (idle times too short to tell apart)."""
-
-    def __init__(self) -> None:
-        self._signal_age: float | None = None  # idle seconds of the close a check is to settle
-        self._closes_idle_after: float | None = None  # this server's own idle timeout, learned
-        self._harmless = 0
-
-    def is_sign(self, age: float) -> bool:
-        """Whether a close after `age` idle seconds is a sign (for a check to settle)."""
-        learned = self._closes_idle_after
-        early = learned is None or age < 0.5 * learned
-        if early and age < KEEPALIVE_WINDOW and self._harmless < MAX_HARMLESS_CLOSES:
-            self._signal_age = age
-            return True
-        return False
-
-    def settle(self, route_survived: bool) -> float | None:
-        """What the check after a sign found; the server's idle timeout, if newly learned."""
-        age, self._signal_age = self._signal_age, None
-        if age is None or not route_survived:
-            return None
-        self._harmless += 1
-        if self._closes_idle_after is None or age < self._closes_idle_after:
-            self._closes_idle_after = age
-            return age
-        return None

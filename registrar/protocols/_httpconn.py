@@ -7,7 +7,7 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -18,7 +18,7 @@ from urllib3.util.ssl_ import create_urllib3_context
 from ..core._errors import describe_exception
 from ..core._redact import clean
 from ._deadline import Watchdog
-from ._resolver import RESOLVER, Resolved, connect
+from ._resolver import RESOLVER, Resolved, SocketOptions, connect
 
 _CHUNK = 16 * 1024
 _NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
@@ -101,7 +101,7 @@ class _Http(HTTPConnection):
     link: Link
 
     def _new_conn(self) -> socket.socket:
-        return self.link.opened(self.socket_options or ())
+        return self.link.opened(self.timeout, self.socket_options or ())
 
 
 class _Https(HTTPSConnection, _Http):
@@ -124,7 +124,6 @@ class Link:
         self.address: str | None = None  # the last connection's, kept while the name has it
         self.moves = 0  # times the name lost that address: evidence of a replaced server
         self._resolved = Resolved(())
-        self._timeout = 0.0
 
     @property
     def sock(self) -> socket.socket | None:
@@ -152,7 +151,6 @@ class Link:
             conn = _Https(self.host, self.port, ssl_context=self.tls.context())
         conn.link = self
         conn.timeout = connect_timeout
-        self._timeout = connect_timeout
         self.conn = conn
         _HANDSHAKING.watch = self.watch
         try:
@@ -169,17 +167,17 @@ class Link:
             self.watch(conn.sock)
         return conn
 
-    def opened(self, options: Sequence[tuple[int, int, int | bytes]]) -> socket.socket:
+    def opened(self, timeout: float | None, options: SocketOptions) -> socket.socket:
         """The new connection's socket: the probe's, or one connected to the addresses `ensure()`
         found (urllib3 would call `getaddrinfo` outside the deadline)."""
         sock, self.probe = self.probe, None
         if sock is None:
             try:
-                sock = connect(self._resolved, self._timeout, self.address, options)
+                sock = connect(self._resolved, timeout, self.address, options)
             except TimeoutError as exc:
-                raise ConnectTimeout(f"connect timed out after {self._timeout:g} s") from exc
+                raise ConnectTimeout(f"connect timed out after {timeout:g} s") from exc
         else:
-            sock.settimeout(self._timeout)
+            sock.settimeout(timeout)
         with contextlib.suppress(OSError):
             self.address = str(sock.getpeername()[0])
         self.watch(sock)

@@ -55,10 +55,8 @@ def _tls_context() -> ssl.SSLContext:
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """Each step's timeout, and headers for every GET (a gateway's key)."""
-
     timeout: float = 2.0  # seconds for each step (resolve, connect, one answer)
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)  # for every GET (a gateway's key)
 
 
 def lists_workers(answer: Answer | str) -> bool:

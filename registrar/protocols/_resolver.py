@@ -28,6 +28,7 @@ QUIET = 60.0  # after a warning about a name, its next outage is logged at DEBUG
 
 Address = tuple[int, int, int, tuple[Any, ...]]  # family, type, protocol, socket address
 Lookup = Callable[..., Sequence[tuple[Any, ...]]]  # `socket.getaddrinfo`'s (a fake in tests)
+SocketOptions = Sequence[tuple[int, int, int | bytes]]  # `setsockopt` arguments
 
 
 class Unresolved(OSError):
@@ -48,7 +49,6 @@ class Resolved:
 class _Pending:
     started: float
     waiters: set[threading.Event] = field(default_factory=set)
-    done: bool = False
 
 
 @dataclass
@@ -112,10 +112,9 @@ class Resolver:
         host = host.strip("[]")
         if is_ip_literal(host):
             return _numeric(host, port)
-        key = host.rstrip(".").lower()
         now = self._monotonic()
         with self._lock:
-            name = self._names.setdefault(key, _Name())
+            name = self._names.setdefault(host.rstrip(".").lower(), _Name())
             if name.asked_at is not None and now - name.asked_at < FRESH and name.pending is None:
                 return self._known(name, host, port, timeout)
             pending = name.pending or self._start(name, host, now)
@@ -127,8 +126,7 @@ class Resolver:
         if abandon is not None:
             abandon.track(wake)  # set at once if that request has ended
         try:
-            if wait > 0:
-                wake.wait(wait)
+            wake.wait(wait)
         finally:
             if abandon is not None:
                 abandon.untrack(wake)
@@ -141,7 +139,7 @@ class Resolver:
         self, name: _Name, host: str, port: int, timeout: float, pending: _Pending | None = None
     ) -> Resolved:
         """What the caller gets from what is known now (the lock held)."""
-        in_flight = pending is not None and not pending.done
+        in_flight = pending is not None and name.pending is pending  # else its lookup ended
         if name.good is not None:
             stale = in_flight or name.error is not None
             started = pending.started if pending is not None else 0.0
@@ -150,9 +148,8 @@ class Resolver:
                 self._say_stale(name, host, "no answer" if in_flight else name.error)
             found = tuple((f, t, p, (a[0], port, *a[2:])) for f, t, p, a in name.good)
             return Resolved(found, stale=stale)
-        if not in_flight:
-            raise Unresolved(f"could not resolve {clean(host, 200)}: {name.error}")
-        raise Unresolved(f"could not resolve {clean(host, 200)} within {seconds(timeout)} s")
+        why = f" within {seconds(timeout)} s" if in_flight else f": {name.error}"
+        raise Unresolved(f"could not resolve {clean(host, 200)}{why}")
 
     def _say_stale(self, name: _Name, host: str, why: str | None) -> None:
         """Log once per outage (a minute apart at most) that the last good answer is in use."""
@@ -195,7 +192,6 @@ class Resolver:
             error = f"{type(exc).__name__}: {describe_exception(exc)}"
         with self._lock:
             self._settle(name, host, found, error)
-            pending.done = True
             if name.pending is pending:
                 name.pending = None
             for wake in pending.waiters:
@@ -220,9 +216,8 @@ class Resolver:
 
     def describe(self, host: str) -> str | None:
         """For the status: a lookup stalled ("resolving NAME"), or the last good address in use."""
-        key = host.strip("[]").rstrip(".").lower()
         with self._lock:
-            name = self._names.get(key)
+            name = self._names.get(host.strip("[]").rstrip(".").lower())
             if name is None:
                 return None
             good = f"; using its last good address {_shown(name.good)}" if name.good else ""
@@ -243,13 +238,12 @@ def connect(
     resolved: Resolved,
     timeout: float | None,
     prefer: str | None = None,
-    options: Sequence[tuple[int, int, int | bytes]] = (),
+    options: SocketOptions = (),
 ) -> socket.socket:
     """A socket connected to one of `resolved`'s addresses, tried in turn (`prefer`, the address
     in use, first), each within `timeout`; else the last error."""
-    addresses = sorted(resolved.addresses, key=lambda a: a[3][0] != prefer)
     error: OSError = OSError("no address to connect to")
-    for family, kind, proto, address in addresses:
+    for family, kind, proto, address in sorted(resolved.addresses, key=lambda a: a[3][0] != prefer):
         sock = socket.socket(family, kind, proto)
         try:
             for option in options:

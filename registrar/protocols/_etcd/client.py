@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import IntEnum
+from functools import partial
 from typing import Any
 
 from ...core._redact import Secrets, clean, redact_url
@@ -133,14 +134,8 @@ class EtcdClient:
         self.settings = settings
         self.urls = list(settings.endpoints)
         self.shown = [redact_url(url) for url in self.urls]
-        self._http = [
-            HttpTransport(
-                HttpSettings(url, timeout=settings.timeout, verify=settings.verify),
-                path="/",
-                cert=settings.cert,
-            )
-            for url in self.urls
-        ]
+        member = partial(HttpSettings, timeout=settings.timeout, verify=settings.verify)
+        self._http = [HttpTransport(member(url), path="/", cert=settings.cert) for url in self.urls]
         self.current = 0  # the member that answered last: the first one asked
         self.all_refused = False  # in the last call (nothing listens anywhere)
         self.tls = TlsFiles(settings.verify, settings.cert)  # the watch's (as the transports')

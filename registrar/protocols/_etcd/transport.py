@@ -23,22 +23,20 @@ from .watch import KeyWatch
 logger = logging.getLogger("registrar.protocols.etcd.transport")
 
 
-class EtcdTransport:
+class EtcdTransport(EtcdClient):
     def __init__(self, settings: EtcdSettings) -> None:
+        super().__init__(settings)
         self._key = settings.key.encode()
-        self._key_text = settings.key
         self._ttl, self._fraction = settings.lease_seconds, settings.keepalive_fraction
-        self._client = EtcdClient(settings)
-        self.display_url = f"{','.join(self._client.shown)} key {clean(settings.key, 200)}"
-        self._watch = KeyWatch(self._client, self._key)
+        self.display_url = f"{','.join(self.shown)} key {clean(settings.key, 200)}"
+        self._watch = KeyWatch(self, self._key)
         self._value = b""
         self.lease = 0  # before the first grant
         self._granted_ttl = float(self._ttl)
         self._renewed_at = 0.0  # the latest renewal (or grant) acknowledged: set with a lease
 
     def fit_watch_interval(self, given: float | None, chosen: bool) -> float:
-        """`given`, or (None, or none chosen) the longest that renews the lease every
-        `keepalive_fraction * ttl`."""
+        """`given` if chosen, else the longest renewing the lease each `keepalive_fraction*ttl`."""
         # The loop's first wait after a registration is up to 1.5 watch intervals (a fleet
         # spreads its checks over a whole interval): 1.5 of them fit in one keep-alive period.
         longest = self._ttl * self._fraction / 1.5
@@ -48,8 +46,7 @@ class EtcdTransport:
             self.close()
             raise ConfigError(
                 f"watch_interval must be within (0, {longest:g}] s for ttl={self._ttl} and "
-                f"keepalive_fraction={self._fraction:g}: each check renews the lease, "
-                f"got {given!r}"
+                f"keepalive_fraction={self._fraction:g}: each check renews the lease, got {given!r}"
             )
         return given
 
@@ -63,7 +60,7 @@ class EtcdTransport:
             if answer is not None:
                 logger.info("etcd: lease %x is gone; granting a new one", self.lease)
                 self.lease = 0
-            answer = self._client.call("/v3/lease/grant", {"TTL": str(self._ttl)})
+            answer = self.call("/v3/lease/grant", {"TTL": str(self._ttl)})
             if answer.body is None:
                 return self._not_written(answer, "lease grant")
             self.lease = int64(answer.body.get("ID"))
@@ -83,7 +80,7 @@ class EtcdTransport:
             same = unb64(previous.get("value")) == self._value
             logger.info(
                 "etcd: key %s was held by lease %x (%s); now by ours, %x",
-                clean(self._key_text, 200),
+                clean(self.settings.key, 200),
                 old_lease,
                 "same value: a previous life of this process?" if same else "another value",
                 self.lease,
@@ -93,7 +90,7 @@ class EtcdTransport:
     def _put(self) -> EtcdAnswer:
         value, lease = b64(self._value), str(self.lease)
         body = {"key": b64(self._key), "value": value, "lease": lease, "prev_kv": True}
-        return self._client.call("/v3/kv/put", body)
+        return self.call("/v3/kv/put", body)
 
     def _not_written(self, answer: EtcdAnswer, what: str) -> RegisterOutcome:
         """A failed grant or put: retried unless only a person can fix it."""
@@ -103,21 +100,19 @@ class EtcdTransport:
             alert = answer.message.upper()
             if fatal and ("ALERT_BAD_CERTIFICATE" in alert or "CERTIFICATE_REQUIRED" in alert):
                 # The server's alert is about our certificate, not its own.
-                cert = self._client.settings.cert
-                given = "was refused" if cert else "is required, and none was given"
+                given = "was refused" if self.settings.cert else "is required, and none was given"
                 found = f"a TLS client certificate {given} ({answer.message})"
                 fix = "pass cert=(certificate file, key file) signed by a CA the cluster trusts"
-                text = self._client.clean(f"{answer.endpoint}: {found}; {fix}")
+                text = self.clean(f"{answer.endpoint}: {found}; {fix}")
             verdict = Verdict.FATAL if fatal else Verdict.RETRY
-            refused = not fatal and self._client.all_refused
-            return RegisterOutcome(verdict, error=text, refused=refused)
+            return RegisterOutcome(verdict, error=text, refused=not fatal and self.all_refused)
         if answer.member_trouble or answer.code == Grpc.EXHAUSTED or answer.status_code == 429:
             return RegisterOutcome(Verdict.RETRY, answer.status_code, f"{what}: {text}")
         code, message = answer.code, answer.message
         if code == Grpc.UNAUTHENTICATED or (code == Grpc.INVALID and "authentication" in message):
             hint = "check the etcd user and password"
         elif code == Grpc.PERMISSION:
-            user, key = self._client.settings.username, clean(self._key_text, 200)
+            user, key = self.settings.username, clean(self.settings.key, 200)
             hint = f"etcd user {user!r} may not write {key!r}; grant its role readwrite on the key"
         elif code == Grpc.INVALID and "user name is empty" in message:
             hint = "etcd requires authentication: give a username and password"
@@ -129,7 +124,7 @@ class EtcdTransport:
         """Renew the lease, then read the key back."""
         if not self.lease:
             return RouteCheck(Route.MISSING, evidence="no lease yet")
-        answer = self._client.call("/v3/lease/keepalive", {"ID": str(self.lease)})
+        answer = self.call("/v3/lease/keepalive", {"ID": str(self.lease)})
         if answer.body is None:  # not lost until no renewal was acknowledged for the TTL
             since = time.monotonic() - self._renewed_at
             if since > self._granted_ttl:
@@ -137,7 +132,7 @@ class EtcdTransport:
                 text = f"no renewal acknowledged for {since:.1f} s, {expired} ({answer.failure})"
                 return RouteCheck(Route.MISSING, answer.status_code, text)
             route = _unanswered(answer)
-            refused = route is Route.UNREACHABLE and self._client.all_refused
+            refused = route is Route.UNREACHABLE and self.all_refused
             return RouteCheck(route, answer.status_code, answer.failure, refused=refused)
         ttl = int64(answer.body.get("TTL"))
         if ttl <= 0:
@@ -145,7 +140,7 @@ class EtcdTransport:
             return RouteCheck(Route.MISSING, answer.status_code, text)
         self._granted_ttl = float(ttl)
         self._renewed_at = time.monotonic()
-        answer = self._client.call("/v3/kv/range", {"key": b64(self._key)})
+        answer = self.call("/v3/kv/range", {"key": b64(self._key)})
         if answer.body is None:
             return RouteCheck(_unanswered(answer), answer.status_code, answer.failure)
         check, self._watch.seen_revision = key_check(
@@ -172,21 +167,14 @@ class EtcdTransport:
             if changed is not None:
                 return changed
 
-    def resolution(self) -> str | None:
-        return self._client.resolution()
-
-    def abort(self) -> None:
-        """From `stop()`: ends the request in flight, not a revoke `close()` may be sending."""
-        self._client.abort()
-
     def close(self) -> None:
         """Revoke the lease, so the key disappears now rather than a TTL later."""
-        self._client.closing()
+        self.closing()
         self._watch.close()
         if self.lease:
-            answer = self._client.call("/v3/lease/revoke", {"ID": str(self.lease)})
+            answer = self.call("/v3/lease/revoke", {"ID": str(self.lease)})
             if answer.ok or answer.code == Grpc.NOT_FOUND:
-                logger.info("etcd: revoked lease %x; key %s removed", self.lease, self._key_text)
+                logger.info("etcd: revoked lease %x; key %s removed", self.lease, self.settings.key)
             else:
                 logger.warning(
                     "etcd: could not revoke lease %x (%s); the key expires within %g s",
@@ -195,7 +183,7 @@ class EtcdTransport:
                     self._granted_ttl,
                 )
             self.lease = 0
-        self._client.close()
+        super().close()
 
 
 def _unanswered(answer: EtcdAnswer) -> Route:

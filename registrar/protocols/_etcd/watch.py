@@ -105,9 +105,21 @@ class ChunkedLines:
 
 
 class WatchStream:
-    """One `POST /v3/watch` on a non-blocking socket, on member `index`."""
+    """One `POST /v3/watch` of `key` from `revision` on a non-blocking socket, on member `index`."""
 
-    def __init__(self, client: EtcdClient, index: int, request: bytes) -> None:
+    def __init__(self, client: EtcdClient, index: int, key: bytes, revision: int) -> None:
+        start = {"key": b64(key), "start_revision": str(revision)}
+        body = json.dumps({"create_request": start}).encode()
+        lines = [
+            "POST /v3/watch HTTP/1.1",
+            f"Host: {urlsplit(client.urls[index]).netloc.rpartition('@')[2]}",
+            f"User-Agent: registrar/{__version__}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+        ]
+        if client.token:
+            lines.append(f"Authorization: {client.token}")
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
         where = Endpoint.of(client.urls[index])
         timeout = connect_read(client.settings.timeout)[0]
         # Resolved within the connect timeout (a stalled resolver must not hold the watch).
@@ -234,7 +246,7 @@ class KeyWatch:
             return self._stream
         index = self._client.current
         try:
-            self._stream = WatchStream(self._client, index, self._request(index))
+            self._stream = WatchStream(self._client, index, self._key, self.seen_revision + 1)
         except (OSError, ValueError) as exc:
             logger.debug("etcd watch at %s not opened: %s", self._client.shown[index], exc)
             self.close(broken=True)
@@ -274,20 +286,6 @@ class KeyWatch:
                 logger.info("etcd watch at %s is back; checking now", stream.endpoint)
                 return True, True
         return False, None
-
-    def _request(self, index: int) -> bytes:
-        start = {"key": b64(self._key), "start_revision": str(self.seen_revision + 1)}
-        body = json.dumps({"create_request": start}).encode()
-        lines = [
-            "POST /v3/watch HTTP/1.1",
-            f"Host: {urlsplit(self._client.urls[index]).netloc.rpartition('@')[2]}",
-            f"User-Agent: registrar/{__version__}",
-            "Content-Type: application/json",
-            f"Content-Length: {len(body)}",
-        ]
-        if self._client.token:
-            lines.append(f"Authorization: {self._client.token}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
     def close(self, broken: bool = False) -> None:
         """Drop the stream; `broken`: open a new one after a jittered second."""

@@ -101,17 +101,15 @@ class SmgSettings:
         rules.check_fields(self, self.RULES)
         if self.key is not None and self.key_file is not None:
             raise ConfigError("give the gateway key or the gateway key file, not both")
-        object.__setattr__(self, "auth", self._token())  # frozen: set once, as it is made
+        auth: tuple[Token | None, str] = (os.environ.get(KEY_ENV) or None, f"${KEY_ENV}")
+        if self.key_file is not None:
+            source = f"the key file {self.key_file}"
+            auth = file_token(self.key_file, "the gateway key file"), source
+        elif self.key:
+            auth = self.key, "the gateway key"
+        object.__setattr__(self, "auth", auth)  # frozen: set once, as it is made
 
     @property
     def stop_timeout(self) -> float:
         """Seconds a stop may take: the drain's wait, its DELETE and last look (a deadline each)."""
         return self.drain_timeout + 2 * deadline_seconds(self.timeout) + 1.0
-
-    def _token(self) -> tuple[Token | None, str]:
-        if self.key_file is not None:
-            source = f"the key file {self.key_file}"
-            return file_token(self.key_file, "the gateway key file"), source
-        if self.key:
-            return self.key, "the gateway key"
-        return os.environ.get(KEY_ENV) or None, f"${KEY_ENV}"

@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from typing import Any
 
 from ...core._clock import Clock, SystemClock, Waker
@@ -33,22 +32,6 @@ _PASSING = {  # statuses of a worker on its way in or out: the route is neither 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
-def _called(check: Callable[[], bool]) -> str | None:
-    try:
-        return None if check() else "the readiness callable answered False"
-    except Exception as exc:
-        return f"the readiness callable raised {type(exc).__name__}"
-
-
-def _got(url: str, http: HttpTransport, path: str) -> str | None:
-    result = http.send("GET", path)
-    if result.error is not None:
-        return f"GET {url}: {http.describe_error(result.error)}"
-    if result.status_code is not None and 200 <= result.status_code < 300:
-        return None
-    return f"GET {url} answered {result.status_code}"
-
-
 class SmgTransport:
     """One gateway of `settings` (the first by default); `clock` is the registrar's."""
 
@@ -68,14 +51,11 @@ class SmgTransport:
         self._clock: Clock = clock if clock is not None else SystemClock()
         # A URL is ready while it answers 2xx (one kept-alive connection); a callable, while True.
         self._ready_http: HttpTransport | None = None
-        self._ready: Callable[[], str | None] | None = None
+        self._ready_path = "/"
         if isinstance(settings.ready, str):
             parts = settings.ready.split("/", 3)
             self._ready_http = HttpTransport(HttpSettings("/".join(parts[:3]), timeout=2.0))
-            path = "/" + parts[3] if len(parts) > 3 else "/"
-            self._ready = partial(_got, settings.ready, self._ready_http, path)
-        elif callable(settings.ready):
-            self._ready = partial(_called, settings.ready)
+            self._ready_path = "/" + parts[3] if len(parts) > 3 else "/"
         self.ready_interval = settings.ready_interval
         self._unready_since: float | None = None  # withdrawn only after `grace` seconds of it
         self.requests_sent = 0  # a refused connection is not counted
@@ -91,10 +71,25 @@ class SmgTransport:
         """The caller's interval, else smg's own (`DEFAULT_WATCH_INTERVAL`), at every front door."""
         return given if chosen else DEFAULT_WATCH_INTERVAL
 
-    def not_ready(self) -> str | None:
-        if self._ready is None:
+    def _reason(self) -> str | None:
+        """Why the served process is not ready now (None: ready, or no check); never raises."""
+        if callable(self._settings.ready):
+            try:
+                return None if self._settings.ready() else "the readiness callable answered False"
+            except Exception as exc:
+                return f"the readiness callable raised {type(exc).__name__}"
+        if self._ready_http is None:
             return None
-        reason = self._ready()
+        result = self._ready_http.send("GET", self._ready_path)
+        if result.error is not None:
+            return f"GET {self._settings.ready}: {self._ready_http.describe_error(result.error)}"
+        code = result.status_code
+        if code is not None and 200 <= code < 300:
+            return None
+        return f"GET {self._settings.ready} answered {code}"
+
+    def not_ready(self) -> str | None:
+        reason = self._reason()
         if reason is None:
             self._unready_since = None
         elif self._unready_since is None:
@@ -127,11 +122,9 @@ class SmgTransport:
                 error = f"{code} from {self._http.endpoint} names no worker id: {excerpt}"
                 return RegisterOutcome(Verdict.RETRY, code, error)
             if code == 409:
+                url = clean(self._url, 200)
                 logger.info(
-                    "%s already holds worker %s at %s: adopted",
-                    self.display_url,
-                    worker_id,
-                    clean(self._url, 200),
+                    "%s already holds worker %s at %s: adopted", self.display_url, worker_id, url
                 )
             self.worker_id = worker_id
             self._posted = False
@@ -256,7 +249,7 @@ class SmgTransport:
     def wait_idle(self, timeout: float, waker: Waker) -> bool:
         """Wait on the idle connection (a gateway that dies closes it); with a readiness check,
         True once the process has been not ready for `grace` (the check withdraws the worker)."""
-        if self._ready is None:
+        if self._settings.ready is None:
             return self._http.wait_idle(timeout, waker)
         end = self._clock.monotonic() + timeout
         while True:
@@ -273,10 +266,9 @@ class SmgTransport:
     def _remove(self, wait: bool = True) -> bool:
         """DELETE our worker and (`wait`) wait, within `drain_timeout`, until the gateway no
         longer lists it. True when it is gone (without `wait`: when the DELETE was taken)."""
-        worker_id = self.worker_id
-        if worker_id is None and self._posted:
+        if self.worker_id is None and self._posted:
             self._find()  # a POST whose answer was lost: its worker may be listed
-            worker_id = self.worker_id
+        worker_id = self.worker_id
         if worker_id is None:
             return True
         started = self._clock.monotonic()
