@@ -15,6 +15,8 @@ SGLang is changed and nothing here ships in registrar's wheel.
   accepted PUTs per rank. With `E2E_BOOTSTRAP_REFUSE_TP=N` the server answers the PUTs of
   attention-TP rank N with 503 (as a server not ready yet would) until `/admit`, so a test
   can look at a table with that rank's row missing.
+- A stalled scheduler (requests parked in the disaggregation queues) sleeps 2 ms between its
+  polls instead of none, which spent a core per scheduler through every stock failure window.
 - The decode's heartbeat (in each decode scheduler process, same variable): a control server
   per rank that makes it tolerate missed heartbeats for a while, and shows its cached rows.
 - With `E2E_HOOKS_RAISE=1`, every hook registrar's plugin installs raises (raising.py).
@@ -43,6 +45,9 @@ __all__ = ["install"]
 _KERNEL = "sgl_kernel"
 _MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
 _COMMON = "sglang.srt.disaggregation.common.conn"
+_SCHEDULER = "sglang.srt.managers.scheduler"
+STALL_POLL_S = 0.002
+"""How long a stalled scheduler sleeps between its polls of the disaggregation queues."""
 
 
 # ------------------------------------------------------------------ sgl_kernel, import only
@@ -144,6 +149,28 @@ def _no_host_tensor_indices(module: ModuleType) -> None:
             "in this SGLang; check whether the CPU path still needs it set to False"
         )
     sender.supports_host_tensor_indices = False
+
+
+def _paced_stall_polls(module: ModuleType) -> None:
+    """A scheduler whose requests are parked in the disaggregation queues (a handshake that cannot
+    happen, KV that does not come) polls them without sleeping (SGLang's own comment on
+    `Scheduler.on_idle`): a core per scheduler for as long as the stall lasts, which in the
+    stock scenarios is tens of seconds to minutes. Here it sleeps STALL_POLL_S between polls,
+    so the rest of the run keeps the cores; every bound the suite asserts is a second or more."""
+    scheduler = module.Scheduler
+    if not hasattr(scheduler, "on_idle") or not hasattr(scheduler, "is_fully_idle"):
+        raise RuntimeError(
+            "e2e suite: Scheduler.on_idle or is_fully_idle is gone in this SGLang; check "
+            "whether a stalled scheduler still polls without sleeping"
+        )
+    on_idle = scheduler.on_idle
+
+    def paced(self: Any) -> None:
+        on_idle(self)
+        if not self.is_fully_idle():
+            time.sleep(STALL_POLL_S)
+
+    scheduler.on_idle = paced
 
 
 # ------------------------------------------------------------------ the bootstrap server
@@ -431,7 +458,10 @@ def install() -> None:
     """Put the stand-in and the after-import patches first on the meta path (once)."""
     if any(isinstance(f, _KernelStandIn) for f in sys.meta_path):
         return
-    patches: dict[str, Callable[[ModuleType], None]] = {_MOONCAKE: _no_host_tensor_indices}
+    patches: dict[str, Callable[[ModuleType], None]] = {
+        _MOONCAKE: _no_host_tensor_indices,
+        _SCHEDULER: _paced_stall_polls,
+    }
     control_dir = os.environ.get("E2E_CONTROL_DIR")
     if control_dir:
         refuse = os.environ.get("E2E_BOOTSTRAP_REFUSE_TP")
