@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from registrar.integrations.sglang._reach import REACH
+
 HERE = Path(__file__).resolve().parent
 REQUIRED = os.environ.get("REGISTRAR_SGLANG_REQUIRED") == "1"
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
@@ -163,3 +165,12 @@ def bootstrap() -> Iterator[Any]:
     finally:
         for server in made:
             server.close()
+
+
+@pytest.fixture(autouse=True)
+def _reach_stopped() -> Iterator[None]:
+    """The plugin's look at node 0's rows (a thread it starts at the first readiness or
+    `/server_info` question in a process) ends with the test that started it: else it goes on
+    looking at a server the test has closed, and says so after pytest's summary."""
+    yield
+    REACH.stop()
