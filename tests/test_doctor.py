@@ -80,6 +80,20 @@ def test_an_incomplete_topology_says_how_many_are_in(
     assert "1 of 2 rows registered" in rows["detail"]
 
 
+def test_with_no_row_registered_every_rank_is_named_missing(
+    doctor: Doctor, server: BootstrapServer
+) -> None:
+    """No rank registered (node 0's server out of the ranks' reach): the server knows no
+    topology to list, so doctor says every rank is missing and where to look."""
+    code, report = doctor("--url", server.url, "--expect", "2")
+    rows = _check(report, "bootstrap", "rows")
+    assert code == 1
+    assert rows["data"] == {"registered": 0, "expected": 2, "missing": None}
+    assert "0 of 2 rows registered" in rows["detail"]
+    assert "no rank has registered, so every rank is missing" in rows["detail"]
+    assert "--dist-init-addr" in rows["detail"]
+
+
 def test_before_the_count_is_reached_the_plugins_server_info_names_the_missing_rank(
     doctor: Doctor, server: BootstrapServer, ports: Ports
 ) -> None:

@@ -138,6 +138,9 @@ def _rows(url: str, expect: int | None, http_port: int | None, options: ProbeOpt
         which = (
             f"; missing, as the prefill's /server_info lists them: {_names(listed)}"
             if listed
+            else "; no rank has registered, so every rank is missing: check that the ranks reach "
+            "this server where they register (node 0's --host, the --dist-init-addr host)"
+            if count == 0
             else "; which ranks are missing cannot be read before it is (the server answers "
             "503 for every rank; with --http-port, the plugin's /server_info names them)"
         )
