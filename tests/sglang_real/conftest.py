@@ -171,6 +171,6 @@ def bootstrap() -> Iterator[Any]:
 def _reach_stopped() -> Iterator[None]:
     """The plugin's look at node 0's rows (a thread it starts at the first readiness or
     `/server_info` question in a process) ends with the test that started it: else it goes on
-    looking at a server the test has closed, and says so after pytest's summary."""
+    looking at a server the test has closed, through the tests after it."""
     yield
     REACH.stop()

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from importlib.metadata import version
 from types import SimpleNamespace
 from typing import Any
@@ -391,10 +390,9 @@ def server_info(manager: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
 
 
 @pytest.fixture
-def reach() -> Iterator[Any]:
-    """Node 0's look at every row's address (its thread ended after the test)."""
-    yield REACH
-    REACH.stop()
+def reach() -> Any:
+    """Node 0's look at every row's address (conftest's `_reach_stopped` ends its thread)."""
+    return REACH
 
 
 def test_ready_is_false_until_the_table_is_complete(
