@@ -126,10 +126,20 @@ def drain(router: str, server: Process, record: Record) -> None:
     else:
         raise AssertionError(f"{server.name} still listed {deadline - sent:.0f} s after SIGTERM")
     gone = time.monotonic()
-    # The drain came first: the server still answers HTTP once the router has let it go
-    # (its /health says 503 from SIGTERM on: SGLang is shutting down).
-    assert requests.get(f"{server.url}/health", timeout=10).status_code in (200, 503)
-    assert server.alive()
     record.figures[f"drain_{server.name}_s"] = round(gone - sent, 2)
+    # Asked once the router has let the server go: 503 from SIGTERM on (SGLang is shutting
+    # down). On a loaded machine SGLang may have finished its shutdown before this look, so
+    # the proof that the drain came first is the server's own: its drain line, written when it
+    # saw itself gone from the router's list, before SGLang's watchdog stops serving.
+    record.figures[f"{server.name}: /health once not listed"] = _health(server.url)
     server.proc.wait(120)
-    assert "drained from 1 gateway in" in server.text(), server.tail()
+    text = server.text()
+    assert "drained from 1 gateway in" in text, server.tail()
+    assert "not every drain finished" not in text, server.tail()
+
+
+def _health(url: str) -> str:
+    try:
+        return str(requests.get(f"{url}/health", timeout=10).status_code)
+    except requests.RequestException as exc:
+        return f"no answer ({type(exc).__name__}): SGLang's shutdown had begun"
