@@ -4,8 +4,9 @@ scripts/sglang-venv.sh builds. Where SGLang is not installed (the core suite's e
 test here is skipped with the reason; with REGISTRAR_SGLANG_REQUIRED=1 (as .ci/run sets it) a
 missing SGLang is an error instead, so CI cannot pass by skipping them.
 
-Every rank runs in a process of its own, as SGLang runs its schedulers; the bootstrap server is
-SGLang's `CommonKVBootstrapServer`, in this process, started and closed by the tests.
+Every rank runs in a process of its own, as SGLang runs its schedulers, forked from one process
+that imported torch and SGLang once (sglang_support/zygote.py); the bootstrap server is SGLang's
+`CommonKVBootstrapServer`, in this process, started and closed by the tests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +71,7 @@ if HAVE_SGLANG:
     install()
 
 from sglang_support.harness import Rank, Server, child_env  # noqa: E402
+from sglang_support.zygote import Zygote  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -95,9 +96,21 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def zygote() -> Iterator[Zygote]:
+    """The process ranks are forked from (sglang_support/zygote.py: SGLang imported once a
+    session, not once a rank); ended by its PID with the session."""
+    made = Zygote(child_env(), HERE)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
 @pytest.fixture
-def spawn_rank(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
-    """Start rank processes; every one is ended when the test ends (by its own PID)."""
+def spawn_rank(model_dir: Path, tmp_path: Path, zygote: Zygote) -> Iterator[Any]:
+    """Start rank processes, forked from the zygote; every one is ended when the test ends (by
+    its own PID)."""
     started: list[Rank] = []
 
     def spawn(
@@ -114,31 +127,13 @@ def spawn_rank(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
         if not plugin:
             extra["SGLANG_PLUGINS"] = "none-but-registrar-absent"
         log = tmp_path / f"rank{rank}-{len(started)}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "sglang_support.rank",
-            "--bootstrap-port",
-            str(bootstrap_port),
-            "--tp-size",
-            str(tp_size),
-            "--rank",
-            str(rank),
-            "--model",
-            str(model_dir),
-        ]
+        argv = ["-m", "sglang_support.rank", "--bootstrap-port", str(bootstrap_port)]
+        argv += ["--tp-size", str(tp_size)]
+        argv += ["--rank", str(rank), "--model", str(model_dir)]
         if dp_attention:
-            cmd += ["--dp-size", str(dp_attention), "--enable-dp-attention"]
+            argv += ["--dp-size", str(dp_attention), "--enable-dp-attention"]
         with log.open("w") as err:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=child_env(**extra),
-                cwd=HERE,
-            )
+            proc = zygote.spawn(argv, child_env(**extra), HERE, err)
         handle = Rank(proc, log)
         started.append(handle)
         return handle

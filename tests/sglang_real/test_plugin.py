@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from importlib.metadata import version
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +27,7 @@ from sglang_support.harness import (
     import_quietly,
     wait_for,
 )
+from sglang_support.zygote import Zygote
 from support import process_port
 
 from registrar import __version__
@@ -48,8 +50,9 @@ TAKEN = sum(target is not None for target in expected(RELEASE))
 pytestmark = pytest.mark.timeout(300)
 
 
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `code` in a fresh interpreter of this environment (the stand-in loads first)."""
+def run_fresh(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter of this environment (the stand-in loads first): for a
+    subject that happens at import."""
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -61,7 +64,18 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
+@pytest.fixture
+def run_python(zygote: Zygote) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run code as `python -c` forked from the zygote (SGLang already imported, no plugin
+    loaded yet): for the tests whose subject is what `load_plugins()` does."""
+
+    def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return zygote.run(["-c", code], child_env(**env), HERE, timeout=300)
+
+    return run
+
+
+def test_sglang_own_loader_finds_and_applies_the_plugin(run_python) -> None:
     done = run_python(
         "import json, logging, warnings\n"
         "warnings.simplefilter('ignore')\n"
@@ -92,7 +106,9 @@ def test_sglang_own_loader_finds_and_applies_the_plugin() -> None:
 
 
 @pytest.mark.parametrize("level", ["info", "warning"])
-def test_the_active_line_reaches_the_log_sglang_configures_after_loading(level: str) -> None:
+def test_the_active_line_reaches_the_log_sglang_configures_after_loading(
+    level: str, run_python
+) -> None:
     """As in every SGLang process: `load_plugins()` first, SGLang's own `configure_logger` after.
     The line is in the log once, in SGLang's format, at SGLang's level (none at warning)."""
     done = run_python(
@@ -117,7 +133,7 @@ def test_the_active_line_reaches_the_log_sglang_configures_after_loading(level: 
 
 @pytest.mark.same_on_every_release
 def test_importing_registrar_imports_no_sglang() -> None:
-    done = run_python(
+    done = run_fresh(
         "import sys\n"
         "import registrar, registrar.integrations, registrar.integrations.sglang\n"
         "from registrar.integrations.sglang import _plugin as plugin\n"
@@ -142,7 +158,7 @@ RENAMED_METHOD = (
 )
 
 
-def test_a_patch_that_cannot_apply_is_reported_loudly() -> None:
+def test_a_patch_that_cannot_apply_is_reported_loudly(run_python) -> None:
     # As if SGLang had renamed the method: the plugin names the missing target, its cause and
     # the versions, once, and does not claim to be active.
     done = run_python(RENAMED_METHOD)
@@ -156,7 +172,7 @@ def test_a_patch_that_cannot_apply_is_reported_loudly() -> None:
     assert ACTIVE not in done.stderr
 
 
-def test_strict_stops_the_process_when_a_patch_cannot_apply() -> None:
+def test_strict_stops_the_process_when_a_patch_cannot_apply(run_python) -> None:
     done = run_python(RENAMED_METHOD + "print('still running')\n", REGISTRAR_STRICT="1")
     assert done.returncode == 1, done.stderr
     assert "still running" not in done.stdout
@@ -166,7 +182,7 @@ def test_strict_stops_the_process_when_a_patch_cannot_apply() -> None:
     assert line.endswith("REGISTRAR_STRICT=1: stopping")
 
 
-def test_a_release_without_one_of_its_targets_gets_the_rest_and_one_warning() -> None:
+def test_a_release_without_one_of_its_targets_gets_the_rest_and_one_warning(run_python) -> None:
     # As a newer release that dropped a target would: the decode hook is deleted before the
     # plugin looks. The plugin applies every other target, says so, and warns once naming it.
     done = run_python(
@@ -195,7 +211,7 @@ BROKEN = (
 )
 
 
-def test_a_patch_whose_module_cannot_import_names_the_import_error() -> None:
+def test_a_patch_whose_module_cannot_import_names_the_import_error(run_python) -> None:
     # A module SGLang needs for one target cannot be imported because one of its own imports is
     # missing (as when torchvision is absent): the cause is that ImportError, which
     # pkgutil.resolve_name alone would turn into "has no attribute 'role_switch'".
