@@ -381,6 +381,8 @@ def test_a_role_switch_stops_the_ranks_registrars(spawn_rank, bootstrap) -> None
     rank = spawn_rank(port)
     rank.event("init")
     assert wait_for(lambda: server.count == 1)
+    # The server counts the PUT before the rank has read the answer: wait for the rank too.
+    assert wait_for(lambda: rank.status()[0]["state"] == "registered", timeout=60)
     answer = rank.command("teardown", "teardown")
     [row] = answer["rows"]
     (switch,) = [
