@@ -74,7 +74,11 @@ def _preload() -> None:
 
 
 def _child(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked process: become the command the request names, then exit with its code."""
+    """In the forked process: become the command the request names, then exit with its code.
+    The exit is `os._exit` after flushing the streams: unlike a fresh interpreter's, it runs no
+    `atexit` handler and waits for no thread (the zygote's own, from torch and SGLang, are not
+    the rank's to run). No test here asserts on what a rank does at exit; one that does must
+    start its process fresh."""
     code = 1
     try:
         for target, fd in enumerate(fds):
