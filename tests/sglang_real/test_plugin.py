@@ -25,6 +25,7 @@ from sglang_support.harness import (
     checked,
     child_env,
     import_quietly,
+    registered,
     wait_for,
 )
 from sglang_support.zygote import Zygote
@@ -269,8 +270,7 @@ def test_the_token_file_and_verbose_work_inside_sglang(spawn_rank, tmp_path) -> 
         rank = spawn_rank(server.port, REGISTRAR_TOKEN_FILE=str(token), REGISTRAR_VERBOSE="1")
         rank.event("init")
         assert wait_for(lambda: server.registered_count == 1, timeout=60)
-        # The server counts the PUT before the rank has read the answer: wait for the rank too.
-        assert wait_for(lambda: rank.status()[0]["state"] == "registered", timeout=60)
+        assert registered(rank)
         [row] = rank.status()
         assert (row["state"], row["registrations"]) == ("registered", 1)
         puts = [r for r in server.records() if r.method == "PUT"]
@@ -381,8 +381,7 @@ def test_a_role_switch_stops_the_ranks_registrars(spawn_rank, bootstrap) -> None
     rank = spawn_rank(port)
     rank.event("init")
     assert wait_for(lambda: server.count == 1)
-    # The server counts the PUT before the rank has read the answer: wait for the rank too.
-    assert wait_for(lambda: rank.status()[0]["state"] == "registered", timeout=60)
+    assert registered(rank)
     answer = rank.command("teardown", "teardown")
     [row] = answer["rows"]
     (switch,) = [

@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sglang_support.zygote import Forked
+
 HERE = Path(__file__).resolve().parent.parent
 BOOT = HERE / "sglang_support" / "boot"
 ROOT = HERE.parent.parent
@@ -44,7 +46,7 @@ def import_quietly(module: str) -> Any:
 class Rank:
     """A rank process (sglang_support/rank.py): its JSON lines, its commands, its end."""
 
-    def __init__(self, proc: subprocess.Popen[str], log: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[str] | Forked, log: Path) -> None:
         self.proc = proc
         self.log = log
         self.lines: list[dict[str, Any]] = []
@@ -161,6 +163,12 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> b
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def registered(rank: Any, timeout: float = 60.0) -> bool:
+    """Wait until the rank's first registrar says registered: a server counts a PUT before the
+    rank has read the answer, so a count alone does not say the rank's state."""
+    return wait_for(lambda: rank.status()[0]["state"] == "registered", timeout=timeout)
 
 
 # What upstream's blocking loop writes on each failed attempt (test_upstream.py meets it).

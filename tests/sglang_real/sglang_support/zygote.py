@@ -223,7 +223,8 @@ def _interpreter(env: dict[str, str]) -> dict[str, str]:
 
 
 class Zygote:
-    """The zygote process of one pytest session: started on first use, ended by its PID."""
+    """The zygote process of one pytest session: started on first use, ended by the end of its
+    input (killed by its PID if it does not end)."""
 
     def __init__(self, env: dict[str, str], cwd: Path) -> None:
         self._env = env
